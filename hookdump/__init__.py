@@ -1,0 +1,33 @@
+"""hookdump: dump what happens inside a PyTorch model.
+
+`capture` and `load` are imported lazily so that `import hookdump` (and the CLI's `--help`)
+never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["Capture", "Dump", "HookdumpError", "__version__", "capture", "load"]
+
+if TYPE_CHECKING:
+    from hookdump.capture import Capture, capture
+    from hookdump.dump_reader import Dump, load
+    from hookdump.errors import HookdumpError
+
+_LAZY = {
+    "capture": "hookdump.capture",
+    "Capture": "hookdump.capture",
+    "load": "hookdump.dump_reader",
+    "Dump": "hookdump.dump_reader",
+    "HookdumpError": "hookdump.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hookdump' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+from hookdump.cli import main
+
+main()

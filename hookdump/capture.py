@@ -1,0 +1,244 @@
+"""The capture engine: hooks that copy what the selected modules receive and return.
+
+Correctness rules (where hand-written hooks usually go wrong):
+- every call of a module is kept: the first under the plain key, the n-th extra as `key@n`;
+- values are copied the moment the hook runs, so a later in-place op cannot change them;
+- inputs are taken by a *pre*-hook, before the module (or an in-place one) touches them;
+- structured values are flattened to dotted parts; non-tensor leaves are noted, not stored;
+- hooks are removed, and train/eval modes restored, on every exit path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from hookdump.errors import HookdumpError
+from hookdump.selection import select_modules
+
+CAPTURE_KINDS = ("output", "input")
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """Where a captured tensor came from."""
+
+    key: str
+    module: str
+    module_type: str
+    kind: str
+    call: int
+    part: str | None
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A non-tensor leaf met where a tensor could have been (e.g. `None`, an int)."""
+
+    key: str
+    type: str
+
+
+def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
+    """The contract's key: `M`, `M:output.0`, `M:input.x`, with `@n` for the n-th extra call."""
+    key = module if kind == "output" and part is None else f"{module}:{kind}.{part}"
+    return f"{key}@{call}" if call else key
+
+
+def flatten(value: Any, prefix: str | None = None) -> Iterator[tuple[str | None, Any]]:
+    """The leaves of a structured value, each with its dotted path (None for a bare tensor)."""
+
+    def join(part: object) -> str:
+        return str(part) if prefix is None else f"{prefix}.{part}"
+
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, Mapping):  # dict, OrderedDict, HF-style ModelOutput
+        for k, v in value.items():
+            yield from flatten(v, join(k))
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
+        for field in value._fields:
+            yield from flatten(getattr(value, field), join(field))
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from flatten(getattr(value, field.name), join(field.name))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from flatten(v, join(i))
+    else:
+        yield prefix, value
+
+
+def parse_capture(capture: str | Sequence[str]) -> tuple[str, ...]:
+    """Validate `--capture` (a comma-separated string or a list) into a tuple of kinds."""
+    items = capture.split(",") if isinstance(capture, str) else list(capture)
+    kinds = tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
+    for kind in kinds:
+        if kind == "grad":
+            raise HookdumpError("--capture grad is not supported yet; use output and/or input")
+        if kind not in CAPTURE_KINDS:
+            raise HookdumpError(
+                f"--capture {kind!r} is not a capture kind; use any of output,input"
+            )
+    if not kinds:
+        raise HookdumpError("--capture is empty; use any of output,input")
+    return kinds
+
+
+class Capture:
+    """Hooks on the selected modules of `model`, active inside a `with` block.
+
+    `tensors` maps each key to a copy of the captured tensor, in the order the hooks fired.
+    Calls are counted from entering the block or the last `clear()`/`take()`: call the model
+    once per block (or `take()` after each forward) so that `@n` means "the n-th extra call
+    in one forward".
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        types: Sequence[str] = (),
+        capture: str | Sequence[str] = ("output",),
+        *,
+        train: bool | None = None,
+        store: bool = True,
+    ) -> None:
+        self.model = model
+        self.modules = select_modules(model, _as_list(layers), _as_list(exclude), _as_list(types))
+        self.kinds = parse_capture(capture)
+        self.train = train
+        self.store = store
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.info: dict[str, KeyInfo] = {}
+        self.skipped: dict[str, Skipped] = {}
+        self.calls: dict[str, int] = {}
+        self.finished: list[str] = []
+        self.running: list[str] = []
+        self._call_stack: dict[str, list[int]] = {}
+        self._handles: list[RemovableHandle] = []
+        self._modes: list[tuple[nn.Module, bool]] = []
+
+    def __enter__(self) -> Capture:
+        self._modes = [(m, m.training) for m in self.model.modules()]
+        try:
+            if self.train is not None:
+                self.model.train(self.train)
+            for name, module in self.modules.items():
+                module_type = type(module).__name__
+                self._handles.append(
+                    module.register_forward_pre_hook(
+                        self._pre_hook(name, module_type), with_kwargs=True
+                    )
+                )
+                self._handles.append(
+                    module.register_forward_hook(self._post_hook(name, module_type))
+                )
+        except BaseException:
+            self._detach()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
+        try:
+            for handle in self._handles:
+                handle.remove()
+        finally:
+            self._handles.clear()
+            if self.train is not None:
+                for module, training in self._modes:
+                    module.training = training
+
+    def clear(self) -> None:
+        """Forget what was captured and start counting calls afresh."""
+        self.tensors = {}
+        self.calls.clear()
+        self.finished.clear()
+        self.running.clear()
+        self._call_stack.clear()
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The tensors captured since the last clear, then clear."""
+        tensors = self.tensors
+        self.clear()
+        return tensors
+
+    def _pre_hook(self, name: str, module_type: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            call = self.calls.get(name, 0)
+            self.calls[name] = call + 1
+            self._call_stack.setdefault(name, []).append(call)
+            self.running.append(name)
+            if "input" in self.kinds:
+                for i, arg in enumerate(args):
+                    self._record(name, module_type, "input", str(i), arg, call)
+                for key, arg in kwargs.items():
+                    self._record(name, module_type, "input", key, arg, call)
+
+        return hook
+
+    def _post_hook(self, name: str, module_type: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            stack = self._call_stack.get(name)
+            call = stack.pop() if stack else self.calls.get(name, 1) - 1
+            if name in self.running:
+                # remove the innermost entry of this module (recursion-safe)
+                del self.running[len(self.running) - 1 - self.running[::-1].index(name)]
+            self.finished.append(name)
+            if "output" in self.kinds:
+                self._record(name, module_type, "output", None, output, call)
+
+        return hook
+
+    def _record(
+        self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int
+    ) -> None:
+        for part, leaf in flatten(value, prefix):
+            key = tensor_key(name, kind, part, call)
+            if not isinstance(leaf, torch.Tensor):
+                self.skipped.setdefault(key, Skipped(key, type(leaf).__name__))
+                continue
+            if key not in self.info:
+                self.info[key] = KeyInfo(
+                    key, name, module_type, kind, call, part, tuple(leaf.shape), leaf.dtype
+                )
+            if self.store:
+                self.tensors[key] = leaf.detach().clone()
+
+
+def capture(
+    model: nn.Module,
+    layers: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    types: str | Sequence[str] | None = None,
+    capture: str | Sequence[str] = ("output",),
+    *,
+    train: bool | None = None,
+) -> Capture:
+    """Hook the selected modules of `model`; use as `with hookdump.capture(model) as cap:`."""
+    return Capture(
+        model,
+        _as_list(layers),
+        _as_list(exclude),
+        _as_list(types),
+        capture,
+        train=train,
+    )
+
+
+def _as_list(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)

@@ -1,0 +1,30 @@
+"""The one place where known errors become an `Error: ...` line and an exit code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from hookdump.errors import HookdumpError
+
+EXIT_INTERRUPTED = 130
+
+
+class HookdumpGroup(TyperGroup):
+    """Runs a command; `HookdumpError` -> one line on stderr and its exit code, no traceback."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HookdumpError as exc:
+            typer.echo(f"Error: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            typer.echo(
+                "Interrupted: nothing more was written; a dump in progress has no complete "
+                "manifest and must be made again.",
+                err=True,
+            )
+            raise typer.Exit(EXIT_INTERRUPTED) from None

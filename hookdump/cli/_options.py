@@ -1,0 +1,96 @@
+"""Option types shared by several commands, as `Annotated` aliases."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="A torchvision model name (see `hookdump models`) or package.module:attribute.",
+        show_default=False,
+        metavar="MODEL",
+    ),
+]
+LayersOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--layers",
+        "-l",
+        metavar="GLOB",
+        help="Glob over qualified module names ('*' crosses dots); repeatable. "
+        "Default: every leaf module.",
+        show_default=False,
+    ),
+]
+ExcludeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude",
+        "-x",
+        metavar="GLOB",
+        help="Glob of modules to drop; repeatable.",
+        show_default=False,
+    ),
+]
+TypesOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--type",
+        "-t",
+        metavar="CLASS",
+        help="Keep modules of this class name (e.g. Conv2d); repeatable.",
+        show_default=False,
+    ),
+]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        "--weights", "-w", metavar="WEIGHTS", help="Weights: none (as constructed, seeded)."
+    ),
+]
+ModelArgsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model-arg",
+        "-m",
+        metavar="KEY=VALUE",
+        help="key=value keyword argument for the model's constructor; repeatable.",
+        show_default=False,
+    ),
+]
+InputShapeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--input-shape",
+        metavar="SHAPE",
+        help="Per-sample shape of random input, e.g. 3,224,224. Default: the model's own.",
+        show_default=False,
+    ),
+]
+SeedOpt = Annotated[
+    int, typer.Option("--seed", metavar="INT", help="Seed for model construction and input.")
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        "-d",
+        metavar="DEVICE",
+        help="auto, cpu, cuda or cuda:N (auto: CUDA if present).",
+    ),
+]
+TrainOpt = Annotated[
+    bool, typer.Option("--train", help="Run the model in train mode (default: eval).")
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print a machine-readable result on stdout, nothing else.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.")]
+
+
+def as_list(values: list[str] | None) -> list[str]:
+    """Typer gives None for a repeatable option never given."""
+    return list(values or [])

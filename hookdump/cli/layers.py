@@ -1,0 +1,57 @@
+"""`hookdump layers`: the modules a selection picks, with shapes and calls per forward."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hookdump.cli import _output
+from hookdump.cli._options import (
+    DeviceOpt,
+    ExcludeOpt,
+    InputShapeOpt,
+    JsonOpt,
+    LayersOpt,
+    ModelArg,
+    ModelArgsOpt,
+    SeedOpt,
+    TrainOpt,
+    TypesOpt,
+    WeightsOpt,
+    as_list,
+)
+
+
+def layers(
+    model: ModelArg,
+    layers: LayersOpt = None,
+    exclude: ExcludeOpt = None,
+    types: TypesOpt = None,
+    names: Annotated[
+        bool, typer.Option("--names", help="Print bare names, one a line (for pipelines).")
+    ] = False,
+    weights: WeightsOpt = "none",
+    model_arg: ModelArgsOpt = None,
+    input_shape: InputShapeOpt = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    train: TrainOpt = False,
+    json_output: JsonOpt = False,
+) -> None:
+    """List the modules that --layers/--exclude/--type select, as one forward sees them."""
+    from hookdump.layer_listing import list_layers
+    from hookdump.render import layers_table
+    from hookdump.runner import prepare
+
+    prepared = prepare(model, weights, as_list(model_arg), input_shape, seed, device, train)
+    rows = list_layers(
+        prepared, as_list(layers), as_list(exclude), as_list(types), seed, label=model
+    )
+    if json_output:
+        _output.print_json([row.as_dict() for row in rows])
+    elif names:
+        for row in rows:
+            print(row.name)
+    else:
+        _output.stdout().print(layers_table(rows))

@@ -1,0 +1,173 @@
+"""`hookdump run`: dump the selected modules' tensors for an input."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookdump.cli import _output
+from hookdump.cli._options import (
+    DeviceOpt,
+    ExcludeOpt,
+    InputShapeOpt,
+    JsonOpt,
+    LayersOpt,
+    ModelArg,
+    ModelArgsOpt,
+    QuietOpt,
+    SeedOpt,
+    TrainOpt,
+    TypesOpt,
+    WeightsOpt,
+    as_list,
+)
+
+
+def run(
+    model: ModelArg,
+    layers: LayersOpt = None,
+    exclude: ExcludeOpt = None,
+    types: TypesOpt = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="DIR",
+            help="Folder for the dump (new or empty). Without it nothing is saved.",
+            show_default=False,
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing dump in --out.")
+    ] = False,
+    capture: Annotated[
+        str,
+        typer.Option(
+            "--capture", "-c", metavar="KINDS", help="What to capture: output, input (comma list)."
+        ),
+    ] = "output",
+    weights: WeightsOpt = "none",
+    model_arg: ModelArgsOpt = None,
+    input: Annotated[
+        str, typer.Option("--input", "-i", metavar="SOURCE", help="Input source: random (seeded).")
+    ] = "random",
+    input_shape: InputShapeOpt = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", metavar="N", help="Samples per forward.")
+    ] = 8,
+    num_samples: Annotated[
+        int | None,
+        typer.Option(
+            "--num-samples",
+            "-n",
+            metavar="N",
+            help="Random samples in all. Default: one batch.",
+            show_default=False,
+        ),
+    ] = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype", metavar="DTYPE", help="Forward precision: float32, float16, bfloat16."
+        ),
+    ] = "float32",
+    save_dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--save-dtype",
+            metavar="DTYPE",
+            help="Dtype written to disk. Default: as captured.",
+            show_default=False,
+        ),
+    ] = None,
+    shard_size: Annotated[
+        str,
+        typer.Option(
+            "--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."
+        ),
+    ] = "1GiB",
+    train: TrainOpt = False,
+    json_output: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Load MODEL, hook the selected modules, run input through it and write the dump."""
+    from hookdump.dump_writer import parse_size
+    from hookdump.render import print_summary
+    from hookdump.runner import RunOptions
+    from hookdump.runner import run as run_dump
+
+    options = RunOptions(
+        model=model,
+        layers=as_list(layers),
+        exclude=as_list(exclude),
+        types=as_list(types),
+        capture=capture,
+        weights=weights,
+        model_args=as_list(model_arg),
+        input=input,
+        input_shape=input_shape,
+        batch_size=batch_size,
+        num_samples=num_samples,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        save_dtype=save_dtype,
+        out=out,
+        overwrite=overwrite,
+        train=train,
+        shard_bytes=parse_size(shard_size),
+        command=["hookdump", *sys.argv[1:]],
+    )
+    show_progress = not (quiet or json_output)
+    with _progress(show_progress) as on_batch:
+        result = run_dump(options, on_batch=on_batch)
+    if json_output:
+        _output.print_json(result.as_dict())
+    elif not quiet:
+        print_summary(result, _output.stdout())
+
+
+class _progress:
+    """A progress bar on stderr, shown only once a run has more than one batch."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+        self.task = None
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self.update if self.enabled else None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if done >= total:
+                return
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("samples"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=_output.stderr(),
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task("run", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,168 @@
+"""Reading inputs: the per-sample input shape of a model and seeded random batches.
+
+Random sample `i` depends only on `(seed, i)`, never on the batch size, so dumps made with
+different `--batch-size` (or split over processes) hold the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookdump.errors import HookdumpError
+from hookdump.model_loader import LoadedModel
+
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_FRAMES = 16
+DEFAULT_SEQUENCE = 32
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What one sample looks like and how samples are passed to `forward`."""
+
+    # image: one batched tensor; detection: a list of per-sample tensors;
+    # flow: two batched tensors (image pairs); tokens: batched int64 ids below `vocab`
+    layout: str
+    shape: tuple[int, ...]
+    vocab: int = 0
+
+    def describe(self) -> str:
+        shape = ",".join(map(str, self.shape))
+        extra = {"flow": " x2 (image pairs)", "tokens": f" token ids < {self.vocab}"}
+        return f"random {shape}{extra.get(self.layout, '')}"
+
+
+@dataclass
+class Batch:
+    """Rows `start:stop` of the input, ready for `model(*args, **kwargs)`."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    start: int = 0
+    stop: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+    def to(self, device: torch.device) -> Batch:
+        def move(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.to(device, non_blocking=True)
+            if isinstance(value, list):
+                return [move(v) for v in value]
+            return value
+
+        return Batch(
+            tuple(move(a) for a in self.args),
+            {k: move(v) for k, v in self.kwargs.items()},
+            self.start,
+            self.stop,
+        )
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """`3,224,224` (or `3x224x224`) to a tuple of positive ints."""
+    parts = [p.strip() for p in text.replace("x", ",").split(",")]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if not shape or any(d <= 0 for d in shape):
+        raise HookdumpError(
+            f"--input-shape {text!r} is not a per-sample shape; write positive integers "
+            "separated by commas, e.g. 3,224,224"
+        )
+    return shape
+
+
+def input_spec(loaded: LoadedModel, shape: tuple[int, ...] | None = None) -> InputSpec:
+    """The random-input spec for a model: its own default shape, or `shape` if given."""
+    family = loaded.family
+    if family == "custom":
+        return _custom_spec(loaded.module, shape, loaded.spec)
+    layout = {"detection": "detection", "optical_flow": "flow"}.get(family, "image")
+    if shape is not None:
+        return InputSpec(layout, shape)
+    crop, resize, frames = _weights_sizes(loaded.torchvision_name or "")
+    if family == "video":
+        return InputSpec(layout, (3, frames, crop, crop))
+    if family == "segmentation":
+        return InputSpec(layout, (3, resize, resize))
+    if family == "classification":
+        size = getattr(loaded.module, "image_size", None)  # ViT built without weights: 224
+        return InputSpec(layout, (3, size if isinstance(size, int) else crop, crop))
+    return InputSpec(layout, (3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
+
+
+def _weights_sizes(name: str) -> tuple[int, int, int]:
+    """Crop size, resize size and frame count from the model's default weights' transforms."""
+    crop = resize = DEFAULT_IMAGE_SIZE
+    frames = DEFAULT_FRAMES
+    try:
+        import torchvision.models as tvm
+
+        weights = tvm.get_model_weights(name).DEFAULT
+        transforms = weights.transforms()
+    except Exception:  # a model without weights enums: keep the defaults
+        return crop, resize, frames
+    crop_size = getattr(transforms, "crop_size", None)
+    resize_size = getattr(transforms, "resize_size", None)
+    if crop_size:
+        crop = int(crop_size[0])
+    if resize_size:
+        resize = int(resize_size[0])
+    frames = max(frames, int(weights.meta.get("min_temporal_size", 0)))
+    return crop, resize if resize_size else crop, frames
+
+
+def _custom_spec(model: nn.Module, shape: tuple[int, ...] | None, spec: str) -> InputSpec:
+    """Guess the input of a user's model from its first Embedding, Linear or Conv layer."""
+    first = next((m for m in model.modules() if isinstance(m, _GUESSABLE)), None)
+    if isinstance(first, nn.Embedding):
+        return InputSpec("tokens", shape or (DEFAULT_SEQUENCE,), vocab=first.num_embeddings)
+    if shape is not None:
+        return InputSpec("image", shape)
+    if isinstance(first, nn.Linear):
+        return InputSpec("image", (first.in_features,))
+    if isinstance(first, nn.Conv1d):
+        return InputSpec("image", (first.in_channels, DEFAULT_IMAGE_SIZE))
+    if isinstance(first, nn.Conv2d):
+        return InputSpec("image", (first.in_channels, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
+    if isinstance(first, nn.Conv3d):
+        return InputSpec("image", (first.in_channels, DEFAULT_FRAMES, 112, 112))
+    raise HookdumpError(
+        f"cannot tell the input shape of {spec!r} (it has no Linear, Conv or Embedding "
+        "layer to go by); pass --input-shape, e.g. --input-shape 3,224,224"
+    )
+
+
+_GUESSABLE = (nn.Embedding, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def random_batches(
+    spec: InputSpec, num_samples: int, batch_size: int, seed: int
+) -> Iterator[Batch]:
+    """Seeded random input, `batch_size` samples at a time, on the CPU."""
+    for start in range(0, num_samples, batch_size):
+        stop = min(start + batch_size, num_samples)
+        samples = [_random_sample(spec, seed, i) for i in range(start, stop)]
+        if spec.layout == "detection":
+            args: tuple[Any, ...] = ([s[0] for s in samples],)
+        else:
+            args = tuple(torch.stack(parts) for parts in zip(*samples, strict=True))
+        yield Batch(args, {}, start, stop)
+
+
+def _random_sample(spec: InputSpec, seed: int, index: int) -> tuple[torch.Tensor, ...]:
+    # 2**31-1 is prime: mixes (seed, index) into one 64-bit seed without collisions in practice
+    generator = torch.Generator().manual_seed((seed * 2_147_483_647 + index) % 2**63)
+    if spec.layout == "tokens":
+        return (torch.randint(0, spec.vocab, spec.shape, generator=generator),)
+    count = 2 if spec.layout == "flow" else 1
+    return tuple(torch.randn(spec.shape, generator=generator) for _ in range(count))

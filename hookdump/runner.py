@@ -1,0 +1,324 @@
+"""A whole dump run: load the model, feed it batches under hooks, keep stats, write the dump."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hookdump
+from hookdump.capture import Capture, KeyInfo
+from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir, dtype_name
+from hookdump.errors import HookdumpError
+from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
+from hookdump.model_loader import LoadedModel, load_model, parse_model_args
+from hookdump.stats import TensorStats
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class RunOptions:
+    """Everything `hookdump run` takes; the CLI fills it in, a script may too."""
+
+    model: str
+    layers: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    types: list[str] = field(default_factory=list)
+    capture: str = "output"
+    weights: str = "none"
+    model_args: list[str] = field(default_factory=list)
+    input: str = "random"
+    input_shape: str | None = None
+    batch_size: int = 8
+    num_samples: int | None = None
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+    save_dtype: str | None = None
+    out: Path | None = None
+    overwrite: bool = False
+    train: bool = False
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+
+
+@dataclass
+class KeySummary:
+    """One captured key: where it came from, its per-sample shape and its statistics."""
+
+    info: KeyInfo
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int = 0
+    stats: TensorStats = field(default_factory=TensorStats)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.info.key,
+            "module": self.info.module,
+            "module_type": self.info.module_type,
+            "kind": self.info.kind,
+            "call": self.info.call,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "bytes": self.nbytes,
+            **self.stats.as_dict(),
+        }
+
+
+@dataclass
+class RunResult:
+    """What a run captured and where it went."""
+
+    model: str
+    out: Path | None
+    num_samples: int
+    keys: list[KeySummary]
+    skipped: list[dict[str, str]]
+    wall_time: float
+    manifest: dict[str, Any] | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(k.nbytes for k in self.keys)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "out": str(self.out) if self.out else None,
+            "num_samples": self.num_samples,
+            "wall_time_s": round(self.wall_time, 3),
+            "total_bytes": self.total_bytes,
+            "tensors": [k.as_dict() for k in self.keys],
+            "skipped": self.skipped,
+        }
+
+
+@dataclass
+class Prepared:
+    """A model on its device with its input spec: what `run` and `layers` both start from."""
+
+    loaded: LoadedModel
+    spec: InputSpec
+    device: torch.device
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`, `cpu`, `cuda` or `cuda:N` to a device that exists here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise HookdumpError(
+            f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise HookdumpError(f"--device {name}: CUDA is not available here; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise HookdumpError(
+                f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif device.type != "cpu":
+        raise HookdumpError(f"--device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def resolve_dtype(name: str, flag: str) -> torch.dtype:
+    """A dtype name from `--dtype`/`--save-dtype` to a torch dtype."""
+    if name not in DTYPES:
+        raise HookdumpError(f"{flag} {name!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def prepare(
+    model: str,
+    weights: str = "none",
+    model_args: list[str] | None = None,
+    input_shape: str | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    train: bool = False,
+) -> Prepared:
+    """Validate the cheap options, then load the model and move it to its device."""
+    shape = parse_shape(input_shape) if input_shape else None
+    kwargs = parse_model_args(model_args or [])
+    target = resolve_device(device)
+    loaded = load_model(model, weights, kwargs, seed)
+    loaded.module.train(train)
+    loaded.module.to(target)
+    return Prepared(loaded, input_spec(loaded, shape), target)
+
+
+def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> None:
+    """Run one forward, turning a model's own failure into an error that says where it was."""
+    try:
+        module(*batch.args, **batch.kwargs)
+    except (KeyboardInterrupt, HookdumpError):
+        raise
+    except Exception as exc:
+        message = " ".join(str(exc).split()) or "(no message)"
+        if len(message) > 300:
+            message = message[:300] + "..."
+        inside = f"inside {cap.running[-1]!r}; " if cap.running else ""
+        done = cap.finished
+        ran = (
+            f"hooked modules that had run: {len(done)} (last: {', '.join(done[-3:])})"
+            if done
+            else "no hooked module had run"
+        )
+        raise HookdumpError(
+            f"the forward pass of {label} raised {type(exc).__name__}: {message} "
+            f"({inside}{ran}); check --input-shape and --model-arg"
+        ) from None
+
+
+def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None) -> RunResult:
+    """Dump what the selected modules produce for the input; `on_batch(done, total)` reports."""
+    started = time.perf_counter()
+    if options.batch_size < 1:
+        raise HookdumpError(f"--batch-size {options.batch_size} must be at least 1")
+    num_samples = options.num_samples if options.num_samples is not None else options.batch_size
+    if num_samples < 1:
+        raise HookdumpError(f"--num-samples {num_samples} must be at least 1")
+    if options.input != "random":
+        raise HookdumpError(f"--input {options.input!r}: only 'random' input is supported yet")
+    forward_dtype = resolve_dtype(options.dtype, "--dtype")
+    save_dtype = resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None
+    if options.out is not None:
+        check_out_dir(options.out, options.overwrite)  # fail before the slow part
+
+    prepared = prepare(
+        options.model,
+        options.weights,
+        options.model_args,
+        options.input_shape,
+        options.seed,
+        options.device,
+        options.train,
+    )
+    model = prepared.loaded.module
+    cap = Capture(model, options.layers, options.exclude, options.types, options.capture)
+    writer = (
+        DumpWriter(options.out, options.overwrite, options.shard_bytes) if options.out else None
+    )
+    summaries: dict[str, KeySummary] = {}
+    unbatched: dict[str, dict[str, str]] = {}
+    batches = random_batches(prepared.spec, num_samples, options.batch_size, options.seed)
+
+    with cap, torch.inference_mode(), _autocast(prepared.device, forward_dtype):
+        for batch in _on_device(batches, prepared.device):
+            forward(cap, model, batch, options.model)
+            tensors = _keep_batched(cap.take(), batch.rows, unbatched)
+            for key, tensor in tensors.items():
+                if save_dtype is not None and tensor.is_floating_point():
+                    tensor = tensor.to(save_dtype)
+                tensors[key] = tensor = tensor.cpu()
+                summary = summaries.get(key)
+                if summary is None:
+                    summary = summaries[key] = KeySummary(
+                        cap.info[key], tuple(tensor.shape[1:]), dtype_name(tensor.dtype)
+                    )
+                summary.nbytes += tensor.numel() * tensor.element_size()
+                summary.stats.update(tensor)
+            if writer:
+                writer.add(tensors, batch.start, batch.stop, cap.info)
+            if on_batch:
+                on_batch(batch.stop, num_samples)
+
+    skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
+    skipped += list(unbatched.values())
+    result = RunResult(
+        options.model,
+        options.out,
+        num_samples,
+        list(summaries.values()),
+        skipped,
+        time.perf_counter() - started,
+    )
+    if writer:
+        fields = _manifest_fields(options, prepared, cap, skipped, num_samples)
+        result.manifest = writer.finish({**fields, "wall_time_s": round(result.wall_time, 3)})
+    return result
+
+
+def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
+    for batch in batches:
+        yield batch if device.type == "cpu" else batch.to(device)
+
+
+def _keep_batched(
+    tensors: dict[str, torch.Tensor], rows: int, unbatched: dict[str, dict[str, str]]
+) -> dict[str, torch.Tensor]:
+    """Drop (and note) tensors without the batch as dim 0: they have no rows to write."""
+    kept = {}
+    for key, tensor in tensors.items():
+        if tensor.dim() >= 1 and tensor.shape[0] == rows:
+            kept[key] = tensor
+        elif key not in unbatched:
+            unbatched[key] = {
+                "key": key,
+                "reason": f"no batch dim (shape {list(tensor.shape)}, batch of {rows})",
+            }
+    return kept
+
+
+def _manifest_fields(
+    options: RunOptions,
+    prepared: Prepared,
+    cap: Capture,
+    skipped: list[dict[str, str]],
+    num_samples: int,
+) -> dict[str, Any]:
+    import safetensors
+    import torchvision
+
+    loaded = prepared.loaded
+    return {
+        "model": {"spec": loaded.spec, "weights": loaded.weights, "class": loaded.class_path},
+        "command": options.command,
+        "selection": {
+            "layers": options.layers,
+            "exclude": options.exclude,
+            "types": options.types,
+            "modules": list(cap.modules),
+        },
+        "capture": list(cap.kinds),
+        "seed": options.seed,
+        "device": str(prepared.device),
+        "dtype": options.dtype,
+        "save_dtype": options.save_dtype,
+        "train": options.train,
+        "batch_size": options.batch_size,
+        "input": {
+            "source": options.input,
+            "layout": prepared.spec.layout,
+            "shape": list(prepared.spec.shape),
+        },
+        "sample_ids": list(range(num_samples)),
+        "skipped": skipped,
+        "versions": {
+            "hookdump": hookdump.__version__,
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "safetensors": safetensors.__version__,
+            "python": platform.python_version(),
+        },
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+    }

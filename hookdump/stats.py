@@ -1,0 +1,68 @@
+"""Running statistics of captured tensors, accumulated batch by batch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TensorStats:
+    """Mean, std, min and max over the finite elements seen so far, and NaN/Inf counts."""
+
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0  # sum of squared deviations from the mean (Chan et al.'s parallel update)
+    min: float = math.inf
+    max: float = -math.inf
+    nan: int = 0
+    inf: int = 0
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / self.count) if self.count else math.nan
+
+    def update(self, tensor: torch.Tensor) -> None:
+        """Fold one batch of values in."""
+        x = tensor.detach()
+        if x.is_complex():
+            x = x.abs()
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.float()
+        if x.numel() == 0:
+            return
+        finite = torch.isfinite(x)
+        if not bool(finite.all()):
+            nan = int(torch.isnan(x).sum())
+            self.nan += nan
+            self.inf += int((~finite).sum()) - nan
+            x = x[finite]
+            if x.numel() == 0:
+                return
+        var, mean = torch.var_mean(x, correction=0)
+        lo, hi = torch.aminmax(x)
+        n, batch_mean, batch_m2 = x.numel(), float(mean), float(var) * x.numel()
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.m2 += batch_m2 + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.count = total
+        self.min = min(self.min, float(lo))
+        self.max = max(self.max, float(hi))
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """JSON-safe values (None where nothing finite was seen)."""
+
+        def clean(v: float) -> float | None:
+            return v if math.isfinite(v) else None
+
+        return {
+            "mean": clean(self.mean) if self.count else None,
+            "std": clean(self.std),
+            "min": clean(self.min),
+            "max": clean(self.max),
+            "nan": self.nan,
+            "inf": self.inf,
+        }
