@@ -12,13 +12,13 @@ __version__ = "0.1.0"
 __all__ = ["Capture", "Dump", "HookdumpError", "__version__", "capture", "load"]
 
 if TYPE_CHECKING:
-    from hookdump.capture import Capture, capture
+    from hookdump.capturing import Capture, capture
     from hookdump.dump_reader import Dump, load
     from hookdump.errors import HookdumpError
 
 _LAZY = {
-    "capture": "hookdump.capture",
-    "Capture": "hookdump.capture",
+    "capture": "hookdump.capturing",
+    "Capture": "hookdump.capturing",
     "load": "hookdump.dump_reader",
     "Dump": "hookdump.dump_reader",
     "HookdumpError": "hookdump.errors",

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from hookdump.capture import KeyInfo
+from hookdump.capturing import KeyInfo
 from hookdump.errors import HookdumpError
 
 FORMAT = "hookdump/1"

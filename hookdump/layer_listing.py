@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hookdump.capture import Capture
+from hookdump.capturing import Capture
 from hookdump.inputs import random_batches
 from hookdump.runner import Prepared, forward
 
@@ -20,10 +20,10 @@ class LayerRow:
     module_type: str
     params: int
     calls: int
-    # first call's output parts ("" for a bare tensor) -> per-sample shape, or None when the
-    # tensor has no batch dim (its full shape is kept under the same part with `batched` off)
+    # first call's output parts ("" for a bare tensor) -> per-sample shape; the parts without a
+    # batch dim (LSTM's h, say) are listed in `unbatched` and keep their full shape
     outputs: dict[str, list[int]] = field(default_factory=dict)
-    batched: bool = True
+    unbatched: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -32,7 +32,7 @@ class LayerRow:
             "params": self.params,
             "calls": self.calls,
             "outputs": self.outputs,
-            "batched": self.batched,
+            "unbatched": self.unbatched,
         }
 
 
@@ -46,8 +46,8 @@ def list_layers(
 ) -> list[LayerRow]:
     """The selected modules in registration order, after one forward of the default input."""
     model = prepared.loaded.module
-    rows_per_batch = 2 if model.training else 1  # BatchNorm in train mode needs 2 samples
-    batch = next(random_batches(prepared.spec, rows_per_batch, rows_per_batch, seed))
+    # two samples: with one, a dim 0 of size 1 could not be told from the batch dim
+    batch = next(random_batches(prepared.spec, 2, 2, seed))
     if prepared.device.type != "cpu":
         batch = batch.to(prepared.device)
     cap = Capture(model, layers, exclude, types, ("output",), store=False)
@@ -65,10 +65,10 @@ def list_layers(
     for info in cap.info.values():
         if info.call != 0:
             continue
-        row = rows[info.module]
+        row, part = rows[info.module], info.part or ""
         if info.shape and info.shape[0] == batch.rows:
-            row.outputs[info.part or ""] = list(info.shape[1:])
+            row.outputs[part] = list(info.shape[1:])
         else:
-            row.outputs[info.part or ""] = list(info.shape)
-            row.batched = False
+            row.outputs[part] = list(info.shape)
+            row.unbatched.append(part)
     return list(rows.values())

@@ -107,9 +107,8 @@ def format_outputs(row: LayerRow) -> str:
     """A module's output shapes: '64x56x56', or 'logits: 10, 0: 4' for structured ones."""
     if not row.outputs:
         return "-"
-    parts = [
-        format_shape(shape) if part == "" else f"{part}: {format_shape(shape)}"
-        for part, shape in row.outputs.items()
-    ]
-    text = ", ".join(parts[:4]) + (f", … ({len(parts)} parts)" if len(parts) > 4 else "")
-    return text if row.batched else f"{text} (no batch dim)"
+    parts = []
+    for part, shape in row.outputs.items():
+        text = format_shape(shape) if part == "" else f"{part}: {format_shape(shape)}"
+        parts.append(f"{text} (no batch dim)" if part in row.unbatched else text)
+    return ", ".join(parts[:4]) + (f", … ({len(parts)} parts)" if len(parts) > 4 else "")

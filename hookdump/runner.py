@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import hookdump
-from hookdump.capture import Capture, KeyInfo
+from hookdump.capturing import Capture, KeyInfo
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir, dtype_name
 from hookdump.errors import HookdumpError
 from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches

@@ -15,6 +15,11 @@ EXIT_INTERRUPTED = 130
 class HookdumpGroup(TyperGroup):
     """Runs a command; `HookdumpError` -> one line on stderr and its exit code, no traceback."""
 
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        # kept for the manifest: the command line as given, also when invoked in-process
+        ctx.meta["hookdump.argv"] = ["hookdump", *args]
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)

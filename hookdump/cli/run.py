@@ -27,6 +27,7 @@ from hookdump.cli._options import (
 
 
 def run(
+    ctx: typer.Context,
     model: ModelArg,
     layers: LayersOpt = None,
     exclude: ExcludeOpt = None,
@@ -122,7 +123,7 @@ def run(
         overwrite=overwrite,
         train=train,
         shard_bytes=parse_size(shard_size),
-        command=["hookdump", *sys.argv[1:]],
+        command=ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]]),
     )
     show_progress = not (quiet or json_output)
     with _progress(show_progress) as on_batch:

@@ -1,0 +1,85 @@
+"""`hookdump layers` and `hookdump models`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torchvision
+from clitools import assert_usage_error, invoke
+
+SMALL = ["--input-shape", "3,32,32"]
+
+
+def test_names_for_a_pipeline_are_exactly_the_selected_modules() -> None:
+    result = invoke("layers", "resnet18", "--type", "Conv2d", "--names", *SMALL)
+    assert result.exit_code == 0, result.stderr
+    model = torchvision.models.resnet18(weights=None)
+    expected = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    assert result.stdout.splitlines() == expected
+    assert result.stderr == ""
+
+
+def test_json_has_class_params_calls_and_per_sample_shapes() -> None:
+    result = invoke("layers", "resnet18", "-l", "layer1.0.*", "-l", "fc", "--json", *SMALL)
+    assert result.exit_code == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    model = torchvision.models.resnet18(weights=None)
+    assert rows["layer1.0.conv1"] == {
+        "name": "layer1.0.conv1",
+        "class": "Conv2d",
+        "params": sum(p.numel() for p in model.layer1[0].conv1.parameters()),
+        "calls": 1,
+        "outputs": {"": [64, 8, 8]},
+        "unbatched": [],
+    }
+    assert rows["layer1.0.relu"]["calls"] == 2  # BasicBlock reuses its ReLU
+    assert rows["fc"]["outputs"] == {"": [1000]}
+
+
+def test_table_lists_calls_and_structured_outputs(in_tests_dir: object) -> None:
+    result = invoke("layers", "tiny_models:Structured", "-l", "*", "--input-shape", "6,3")
+    assert result.exit_code == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert "0: 6×5, 1.0: 1×2×5 (no batch dim), 1.1: 1×2×5 (no batch dim)" in lines["lstm"]
+    assert "left: 6×5, right: 6×5" in lines["pair"]
+    assert lines["lstm"].split()[2] == f"{4 * (3 * 5 + 5 * 5 + 5 + 5):,}"
+
+
+def test_layers_errors_like_run() -> None:
+    assert_usage_error(invoke("layers", "resnet18", "-l", "layer5*", *SMALL), "--layers 'layer5*'")
+
+
+def test_models_lists_torchvision_names_with_a_glob() -> None:
+    result = invoke("models", "resnet*")
+    assert result.exit_code == 0
+    names = result.stdout.splitlines()
+    assert "resnet18" in names and "resnet50" in names
+    assert all(n.startswith("resnet") for n in names)
+    every = invoke("models").stdout.splitlines()
+    assert set(every) == set(torchvision.models.list_models())
+
+
+def test_models_json_has_families() -> None:
+    data = json.loads(invoke("models", "r3d*", "--json").stdout)
+    assert data == [{"name": "r3d_18", "family": "video"}]
+
+
+def test_models_glob_matching_nothing_is_an_error() -> None:
+    assert_usage_error(invoke("models", "resnett*"), "no model name matches 'resnett*'")
+
+
+@pytest.mark.parametrize(
+    ("model", "shape"),
+    [
+        ("inception_v3", [3, 299, 299]),
+        ("vit_b_16", [3, 224, 224]),
+        ("r3d_18", [3, 16, 112, 112]),
+    ],
+)
+def test_default_input_shapes_follow_the_model(model: str, shape: list[int]) -> None:
+    from hookdump.inputs import input_spec
+    from hookdump.model_loader import load_model
+
+    assert list(input_spec(load_model(model)).shape) == shape

@@ -1,0 +1,30 @@
+"""`--help` answers without importing torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["layers", "--help"]])
+def test_help_does_not_import_torch(args: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hookdump", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    imported = [line.split("|")[-1].strip() for line in proc.stderr.splitlines()]
+    assert "typer" in imported  # the import log was read
+    assert not [name for name in imported if name.split(".")[0] in ("torch", "torchvision")]
+    assert "Usage: hookdump" in proc.stdout
+
+
+def test_main_help_lists_the_commands() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hookdump", "--help"], capture_output=True, text=True, check=True
+    )
+    for command in ("run", "layers", "models"):
+        assert f"\n  {command} " in proc.stdout

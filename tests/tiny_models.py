@@ -1,0 +1,165 @@
+"""Tiny fixture models: each exercises one thing hand-written hooks get wrong.
+
+Importable as `tiny_models:NAME` from this folder, so the CLI tests use them as MODEL specs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+
+class TwoLinear(nn.Module):
+    """Linear(2,2) -> ReLU -> Linear(2,1) -> ReLU6, all weights and biases 1.
+
+    For input 0.1 everywhere, by hand: linear_1 = 0.1 + 0.1 + 1 = 1.2 (both units),
+    relu = 1.2, linear_2 = 1.2 + 1.2 + 1 = 3.4, relu6 = 3.4. The forward returns every
+    intermediate, an independent reference for the captured values.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(2, 2)
+        self.relu = nn.ReLU()
+        self.linear_2 = nn.Linear(2, 1)
+        self.relu6 = nn.ReLU6()
+        for p in self.parameters():
+            nn.init.ones_(p)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h1 = self.linear_1(x)
+        a1 = self.relu(h1)
+        h2 = self.linear_2(a1)
+        a2 = self.relu6(h2)
+        return h1, a1, h2, a2
+
+
+class SharedActivation(nn.Module):
+    """One ReLU module called three times in a forward, as in resnet's Bottleneck."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4)
+        self.fc2 = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        a = self.act(x)
+        b = self.act(self.fc1(a) - 1.0)
+        c = self.act(self.fc2(b) + x)
+        return {"a": a, "b": b, "c": c}
+
+
+class Pair(NamedTuple):
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor
+    hidden: tuple[torch.Tensor, ...]
+    loss: torch.Tensor | None = None
+    step: int = 0
+
+
+class PairMaker(nn.Module):
+    def forward(self, x: torch.Tensor) -> Pair:
+        return Pair(x + 1, x * 2)
+
+
+class Structured(nn.Module):
+    """Modules returning a tuple, a dict, a named tuple and a dataclass with non-tensor leaves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 5, batch_first=True)  # (output, (h, c)): h, c have no batch dim 0
+        self.pair = PairMaker()
+
+    def forward(self, x: torch.Tensor) -> Output:
+        seq, (h, _c) = self.lstm(x)
+        pair = self.pair(seq)
+        return Output(logits=pair.left.sum(-1), hidden=(pair.right, h), loss=None, step=3)
+
+
+class KwargsModel(nn.Module):
+    """A module taking a keyword argument, and an in-place ReLU that mutates its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = Scale()
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.scale(x, factor=torch.full_like(x, -2.0)))
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor, *, factor: torch.Tensor) -> torch.Tensor:
+        return x * factor
+
+
+class FailsMidway(nn.Module):
+    """Raises inside `broken`, after `first` and `second` have run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.second = nn.ReLU()
+        self.broken = Broken()
+        self.never = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.never(self.broken(self.second(self.first(x))))
+
+
+class Broken(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("shapes do not line up\nsecond line of the message")
+
+
+class ConvNet(nn.Module):
+    """A small conv net: Conv -> BatchNorm -> in-place ReLU, twice, then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(4, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(inplace=True),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(self.features(x)).flatten(1))
+
+
+def two_linear_factory(bias: float = 1.0) -> TwoLinear:
+    """A factory with a keyword argument, for --model-arg."""
+    model = TwoLinear()
+    nn.init.constant_(model.linear_1.bias, bias)
+    return model
+
+
+class Interrupts(nn.Module):
+    """Acts as if the user pressed Ctrl-C during the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fc(x)
+        raise KeyboardInterrupt
+
+
+def not_a_model() -> torch.Tensor:
+    """A factory that returns something other than a module."""
+    return torch.zeros(1)
