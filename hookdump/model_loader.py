@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -121,6 +122,9 @@ def load_model(
         )
     import torchvision.models as tvm
 
+    if "weights_backbone" in inspect.signature(tvm.get_model_builder(spec)).parameters:
+        # detection and segmentation builders download an ImageNet backbone by default
+        kwargs = {"weights_backbone": None, **kwargs}
     module = _build(lambda **kw: tvm.get_model(spec, weights=None, **kw), spec, kwargs)
     return LoadedModel(module, spec, weights, models[spec], torchvision_name=spec)
 

@@ -83,3 +83,18 @@ def test_default_input_shapes_follow_the_model(model: str, shape: list[int]) -> 
     from hookdump.model_loader import load_model
 
     assert list(input_spec(load_model(model)).shape) == shape
+
+
+@pytest.mark.parametrize("model", ["lraspp_mobilenet_v3_large", "ssdlite320_mobilenet_v3_large"])
+def test_models_with_backbones_build_without_downloading(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torchvision.models._api as api
+
+    def no_download(url: str, *args: object, **kwargs: object) -> None:
+        raise AssertionError(f"tried to download {url}")
+
+    monkeypatch.setattr(api, "load_state_dict_from_url", no_download)
+    from hookdump.model_loader import load_model
+
+    assert load_model(model).family in ("segmentation", "detection")
