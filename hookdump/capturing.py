@@ -53,6 +53,18 @@ def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
     return f"{key}@{call}" if call else key
 
 
+def parse_key(key: str) -> tuple[str, str, str | None, int]:
+    """The inverse of `tensor_key`: (module, kind, part, call)."""
+    base, at, call = key.rpartition("@")
+    if not (at and call.isdigit()):
+        base, call = key, "0"
+    module, colon, rest = base.partition(":")
+    if not colon:
+        return module, "output", None, int(call)
+    kind, _, part = rest.partition(".")
+    return module, kind, part or None, int(call)
+
+
 def flatten(value: Any, prefix: str | None = None) -> Iterator[tuple[str | None, Any]]:
     """The leaves of a structured value, each with its dotted path (None for a bare tensor)."""
 

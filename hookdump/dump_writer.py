@@ -84,6 +84,7 @@ class DumpWriter:
         self.shard_bytes = shard_bytes
         self.tensors: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
+        self.fields: dict[str, Any] = {}  # the rest of the manifest: model, command, versions
         self.num_samples = 0
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_bytes = 0
@@ -161,6 +162,7 @@ class DumpWriter:
             tmp.unlink(missing_ok=True)
             raise HookdumpError(f"writing {path} failed: {exc.strerror or exc}") from None
         self.shards.append({"file": name, "start": start, "stop": stop})
+        self.write_manifest(complete=False)
 
     def _prepare(self) -> None:
         if self._prepared:
@@ -173,28 +175,31 @@ class DumpWriter:
             old.unlink()
         self._prepared = True
 
-    def manifest(self, fields: Mapping[str, Any], complete: bool) -> dict[str, Any]:
+    def manifest(self, complete: bool) -> dict[str, Any]:
         """The manifest for what has been written so far."""
         return {
             "format": FORMAT,
             "complete": complete,
             "num_samples": self.shards[-1]["stop"] if self.shards else 0,
-            **fields,
+            **self.fields,
             "tensors": self.tensors,
             "shards": self.shards,
         }
 
-    def write_manifest(self, fields: Mapping[str, Any], complete: bool) -> dict[str, Any]:
-        """Write `manifest.json` (after every shard it lists is on disk) and return it."""
+    def write_manifest(self, complete: bool) -> dict[str, Any]:
+        """Write `manifest.json` (after every shard it lists is on disk) and return it.
+
+        Incomplete manifests (`complete: false`) list the shards finished so far.
+        """
         self._prepare()
-        manifest = self.manifest(fields, complete)
+        manifest = self.manifest(complete)
         write_json(self.out / MANIFEST, manifest)
         return manifest
 
-    def finish(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def finish(self) -> dict[str, Any]:
         """Write the last shard, then the complete manifest."""
         self.flush()
-        return self.write_manifest(fields, complete=True)
+        return self.write_manifest(complete=True)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)

@@ -11,8 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from hookdump.dump_diff import DiffResult
+    from hookdump.inspection import Inspection
     from hookdump.layer_listing import LayerRow
     from hookdump.runner import RunResult
+    from hookdump.stats import KeySummary
 
 TIMES = "\u00d7"
 
@@ -38,18 +41,19 @@ def format_shape(shape: Sequence[int]) -> str:
     return TIMES.join(map(str, shape)) if shape else "()"
 
 
-def summary_table(result: RunResult) -> Table:
+def summary_table(keys: Sequence[KeySummary]) -> Table:
     """One row per captured key in forward order, with totals in the footer."""
+    total = sum(k.nbytes for k in keys)
     table = Table(show_footer=True, header_style="bold", footer_style="bold", box=None)
-    table.add_column("key", footer=f"{len(result.keys)} tensors", no_wrap=True)
+    table.add_column("key", footer=f"{len(keys)} tensors", no_wrap=True)
     table.add_column("module")
     table.add_column("shape", no_wrap=True)
     table.add_column("dtype", no_wrap=True)
-    table.add_column("size", justify="right", no_wrap=True, footer=format_bytes(result.total_bytes))
+    table.add_column("size", justify="right", no_wrap=True, footer=format_bytes(total))
     for name in ("mean", "std", "min", "max"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("nan/inf", justify="right", no_wrap=True)
-    for item in result.keys:
+    for item in keys:
         stats = item.stats
         bad = stats.nan + stats.inf
         table.add_row(
@@ -67,7 +71,7 @@ def summary_table(result: RunResult) -> Table:
     return table
 
 
-def summary_footer(result: RunResult) -> str:
+def run_footer(result: RunResult) -> str:
     """The line under the table: samples, time, and where the dump went."""
     where = f"dump: {result.out}" if result.out else "not saved (pass --out DIR to keep it)"
     shards = len(result.manifest["shards"]) if result.manifest else 0
@@ -79,9 +83,25 @@ def summary_footer(result: RunResult) -> str:
 
 
 def print_summary(result: RunResult, console: Console) -> None:
-    """The table and its footer line."""
-    console.print(summary_table(result))
-    console.print(summary_footer(result), markup=False, highlight=False)
+    """The table of a run and its footer line."""
+    console.print(summary_table(result.keys))
+    console.print(run_footer(result), markup=False, highlight=False)
+
+
+def print_inspection(found: Inspection, console: Console) -> None:
+    """The table of a dump on disk, then whether it is complete and what is missing."""
+    console.print(summary_table(found.keys))
+    model = found.manifest.get("model", {}).get("spec")
+    source = f" of {model}" if model else ""
+    shards = f"{found.shards} shard{'s' if found.shards != 1 else ''}"
+    state = "complete" if found.complete else "INCOMPLETE"
+    console.print(
+        f"{found.path}: dump{source}, {found.num_samples} samples in {shards}, {state}",
+        markup=False,
+        highlight=False,
+    )
+    for problem in found.problems:
+        console.print(f"  - {problem}", markup=False, highlight=False, style="red")
 
 
 def layers_table(rows: Sequence[LayerRow]) -> Table:
@@ -112,3 +132,46 @@ def format_outputs(row: LayerRow) -> str:
         text = format_shape(shape) if part == "" else f"{part}: {format_shape(shape)}"
         parts.append(f"{text} (no batch dim)" if part in row.unbatched else text)
     return ", ".join(parts[:4]) + (f", … ({len(parts)} parts)" if len(parts) > 4 else "")
+
+
+def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> None:
+    """The failing keys (or all) in forward order, then the verdict naming the first failure."""
+    rows = result.keys if show_all else result.failures
+    if rows:
+        table = Table(header_style="bold", box=None)
+        table.add_column("key", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        for name in ("max abs", "max rel", "cosine", "mismatched"):
+            table.add_column(name, justify="right", no_wrap=True)
+        for item in rows:
+            compared = item.numel > 0
+            table.add_row(
+                Text(item.key),
+                Text(
+                    f"{item.status} {item.detail}".strip(),
+                    style="green" if item.ok else "bold red",
+                ),
+                format_number(item.max_abs) if compared else "-",
+                format_number(item.max_rel) if compared else "-",
+                format_number(item.cosine) if compared else "-",
+                f"{item.mismatched}/{item.numel}" if compared else "-",
+            )
+        console.print(table)
+    for problem in result.problems:
+        console.print(f"- {problem}", markup=False, highlight=False, style="red")
+    tolerance = f"atol={result.atol:g}, rtol={result.rtol:g}"
+    failures = result.failures
+    if failures:
+        first = failures[0]
+        console.print(
+            f"{len(failures)} of {len(result.keys)} keys differ ({tolerance}); first diverging: "
+            f"{first.key} (module {first.module})",
+            markup=False,
+            highlight=False,
+        )
+    elif result.problems:
+        console.print(
+            f"all {len(result.keys)} keys match ({tolerance}), but see above", markup=False
+        )
+    else:
+        console.print(f"all {len(result.keys)} keys match ({tolerance})", markup=False)

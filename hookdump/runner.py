@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 import hookdump
-from hookdump.capturing import Capture, KeyInfo
+from hookdump.capturing import Capture
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir, dtype_name
 from hookdump.errors import HookdumpError
 from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
 from hookdump.model_loader import LoadedModel, load_model, parse_model_args
-from hookdump.stats import TensorStats
+from hookdump.stats import KeySummary
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -52,30 +52,6 @@ class RunOptions:
 
 
 @dataclass
-class KeySummary:
-    """One captured key: where it came from, its per-sample shape and its statistics."""
-
-    info: KeyInfo
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int = 0
-    stats: TensorStats = field(default_factory=TensorStats)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.info.key,
-            "module": self.info.module,
-            "module_type": self.info.module_type,
-            "kind": self.info.kind,
-            "call": self.info.call,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "bytes": self.nbytes,
-            **self.stats.as_dict(),
-        }
-
-
-@dataclass
 class RunResult:
     """What a run captured and where it went."""
 
@@ -91,7 +67,12 @@ class RunResult:
     def total_bytes(self) -> int:
         return sum(k.nbytes for k in self.keys)
 
+    def nonfinite(self) -> list[KeySummary]:
+        """The keys holding NaN or Inf, in forward order (the first is where it started)."""
+        return [k for k in self.keys if k.stats.nan or k.stats.inf]
+
     def as_dict(self) -> dict[str, Any]:
+        bad = self.nonfinite()
         return {
             "model": self.model,
             "out": str(self.out) if self.out else None,
@@ -100,6 +81,7 @@ class RunResult:
             "total_bytes": self.total_bytes,
             "tensors": [k.as_dict() for k in self.keys],
             "skipped": self.skipped,
+            "first_nonfinite": bad[0].info.key if bad else None,
         }
 
 
@@ -218,6 +200,8 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     writer = (
         DumpWriter(options.out, options.overwrite, options.shard_bytes) if options.out else None
     )
+    if writer:
+        writer.fields = _manifest_fields(options, prepared, cap, [], num_samples)
     summaries: dict[str, KeySummary] = {}
     unbatched: dict[str, dict[str, str]] = {}
     batches = random_batches(prepared.spec, num_samples, options.batch_size, options.seed)
@@ -253,8 +237,8 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
         time.perf_counter() - started,
     )
     if writer:
-        fields = _manifest_fields(options, prepared, cap, skipped, num_samples)
-        result.manifest = writer.finish({**fields, "wall_time_s": round(result.wall_time, 3)})
+        writer.fields.update(skipped=skipped, wall_time_s=round(result.wall_time, 3))
+        result.manifest = writer.finish()
     return result
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from hookdump.capturing import KeyInfo
 
 
 @dataclass
@@ -65,4 +68,28 @@ class TensorStats:
             "max": clean(self.max),
             "nan": self.nan,
             "inf": self.inf,
+        }
+
+
+@dataclass
+class KeySummary:
+    """One captured key: where it came from, its per-sample shape and its statistics."""
+
+    info: KeyInfo
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int = 0
+    stats: TensorStats = field(default_factory=TensorStats)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.info.key,
+            "module": self.info.module,
+            "module_type": self.info.module_type,
+            "kind": self.info.kind,
+            "call": self.info.call,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "bytes": self.nbytes,
+            **self.stats.as_dict(),
         }

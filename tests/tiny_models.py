@@ -141,10 +141,11 @@ class ConvNet(nn.Module):
         return self.head(self.pool(self.features(x)).flatten(1))
 
 
-def two_linear_factory(bias: float = 1.0) -> TwoLinear:
-    """A factory with a keyword argument, for --model-arg."""
+def two_linear_factory(bias: float = 1.0, bias_2: float = 1.0) -> TwoLinear:
+    """A factory with keyword arguments, for --model-arg: the biases of each Linear."""
     model = TwoLinear()
     nn.init.constant_(model.linear_1.bias, bias)
+    nn.init.constant_(model.linear_2.bias, bias_2)
     return model
 
 
@@ -163,3 +164,23 @@ class Interrupts(nn.Module):
 def not_a_model() -> torch.Tensor:
     """A factory that returns something other than a module."""
     return torch.zeros(1)
+
+
+class MakesNaN(nn.Module):
+    """NaN appears in `log` (log of a negative number) and spreads to everything after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(3, 3)
+        self.log = Log()
+        self.fc2 = nn.Linear(3, 2)
+        for p in self.parameters():
+            nn.init.constant_(p, -1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.log(self.fc1(x.abs())))
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)

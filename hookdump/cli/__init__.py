@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from hookdump.cli import layers, models, run
+from hookdump.cli import diff, inspect, layers, models, run
 from hookdump.cli._errors import HookdumpGroup
 
 app = typer.Typer(
@@ -23,6 +23,8 @@ app = typer.Typer(
 app.command("run")(run.run)
 app.command("layers")(layers.layers)
 app.command("models")(models.models)
+app.command("inspect")(inspect.inspect)
+app.command("diff")(diff.diff)
 
 
 def main() -> None:

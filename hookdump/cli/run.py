@@ -24,6 +24,7 @@ from hookdump.cli._options import (
     WeightsOpt,
     as_list,
 )
+from hookdump.errors import CheckFailed
 
 
 def run(
@@ -94,6 +95,13 @@ def run(
         ),
     ] = "1GiB",
     train: TrainOpt = False,
+    fail_on_nonfinite: Annotated[
+        bool,
+        typer.Option(
+            "--fail-on-nonfinite",
+            help="Exit 1 if any captured tensor holds NaN or Inf, naming the first module.",
+        ),
+    ] = False,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -132,6 +140,14 @@ def run(
         _output.print_json(result.as_dict())
     elif not quiet:
         print_summary(result, _output.stdout())
+    bad = result.nonfinite()
+    if fail_on_nonfinite and bad:
+        first = bad[0]
+        raise CheckFailed(
+            f"non-finite values first appear in {first.info.key!r} ({first.info.module_type}): "
+            f"{first.stats.nan} NaN, {first.stats.inf} Inf; {len(bad)} of "
+            f"{len(result.keys)} tensors affected"
+        )
 
 
 class _progress:

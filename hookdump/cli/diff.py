@@ -1,0 +1,43 @@
+"""`hookdump diff`: compare two dumps tensor by tensor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookdump.cli import _output
+from hookdump.cli._options import JsonOpt, QuietOpt
+
+
+def diff(
+    a: Annotated[Path, typer.Argument(metavar="A", help="The reference dump.", show_default=False)],
+    b: Annotated[Path, typer.Argument(metavar="B", help="The dump to check.", show_default=False)],
+    atol: Annotated[
+        float, typer.Option("--atol", metavar="X", help="Absolute tolerance (as allclose).")
+    ] = 1e-8,
+    rtol: Annotated[
+        float, typer.Option("--rtol", metavar="X", help="Relative tolerance (as allclose).")
+    ] = 1e-5,
+    keys: Annotated[
+        list[str] | None,
+        typer.Option("--keys", "-k", metavar="GLOB", help="Compare only these keys; repeatable."),
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="List matching keys too, not only the failures.")
+    ] = False,
+    json_output: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compare two dumps key by key; exit 1 if any key differs, naming the first."""
+    from hookdump.dump_diff import diff_dumps
+    from hookdump.render import print_diff
+
+    result = diff_dumps(a, b, atol, rtol, list(keys or []))
+    if json_output:
+        _output.print_json(result.as_dict())
+    elif not quiet:
+        print_diff(result, _output.stdout(), show_all)
+    if not result.match:
+        raise typer.Exit(1)

@@ -1,0 +1,33 @@
+"""`hookdump inspect`: the summary of a dump on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookdump.cli import _output
+from hookdump.cli._options import JsonOpt
+
+
+def inspect(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PATH", help="A dump folder or one .safetensors file.", show_default=False
+        ),
+    ],
+    json_output: JsonOpt = False,
+) -> None:
+    """Summarise an existing dump (or one .safetensors file) and say what is missing."""
+    from hookdump.inspection import inspect_dump
+    from hookdump.render import print_inspection
+
+    found = inspect_dump(path)
+    if json_output:
+        _output.print_json(found.as_dict())
+    else:
+        print_inspection(found, _output.stdout())
+    if not found.complete:
+        typer.echo(f"warning: {path} is an incomplete dump: {found.problems[0]}", err=True)

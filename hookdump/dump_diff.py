@@ -1,0 +1,204 @@
+"""Comparing two dumps key by key, sample rows aligned, one row segment at a time.
+
+Elements pass where `|a - b| <= atol + rtol * |b|` (as `torch.allclose`), or where both are
+the same non-finite value (NaN in both, or the same Inf): a dump always matches itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from hookdump.dump_reader import Dump
+from hookdump.errors import HookdumpError, did_you_mean
+
+
+@dataclass
+class KeyDiff:
+    """How one key compares: its status and, where comparable, the size of the difference."""
+
+    key: str
+    module: str | None
+    status: str  # match, differ, only in A, only in B, shape, dtype
+    detail: str = ""
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    mismatched: int = 0
+    numel: int = 0
+    _dot: float = 0.0
+    _norm_a: float = 0.0
+    _norm_b: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "match"
+
+    @property
+    def cosine(self) -> float | None:
+        if self.numel == 0:
+            return None
+        if self._norm_a == 0 or self._norm_b == 0:
+            return 1.0 if self._norm_a == self._norm_b else 0.0
+        return self._dot / math.sqrt(self._norm_a * self._norm_b)
+
+    def as_dict(self) -> dict[str, Any]:
+        def clean(v: float | None) -> float | None:
+            return v if v is not None and math.isfinite(v) else None
+
+        return {
+            "key": self.key,
+            "module": self.module,
+            "status": self.status,
+            "detail": self.detail,
+            "max_abs": clean(self.max_abs) if self.numel else None,
+            "max_rel": clean(self.max_rel) if self.numel else None,
+            "cosine": clean(self.cosine),
+            "mismatched": self.mismatched,
+            "numel": self.numel,
+        }
+
+
+@dataclass
+class DiffResult:
+    """Every compared key in forward order, and problems that concern the dumps as a whole."""
+
+    a: Path
+    b: Path
+    atol: float
+    rtol: float
+    keys: list[KeyDiff]
+    num_samples: tuple[int, int]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[KeyDiff]:
+        return [k for k in self.keys if not k.ok]
+
+    @property
+    def match(self) -> bool:
+        return not self.failures and not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        first = self.failures[0] if self.failures else None
+        return {
+            "a": str(self.a),
+            "b": str(self.b),
+            "match": self.match,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "num_samples": list(self.num_samples),
+            "problems": self.problems,
+            "first_diverging": first.as_dict() if first else None,
+            "keys": [k.as_dict() for k in self.keys],
+        }
+
+
+def diff_dumps(
+    path_a: str | Path,
+    path_b: str | Path,
+    atol: float = 1e-8,
+    rtol: float = 1e-5,
+    keys: list[str] | None = None,
+) -> DiffResult:
+    """Compare dump B against dump A (the reference order is A's forward order)."""
+    if atol < 0 or rtol < 0:
+        raise HookdumpError(f"--atol {atol} and --rtol {rtol} must not be negative")
+    a, b = Dump(path_a), Dump(path_b)
+    order = a.keys() + [k for k in b if k not in a]
+    for pattern in keys or []:
+        if not any(fnmatchcase(k, pattern) for k in order):
+            raise HookdumpError(
+                f"--keys {pattern!r} matches no key of either dump{did_you_mean(pattern, order)}"
+            )
+    if keys:
+        order = [k for k in order if any(fnmatchcase(k, p) for p in keys)]
+
+    rows = min(a.num_samples, b.num_samples)
+    problems = []
+    if a.num_samples != b.num_samples:
+        problems.append(
+            f"num_samples differ: A has {a.num_samples}, B has {b.num_samples}; "
+            f"compared the first {rows}"
+        )
+    for dump, name in ((a, "A"), (b, "B")):
+        if not dump.complete:
+            problems.append(f"{name} ({dump.path}) is an incomplete dump")
+
+    results: dict[str, KeyDiff] = {}
+    compared = []
+    for key in order:
+        meta_a, meta_b = a.tensors.get(key), b.tensors.get(key)
+        module = (meta_a or meta_b or {}).get("module")
+        if meta_a is None or meta_b is None:
+            status = "only in B" if meta_a is None else "only in A"
+            results[key] = KeyDiff(key, module, status)
+        elif meta_a["shape"] != meta_b["shape"]:
+            detail = f"{meta_a['shape']} vs {meta_b['shape']}"
+            results[key] = KeyDiff(key, module, "shape", detail)
+        else:
+            status, detail = "match", ""
+            if meta_a["dtype"] != meta_b["dtype"]:
+                status, detail = "dtype", f"{meta_a['dtype']} vs {meta_b['dtype']}"
+            results[key] = KeyDiff(key, module, status, detail)
+            compared.append(key)
+
+    for lo, hi, shard_a, shard_b in _segments(a, b, rows):
+        with ExitStack() as stack:
+            fa = stack.enter_context(safe_open(str(a.path / shard_a["file"]), framework="pt"))
+            fb = stack.enter_context(safe_open(str(b.path / shard_b["file"]), framework="pt"))
+            for key in compared:
+                ta = fa.get_slice(key)[lo - shard_a["start"] : hi - shard_a["start"]]
+                tb = fb.get_slice(key)[lo - shard_b["start"] : hi - shard_b["start"]]
+                _accumulate(results[key], ta, tb, atol, rtol)
+
+    for key in compared:
+        if results[key].status == "match" and results[key].mismatched:
+            results[key].status = "differ"
+    return DiffResult(
+        a.path, b.path, atol, rtol, [results[k] for k in order], (a.num_samples, b.num_samples),
+        problems,
+    )  # fmt: skip
+
+
+def _segments(a: Dump, b: Dump, rows: int) -> list[tuple[int, int, dict, dict]]:
+    """Row ranges over which one shard of A and one shard of B both hold every row."""
+    bounds = sorted(
+        {0, rows}
+        | {s[edge] for s in a.shards + b.shards for edge in ("start", "stop") if s[edge] < rows}
+    )
+    segments = []
+    for lo, hi in itertools.pairwise(bounds):
+        shard_a = next(s for s in a.shards if s["start"] <= lo < s["stop"])
+        shard_b = next(s for s in b.shards if s["start"] <= lo < s["stop"])
+        segments.append((lo, hi, shard_a, shard_b))
+    return segments
+
+
+def _accumulate(
+    diff: KeyDiff, ta: torch.Tensor, tb: torch.Tensor, atol: float, rtol: float
+) -> None:
+    work = torch.float64 if torch.float64 in (ta.dtype, tb.dtype) else torch.float32
+    x, y = ta.to(work), tb.to(work)
+    delta = (x - y).abs()
+    both_finite = torch.isfinite(x) & torch.isfinite(y)
+    same = (x == y) | (torch.isnan(x) & torch.isnan(y))
+    close = same | (delta <= atol + rtol * y.abs())
+    diff.mismatched += int((~close).sum())
+    diff.numel += x.numel()
+    if bool(both_finite.any()):
+        d, ref = delta[both_finite], y[both_finite].abs()
+        diff.max_abs = max(diff.max_abs, float(d.max()))
+        rel = torch.where(d == 0, torch.zeros_like(d), d / ref)  # x/0 -> inf, 0/0 -> 0
+        diff.max_rel = max(diff.max_rel, float(rel.max()))
+        xf, yf = x[both_finite].double(), y[both_finite].double()
+        diff._dot += float((xf * yf).sum())
+        diff._norm_a += float((xf * xf).sum())
+        diff._norm_b += float((yf * yf).sum())

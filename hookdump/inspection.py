@@ -1,0 +1,96 @@
+"""Inspecting a dump on disk: per-key statistics from the files alone, and what is missing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookdump.capturing import KeyInfo
+from hookdump.dump_reader import Dump
+from hookdump.stats import KeySummary
+
+
+@dataclass
+class Inspection:
+    """A dump's keys with statistics, and the problems that make it incomplete."""
+
+    path: Path
+    complete: bool
+    num_samples: int
+    shards: int
+    keys: list[KeySummary]
+    manifest: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(k.nbytes for k in self.keys)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "complete": self.complete,
+            "num_samples": self.num_samples,
+            "shards": self.shards,
+            "total_bytes": self.total_bytes,
+            "problems": self.problems,
+            "model": self.manifest.get("model"),
+            "tensors": [k.as_dict() for k in self.keys],
+        }
+
+
+def inspect_dump(path: str | Path) -> Inspection:
+    """Read every shard once (never the whole dump at a time) and summarise each key."""
+    dump = Dump(path)
+    problems = []
+    if not dump.complete:
+        problems.append(
+            f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
+            f"({len(dump.shards)} complete shards); make it again"
+        )
+    leftovers = sorted(p.name for p in dump.path.glob("*.tmp")) if Path(path).is_dir() else []
+    if leftovers:
+        problems.append(f"half-written files from an interrupted run: {', '.join(leftovers)}")
+    summaries = {
+        key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
+        for key, meta in dump.tensors.items()
+    }
+    readable = []
+    for shard in dump.shards:
+        if not (dump.path / shard["file"]).is_file():
+            problems.append(
+                f"{shard['file']} (samples {shard['start']}:{shard['stop']}) is missing"
+            )
+            continue
+        readable.append(shard)
+    dump.manifest = {**dump.manifest, "shards": readable}
+    for tensors in dump.iter_shards():
+        for key, tensor in tensors.items():
+            summaries[key].nbytes += tensor.numel() * tensor.element_size()
+            summaries[key].stats.update(tensor)
+    return Inspection(
+        dump.path if Path(path).is_dir() else Path(path),
+        dump.complete and not problems,
+        dump.num_samples,
+        len(readable),
+        list(summaries.values()),
+        dump.manifest,
+        problems,
+    )
+
+
+def _key_info(key: str, meta: dict[str, Any]) -> KeyInfo:
+    dtype = getattr(torch, meta["dtype"], torch.float32)
+    return KeyInfo(
+        key,
+        meta["module"],
+        meta.get("module_type") or "-",
+        meta["kind"],
+        int(meta.get("call", 0)),
+        meta.get("part"),
+        tuple(meta["shape"]),
+        dtype,
+    )

@@ -1,0 +1,178 @@
+"""The CI tools: `diff`, `inspect`, `run --fail-on-nonfinite`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import assert_usage_error, invoke
+
+import hookdump
+
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+
+
+def dump(out: Path, *args: str) -> Path:
+    result = invoke("run", "tiny_models:two_linear_factory", "-q", "-n", "5", "-o", str(out), *args)
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+# --- diff ---------------------------------------------------------------------------------
+
+
+def test_a_dump_matches_itself_and_a_reshard_of_itself(tmp_path: Path) -> None:
+    a = dump(tmp_path / "a")
+    b = dump(tmp_path / "b", "-b", "2", "--shard-size", "1")  # 3 shards against 1
+    for other in (a, b):
+        result = invoke("diff", str(a), str(other))
+        assert result.exit_code == 0, result.stdout
+        assert "all 4 keys match" in result.stdout
+
+
+def test_different_weights_fail_and_name_the_first_diverging_key(tmp_path: Path) -> None:
+    # only linear_2's bias differs: linear_1 and relu still match, so the first diverging key
+    # is not simply the first key
+    a = dump(tmp_path / "a")
+    b = dump(tmp_path / "b", "-m", "bias_2=1.001")
+    result = invoke("diff", str(a), str(b), "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["match"] is False
+    assert data["first_diverging"]["key"] == "linear_2"
+    statuses = {k["key"]: k["status"] for k in data["keys"]}
+    assert statuses == {
+        "linear_1": "match",
+        "relu": "match",
+        "linear_2": "differ",
+        "relu6": "differ",
+    }
+    # by hand: the bias moved by 0.001, so every linear_2 output moved by 0.001
+    assert data["first_diverging"]["max_abs"] == pytest.approx(0.001, abs=1e-6)
+    assert data["first_diverging"]["mismatched"] == 5
+
+    text = invoke("diff", str(a), str(b))
+    assert text.exit_code == 1
+    assert "2 of 4 keys differ" in text.stdout and "first diverging: linear_2" in text.stdout
+    assert "linear_1" not in text.stdout  # matching keys are listed only with --all
+
+
+def test_a_tolerance_that_admits_the_difference_passes(tmp_path: Path) -> None:
+    a = dump(tmp_path / "a")
+    b = dump(tmp_path / "b", "-m", "bias_2=1.001")
+    assert invoke("diff", str(a), str(b), "--atol", "0.002").exit_code == 0
+    assert invoke("diff", str(a), str(b), "--rtol", "0.01").exit_code == 0
+    assert invoke("diff", str(a), str(b), "--atol", "0.0005").exit_code == 1
+
+
+def test_keys_glob_compares_a_subset(tmp_path: Path) -> None:
+    a = dump(tmp_path / "a")
+    b = dump(tmp_path / "b", "-m", "bias_2=1.001")
+    assert invoke("diff", str(a), str(b), "--keys", "linear_1", "-k", "relu").exit_code == 0
+    assert_usage_error(invoke("diff", str(a), str(b), "--keys", "conv*"), "--keys 'conv*'")
+
+
+def test_missing_keys_shapes_and_dtypes_are_failures(tmp_path: Path) -> None:
+    a = dump(tmp_path / "a")
+    fewer = dump(tmp_path / "fewer", "-l", "linear_1", "-l", "relu", "-l", "linear_2")
+    half = dump(tmp_path / "half", "--save-dtype", "float16")
+    data = json.loads(invoke("diff", str(a), str(fewer), "--json").stdout)
+    assert data["first_diverging"]["key"] == "relu6"
+    assert data["first_diverging"]["status"] == "only in A"
+    data = json.loads(invoke("diff", str(a), str(half), "--json", "--atol", "1").stdout)
+    assert data["first_diverging"]["status"] == "dtype"
+    assert data["first_diverging"]["detail"] == "float32 vs float16"
+
+
+def test_different_sample_counts_fail(tmp_path: Path) -> None:
+    a = dump(tmp_path / "a")
+    b = dump(tmp_path / "b", "-n", "3")
+    result = invoke("diff", str(a), str(b))
+    assert result.exit_code == 1
+    assert "num_samples differ: A has 5, B has 3" in result.stdout
+
+
+def test_nan_in_the_same_place_matches_itself(tmp_path: Path) -> None:
+    out = tmp_path / "nan"
+    assert invoke("run", "tiny_models:MakesNaN", "-q", "-o", str(out)).exit_code == 0
+    assert invoke("diff", str(out), str(out)).exit_code == 0
+
+
+def test_unreadable_dumps_are_usage_errors(tmp_path: Path) -> None:
+    a = dump(tmp_path / "a")
+    assert_usage_error(invoke("diff", str(a), str(tmp_path / "nope")), "does not exist")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{not json")
+    assert_usage_error(invoke("diff", str(a), str(tmp_path / "bad")), "not readable JSON")
+
+
+# --- inspect ------------------------------------------------------------------------------
+
+
+def test_inspect_recomputes_the_run_summary_from_the_files(tmp_path: Path) -> None:
+    run = invoke("run", "tiny_models:TwoLinear", "--json", "-n", "6", "-b", "4",
+                 "--shard-size", "1", "-o", str(tmp_path / "d"))  # fmt: skip
+    found = invoke("inspect", str(tmp_path / "d"), "--json")
+    assert found.exit_code == 0
+    ran, seen = json.loads(run.stdout), json.loads(found.stdout)
+    assert seen["complete"] is True and seen["problems"] == [] and seen["shards"] == 2
+    for r, s in zip(ran["tensors"], seen["tensors"], strict=True):
+        assert (r["key"], r["module_type"], r["shape"], r["bytes"]) == (
+            s["key"], s["module_type"], s["shape"], s["bytes"],
+        )  # fmt: skip
+        for stat in ("mean", "std", "min", "max"):
+            assert s[stat] == pytest.approx(r[stat], rel=1e-6, abs=1e-7)
+
+
+def test_inspect_reports_an_incomplete_dump_and_what_is_missing(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    invoke("run", "tiny_models:TwoLinear", "-q", "-n", "4", "-b", "2", "--shard-size", "1",
+           "-o", str(out))  # fmt: skip
+    (out / "shard-00001.safetensors").unlink()
+    result = invoke("inspect", str(out))
+    assert result.exit_code == 0
+    assert "INCOMPLETE" in result.stdout
+    assert "shard-00001.safetensors (samples 2:4) is missing" in result.stdout
+    assert "incomplete dump" in result.stderr
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    data = json.loads(invoke("inspect", str(out), "--json").stdout)
+    assert data["complete"] is False
+    assert any("manifest says incomplete" in p for p in data["problems"])
+
+
+def test_inspect_reads_a_lone_shard_file(tmp_path: Path) -> None:
+    dump(tmp_path / "d", "--capture", "input,output")
+    shard = tmp_path / "d" / "shard-00000.safetensors"
+    data = json.loads(invoke("inspect", str(shard), "--json").stdout)
+    keys = {t["key"]: t for t in data["tensors"]}
+    assert keys["linear_1:input.0"]["kind"] == "input"
+    assert keys["linear_1"]["shape"] == [2]
+    assert hookdump.load(shard)["linear_1"].shape == (5, 2)
+
+
+def test_inspect_of_something_that_is_no_dump(tmp_path: Path) -> None:
+    assert_usage_error(invoke("inspect", str(tmp_path)), "has no manifest.json")
+    (tmp_path / "x.safetensors").write_bytes(b"garbage")
+    assert_usage_error(invoke("inspect", str(tmp_path / "x.safetensors")), "cannot read")
+
+
+# --- --fail-on-nonfinite ------------------------------------------------------------------
+
+
+def test_fail_on_nonfinite_names_the_module_where_nan_starts(tmp_path: Path) -> None:
+    result = invoke("run", "tiny_models:MakesNaN", "--fail-on-nonfinite", "-o", str(tmp_path / "d"))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: non-finite values first appear in 'log' (Log)")
+    assert "fc2" in result.stdout  # the table is still printed
+    loaded = hookdump.load(tmp_path / "d")  # and the dump kept, to debug with
+    assert torch.isnan(loaded["log"]).all() and not torch.isnan(loaded["fc1"]).any()
+    data = json.loads(invoke("run", "tiny_models:MakesNaN", "--json").stdout)
+    assert data["first_nonfinite"] == "log"
+
+
+def test_fail_on_nonfinite_passes_a_finite_model() -> None:
+    assert invoke("run", "tiny_models:TwoLinear", "-q", "--fail-on-nonfinite").exit_code == 0
