@@ -5,6 +5,8 @@ Correctness rules (where hand-written hooks usually go wrong):
 - values are copied the moment the hook runs, so a later in-place op cannot change them;
 - inputs are taken by a *pre*-hook, before the module (or an in-place one) touches them;
 - structured values are flattened to dotted parts; non-tensor leaves are noted, not stored;
+- gradients come from tensor hooks, registered before any in-place op can touch the tensor
+  (module backward hooks refuse in-place ops), so they are taken w.r.t. the value captured;
 - hooks are removed, and train/eval modes restored, on every exit path.
 """
 
@@ -22,7 +24,7 @@ from torch.utils.hooks import RemovableHandle
 from hookdump.errors import HookdumpError
 from hookdump.selection import select_modules
 
-CAPTURE_KINDS = ("output", "input")
+CAPTURE_KINDS = ("output", "input", "grad")
 
 
 @dataclass(frozen=True)
@@ -94,14 +96,12 @@ def parse_capture(capture: str | Sequence[str]) -> tuple[str, ...]:
     items = capture.split(",") if isinstance(capture, str) else list(capture)
     kinds = tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
     for kind in kinds:
-        if kind == "grad":
-            raise HookdumpError("--capture grad is not supported yet; use output and/or input")
         if kind not in CAPTURE_KINDS:
             raise HookdumpError(
-                f"--capture {kind!r} is not a capture kind; use any of output,input"
+                f"--capture {kind!r} is not a capture kind; use any of output,input,grad"
             )
     if not kinds:
-        raise HookdumpError("--capture is empty; use any of output,input")
+        raise HookdumpError("--capture is empty; use any of output,input,grad")
     return kinds
 
 
@@ -193,11 +193,12 @@ class Capture:
             self.calls[name] = call + 1
             self._call_stack.setdefault(name, []).append(call)
             self.running.append(name)
-            if "input" in self.kinds:
-                for i, arg in enumerate(args):
-                    self._record(name, module_type, "input", str(i), arg, call)
-                for key, arg in kwargs.items():
-                    self._record(name, module_type, "input", key, arg, call)
+            inputs = [(str(i), arg) for i, arg in enumerate(args)] + list(kwargs.items())
+            for part, arg in inputs:
+                if "input" in self.kinds:
+                    self._record(name, module_type, "input", part, arg, call)
+                if "grad" in self.kinds:
+                    self._hook_grads(name, module_type, "grad_input", part, arg, call)
 
         return hook
 
@@ -211,6 +212,8 @@ class Capture:
             self.finished.append(name)
             if "output" in self.kinds:
                 self._record(name, module_type, "output", None, output, call)
+            if "grad" in self.kinds:
+                self._hook_grads(name, module_type, "grad_output", None, output, call)
 
         return hook
 
@@ -228,6 +231,29 @@ class Capture:
                 )
             if self.store:
                 self.tensors[key] = leaf.detach().clone()
+
+    def _hook_grads(
+        self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int
+    ) -> None:
+        for part, leaf in flatten(value, prefix):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                key = tensor_key(name, kind, part or "0", call)
+                leaf.register_hook(self._grad_hook(key, name, module_type, kind, part or "0", call))
+
+    def _grad_hook(
+        self, key: str, name: str, module_type: str, kind: str, part: str, call: int
+    ) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            if not self._handles:  # the block was left before the backward pass
+                return
+            if key not in self.info:
+                self.info[key] = KeyInfo(
+                    key, name, module_type, kind, call, part, tuple(grad.shape), grad.dtype
+                )
+            if self.store:
+                self.tensors[key] = grad.detach().clone()
+
+        return hook
 
 
 def capture(

@@ -18,6 +18,7 @@ import hookdump
 from hookdump.capturing import Capture
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir, dtype_name
 from hookdump.errors import HookdumpError
+from hookdump.gradients import backward, inputs_requiring_grad, parse_grad_target
 from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
 from hookdump.model_loader import LoadedModel, load_model, parse_model_args
 from hookdump.stats import KeySummary
@@ -34,6 +35,7 @@ class RunOptions:
     exclude: list[str] = field(default_factory=list)
     types: list[str] = field(default_factory=list)
     capture: str = "output"
+    grad_target: str = "sum"
     weights: str = "none"
     model_args: list[str] = field(default_factory=list)
     input: str = "random"
@@ -142,10 +144,10 @@ def prepare(
     return Prepared(loaded, input_spec(loaded, shape), target)
 
 
-def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> None:
+def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> Any:
     """Run one forward, turning a model's own failure into an error that says where it was."""
     try:
-        module(*batch.args, **batch.kwargs)
+        return module(*batch.args, **batch.kwargs)
     except (KeyboardInterrupt, HookdumpError):
         raise
     except Exception as exc:
@@ -206,9 +208,17 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     unbatched: dict[str, dict[str, str]] = {}
     batches = random_batches(prepared.spec, num_samples, options.batch_size, options.seed)
 
-    with cap, torch.inference_mode(), _autocast(prepared.device, forward_dtype):
+    grads = "grad" in cap.kinds
+    grad_target = parse_grad_target(options.grad_target)
+    # gradients need autograd; everything else runs without it
+    mode = torch.enable_grad() if grads else torch.inference_mode()
+    with cap, mode, _autocast(prepared.device, forward_dtype):
         for batch in _on_device(batches, prepared.device):
-            forward(cap, model, batch, options.model)
+            inputs = inputs_requiring_grad(batch.args, batch.kwargs) if grads else []
+            output = forward(cap, model, batch, options.model)
+            if grads:
+                backward(model, output, grad_target, inputs)
+            del output
             tensors = _keep_batched(cap.take(), batch.rows, unbatched)
             for key, tensor in tensors.items():
                 if save_dtype is not None and tensor.is_floating_point():
@@ -284,6 +294,7 @@ def _manifest_fields(
             "modules": list(cap.modules),
         },
         "capture": list(cap.kinds),
+        "grad_target": options.grad_target if "grad" in cap.kinds else None,
         "seed": options.seed,
         "device": str(prepared.device),
         "dtype": options.dtype,

@@ -207,7 +207,7 @@ def test_inference_mode_and_autograd_both_work() -> None:
     assert torch.allclose(cap.tensors["linear_2"], torch.tensor([[3.4]]))
 
 
-@pytest.mark.parametrize("capture", ["grad", "outputs", ""])
+@pytest.mark.parametrize("capture", ["grads", "outputs", ""])
 def test_bad_capture_kinds_are_refused(capture: str) -> None:
     with pytest.raises(HookdumpError, match="--capture"):
         hookdump.capture(TwoLinear(), capture=capture)

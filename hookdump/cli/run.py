@@ -49,9 +49,20 @@ def run(
     capture: Annotated[
         str,
         typer.Option(
-            "--capture", "-c", metavar="KINDS", help="What to capture: output, input (comma list)."
+            "--capture",
+            "-c",
+            metavar="KINDS",
+            help="What to capture: output, input, grad (comma list).",
         ),
     ] = "output",
+    grad_target: Annotated[
+        str,
+        typer.Option(
+            "--grad-target",
+            metavar="TARGET",
+            help="Objective for --capture grad: sum (of the output) or N (sum of output[:, N]).",
+        ),
+    ] = "sum",
     weights: WeightsOpt = "none",
     model_arg: ModelArgsOpt = None,
     input: Annotated[
@@ -117,6 +128,7 @@ def run(
         exclude=as_list(exclude),
         types=as_list(types),
         capture=capture,
+        grad_target=grad_target,
         weights=weights,
         model_args=as_list(model_arg),
         input=input,
