@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from hookdump.cli import _output
+from hookdump.cli._config import ConfigOpt
 from hookdump.cli._options import (
     DeviceOpt,
     ExcludeOpt,
@@ -115,6 +116,7 @@ def run(
     ] = False,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
+    config: ConfigOpt = None,
 ) -> None:
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
     from hookdump.dump_writer import parse_size

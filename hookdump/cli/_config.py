@@ -1,0 +1,59 @@
+"""`--config FILE.toml`: option values from a file; the command line wins, lists are replaced."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hookdump.errors import HookdumpError, did_you_mean
+
+
+def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> None:
+    """Eager callback: turn the TOML table into the command's defaults (`ctx.default_map`)."""
+    if value is None:
+        return
+    try:
+        table = tomllib.loads(value.read_text())
+    except OSError as exc:
+        raise HookdumpError(f"--config {value}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise HookdumpError(f"--config {value} is not valid TOML: {exc}") from None
+    by_key = _params_by_key(ctx)
+    defaults: dict[str, Any] = {}
+    for key, setting in table.items():
+        if key not in by_key or key == "config":
+            raise HookdumpError(
+                f"--config {value}: {key!r} is not an option of `hookdump {ctx.info_name}`"
+                f"{did_you_mean(key, by_key)}; keys are option names with _ for -"
+            )
+        target = by_key[key]
+        if getattr(target, "multiple", False) and not isinstance(setting, list):
+            setting = [setting]
+        defaults[target.name] = [str(s) for s in setting] if isinstance(setting, list) else setting
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+def _params_by_key(ctx: typer.Context) -> dict[str, Any]:
+    """Config keys (long option names with _ for -, argument names) -> the parameter."""
+    keys: dict[str, Any] = {}
+    for param in ctx.command.params:
+        longs = [opt for opt in param.opts if opt.startswith("--")]
+        for opt in longs or [param.name]:
+            keys[opt.removeprefix("--").replace("-", "_")] = param
+    return keys
+
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        metavar="FILE.toml",
+        help="Read options from a TOML table (keys: option names with _ for -).",
+        callback=load_config,
+        is_eager=True,
+        show_default=False,
+    ),
+]
