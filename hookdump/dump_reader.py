@@ -78,6 +78,16 @@ class Dump:
         parts = [shard[key] for shard in self.iter_shards(keys=[key])]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def row(self, key: str, index: int) -> torch.Tensor:
+        """Sample `index` of `key`, read from the one shard that holds it."""
+        if key not in self.tensors:
+            raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.tensors)}")
+        for shard in self.shards:
+            if shard["start"] <= index < shard["stop"]:
+                with safe_open(str(self.path / shard["file"]), framework="pt") as f:
+                    return f.get_slice(key)[index - shard["start"]]
+        raise IndexError(f"sample {index} is not in {self.path} ({self.num_samples} samples)")
+
     @property
     def shards(self) -> list[dict[str, Any]]:
         """The shard files with their `start`/`stop` rows, in sample order."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from hookdump.cli import diff, inspect, layers, models, run
+from hookdump.cli import diff, inspect, layers, models, run, show
 from hookdump.cli._errors import HookdumpGroup
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ app.command("layers")(layers.layers)
 app.command("models")(models.models)
 app.command("inspect")(inspect.inspect)
 app.command("diff")(diff.diff)
+app.command("show")(show.show)
 
 
 def main() -> None:

@@ -1,0 +1,129 @@
+"""Rendering one captured tensor as a PNG: a feature-map grid, or a histogram of its values."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw
+from torchvision.utils import make_grid
+
+from hookdump.dump_reader import Dump
+from hookdump.errors import HookdumpError, did_you_mean
+
+MIN_TILE = 48  # feature maps smaller than this are enlarged (nearest) to stay legible
+PAD = 2
+SEPARATOR = (40, 90, 200)  # tile borders in blue, so they never blend into a grey map
+BINS = 64
+
+
+@dataclass
+class Rendered:
+    """What was drawn, for the one-line report (and the tests)."""
+
+    kind: str  # grid or histogram
+    path: Path
+    width: int
+    height: int
+    tiles: int = 0
+    rows: int = 0
+    cols: int = 0
+    tile: int = 0
+
+    def describe(self, key: str, sample: int) -> str:
+        if self.kind == "grid":
+            return (
+                f"wrote {self.path}: {key} sample {sample}, {self.tiles} channels as a "
+                f"{self.rows}x{self.cols} grid of {self.tile}px tiles"
+            )
+        return f"wrote {self.path}: histogram of {key} sample {sample}"
+
+
+def render(dump_path: str | Path, key: str, out: Path, sample: int = 0) -> Rendered:
+    """Draw `key` of sample `sample` from a dump into the PNG `out`."""
+    dump = Dump(dump_path)
+    if key not in dump:
+        raise HookdumpError(
+            f"KEY {key!r} is not in {dump.path}{did_you_mean(key, dump.keys())}; "
+            f"`hookdump inspect {dump_path}` lists the keys"
+        )
+    if not 0 <= sample < dump.num_samples:
+        raise HookdumpError(
+            f"--sample {sample} is out of range: {dump.path} holds samples 0 to "
+            f"{dump.num_samples - 1}"
+        )
+    values = dump.row(key, sample).float()
+    if values.dim() == 3 and values.shape[1] > 1 and values.shape[2] > 1:
+        return _grid(values, out)
+    return _histogram(values, out, f"{key}  sample {sample}  shape {list(values.shape)}")
+
+
+def _grid(maps: torch.Tensor, out: Path) -> Rendered:
+    """Channels as tiles, each normalised to its own min..max (NaN drawn black)."""
+    channels, height, width = maps.shape
+    flat = maps.reshape(channels, -1)
+    finite = torch.isfinite(flat)
+    lo = torch.where(finite, flat, torch.inf).amin(1).clamp(max=torch.finfo().max)
+    hi = torch.where(finite, flat, -torch.inf).amax(1).clamp(min=-torch.finfo().max)
+    span = (hi - lo).clamp(min=1e-12)
+    scaled = ((maps - lo[:, None, None]) / span[:, None, None]).nan_to_num(0.0).clamp(0, 1)
+    scale = max(1, math.ceil(MIN_TILE / max(height, width)))
+    tiles = scaled[:, None]
+    if scale > 1:
+        tiles = F.interpolate(tiles, scale_factor=scale, mode="nearest")
+    cols = math.ceil(math.sqrt(channels))
+    grid = make_grid(tiles, nrow=cols, padding=PAD, pad_value=-1.0)  # -1 marks the padding
+    padding = grid[0] < 0
+    rgb = grid.clamp(min=0)
+    for channel, level in enumerate(SEPARATOR):
+        rgb[channel][padding] = level / 255
+    pixels = (rgb * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+    _save(Image.fromarray(pixels, mode="RGB"), out)
+    rows = math.ceil(channels / cols)
+    return Rendered(
+        "grid", out, pixels.shape[1], pixels.shape[0], channels, rows, cols, height * scale
+    )
+
+
+def _histogram(values: torch.Tensor, out: Path, title: str) -> Rendered:
+    """A histogram of the finite values, with their range, mean and any NaN/Inf counted."""
+    width, height, margin = 640, 360, 40
+    flat = values.flatten()
+    finite = flat[torch.isfinite(flat)]
+    nan, inf = int(torch.isnan(flat).sum()), int(torch.isinf(flat).sum())
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((margin, 10), title, fill="black")
+    if finite.numel():
+        lo, hi = float(finite.min()), float(finite.max())
+        counts = torch.histc(finite, bins=BINS, min=lo, max=hi if hi > lo else lo + 1)
+        plot_w, plot_h = width - 2 * margin, height - 3 * margin
+        bar_w = plot_w / BINS
+        top = float(counts.max())
+        for i, count in enumerate(counts.tolist()):
+            bar_h = plot_h * count / top if top else 0
+            x0 = margin + i * bar_w
+            y1 = margin + plot_h
+            draw.rectangle([x0, y1 - bar_h, x0 + bar_w - 1, y1], fill=(70, 110, 180))
+        axis_y = margin + plot_h
+        draw.line([margin, axis_y, width - margin, axis_y], fill="black")
+        draw.text((margin, axis_y + 6), f"{lo:.4g}", fill="black")
+        right = f"{hi:.4g}"
+        draw.text((width - margin - 6 * len(right), axis_y + 6), right, fill="black")
+        mean, std = float(finite.mean()), float(finite.std()) if finite.numel() > 1 else 0.0
+        summary = f"n={finite.numel()}  mean={mean:.4g}  std={std:.4g}  max count={int(top)}"
+        draw.text((margin, axis_y + 22), summary, fill="black")
+    if nan or inf or not finite.numel():
+        draw.text((margin, 26), f"NaN: {nan}  Inf: {inf}", fill=(200, 0, 0))
+    _save(image, out)
+    return Rendered("histogram", out, width, height)
+
+
+def _save(image: Image.Image, out: Path) -> None:
+    try:
+        image.save(out, format="PNG")
+    except OSError as exc:
+        raise HookdumpError(f"--out {out}: cannot write the PNG ({exc})") from None
