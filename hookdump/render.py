@@ -41,8 +41,24 @@ def format_shape(shape: Sequence[int]) -> str:
     return TIMES.join(map(str, shape)) if shape else "()"
 
 
-def summary_table(keys: Sequence[KeySummary]) -> Table:
-    """One row per captured key in forward order, with totals in the footer."""
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(counts: Sequence[int] | None) -> str:
+    """Counts as block characters (a space for an empty bin)."""
+    if not counts or not max(counts):
+        return ""
+    top = max(counts)
+    return "".join(
+        SPARK[min(len(SPARK) - 1, (len(SPARK) * c - 1) // top)] if c else " " for c in counts
+    )
+
+
+def summary_table(keys: Sequence[KeySummary], sparklines: bool = False) -> Table:
+    """One row per captured key in forward order, with totals in the footer.
+
+    `sparklines` adds each key's value distribution (where the console can print it).
+    """
     total = sum(k.nbytes for k in keys)
     table = Table(show_footer=True, header_style="bold", footer_style="bold", box=None)
     table.add_column("key", footer=f"{len(keys)} tensors", no_wrap=True)
@@ -53,9 +69,12 @@ def summary_table(keys: Sequence[KeySummary]) -> Table:
     for name in ("mean", "std", "min", "max"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("nan/inf", justify="right", no_wrap=True)
+    if sparklines:
+        table.add_column("distribution", no_wrap=True)
     for item in keys:
         stats = item.stats
         bad = stats.nan + stats.inf
+        spark = [Text(sparkline(stats.hist), style="cyan")] if sparklines else []
         table.add_row(
             Text(item.info.key),
             Text(item.info.module_type),
@@ -67,8 +86,16 @@ def summary_table(keys: Sequence[KeySummary]) -> Table:
             format_number(stats.min if stats.count else None),
             format_number(stats.max if stats.count else None),
             Text(f"{stats.nan}/{stats.inf}", style="bold red" if bad else "dim"),
+            *spark,
         )
     return table
+
+
+def can_draw_sparklines(console: Console) -> bool:
+    """Block characters need a Unicode console (not a legacy Windows or ASCII one)."""
+    return (
+        console.encoding.lower().replace("-", "").startswith("utf") and not console.legacy_windows
+    )
 
 
 def run_footer(result: RunResult) -> str:
@@ -84,13 +111,13 @@ def run_footer(result: RunResult) -> str:
 
 def print_summary(result: RunResult, console: Console) -> None:
     """The table of a run and its footer line."""
-    console.print(summary_table(result.keys))
+    console.print(summary_table(result.keys, can_draw_sparklines(console)))
     console.print(run_footer(result), markup=False, highlight=False)
 
 
 def print_inspection(found: Inspection, console: Console) -> None:
     """The table of a dump on disk, then whether it is complete and what is missing."""
-    console.print(summary_table(found.keys))
+    console.print(summary_table(found.keys, can_draw_sparklines(console)))
     model = found.manifest.get("model", {}).get("spec")
     source = f" of {model}" if model else ""
     shards = f"{found.shards} shard{'s' if found.shards != 1 else ''}"

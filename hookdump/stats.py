@@ -10,6 +10,8 @@ import torch
 
 from hookdump.capturing import KeyInfo
 
+HIST_BINS = 12
+
 
 @dataclass
 class TensorStats:
@@ -22,6 +24,10 @@ class TensorStats:
     max: float = -math.inf
     nan: int = 0
     inf: int = 0
+    # a coarse histogram over the first batch's finite range; later values outside it are
+    # counted in the edge bins (exact for one batch, a sketch for more)
+    hist: list[int] | None = None
+    hist_range: tuple[float, float] = (0.0, 0.0)
 
     @property
     def std(self) -> float:
@@ -54,6 +60,15 @@ class TensorStats:
         self.count = total
         self.min = min(self.min, float(lo))
         self.max = max(self.max, float(hi))
+        self._histogram(x, float(lo), float(hi))
+
+    def _histogram(self, x: torch.Tensor, lo: float, hi: float) -> None:
+        if self.hist is None:
+            self.hist_range = (lo, hi if hi > lo else lo + 1.0)
+            self.hist = [0] * HIST_BINS
+        first, last = self.hist_range
+        counts = torch.histc(x.clamp(first, last), bins=HIST_BINS, min=first, max=last)
+        self.hist = [a + int(b) for a, b in zip(self.hist, counts.tolist(), strict=True)]
 
     def as_dict(self) -> dict[str, float | int | None]:
         """JSON-safe values (None where nothing finite was seen)."""
