@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookdump.errors import HookdumpError
-from hookdump.selection import select_modules
+from hookdump.selection import module_type_name, select_modules
 
 CAPTURE_KINDS = ("output", "input", "grad")
 
@@ -146,7 +146,7 @@ class Capture:
             if self.train is not None:
                 self.model.train(self.train)
             for name, module in self.modules.items():
-                module_type = type(module).__name__
+                module_type = module_type_name(module)
                 self._handles.append(
                     module.register_forward_pre_hook(
                         self._pre_hook(name, module_type), with_kwargs=True

@@ -85,7 +85,7 @@ def input_spec(loaded: LoadedModel, shape: tuple[int, ...] | None = None) -> Inp
     """The random-input spec for a model: its own default shape, or `shape` if given."""
     family = loaded.family
     if family == "custom":
-        return _custom_spec(loaded.module, shape, loaded.spec)
+        return _custom_spec(loaded.module, shape or loaded.input_shape, loaded.spec)
     layout = {"detection": "detection", "optical_flow": "flow"}.get(family, "image")
     if shape is not None:
         return InputSpec(layout, shape)

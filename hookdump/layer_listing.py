@@ -10,6 +10,7 @@ import torch
 from hookdump.capturing import Capture
 from hookdump.inputs import random_batches
 from hookdump.runner import Prepared, forward
+from hookdump.selection import module_type_name
 
 
 @dataclass
@@ -56,7 +57,7 @@ def list_layers(
     rows = {
         name: LayerRow(
             name,
-            type(module).__name__,
+            module_type_name(module),
             sum(p.numel() for p in module.parameters()),
             cap.calls.get(name, 0),
         )

@@ -1,4 +1,4 @@
-"""Loading models: torchvision names and `package.module:attribute` specs."""
+"""Loading models: torchvision names, `package.module:attribute` specs and model files."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib
 import inspect
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import cache
 from pathlib import Path
@@ -16,6 +16,16 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, did_you_mean
+from hookdump.selection import TYPE_ATTRIBUTE
+from hookdump.weights import (
+    apply_state_dict,
+    ensure_cached,
+    is_checkpoint_path,
+    load_checkpoint,
+    sha256,
+    torch_load_safely,
+    torchvision_weights,
+)
 
 # torchvision sub-packages whose models take something other than a batch of images
 _FAMILY_MODULES = ("detection", "segmentation", "video", "optical_flow", "quantization")
@@ -30,6 +40,22 @@ class LoadedModel:
     weights: str
     family: str  # classification, detection, segmentation, video, optical_flow, custom
     torchvision_name: str | None = None
+    transforms: Any = None  # the torchvision weights' preprocessing, when they have one
+    input_shape: tuple[int, ...] | None = None  # per sample, when the model file records it
+    weights_file: Path | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's `model` entry."""
+        entry: dict[str, Any] = {
+            "spec": self.spec,
+            "weights": self.weights,
+            "class": self.class_path,
+        }
+        if self.weights_file is not None:
+            entry["weights_file"] = str(self.weights_file)
+            entry["weights_sha256"] = sha256(self.weights_file)
+        return entry
 
     @property
     def class_path(self) -> str:
@@ -95,25 +121,35 @@ def load_model(
     weights: str = "none",
     model_args: dict[str, Any] | None = None,
     seed: int = 0,
+    strict: bool = True,
+    unsafe_pickle: bool = False,
 ) -> LoadedModel:
-    """Build the model that `spec` names, seeded by `seed` before construction."""
+    """Build the model that `spec` names (seeded by `seed`), then load `weights` into it."""
     kwargs = model_args or {}
-    if weights != "none":
-        raise HookdumpError(
-            f"--weights {weights!r}: only 'none' (the model as constructed) is supported yet"
-        )
-    if Path(spec).suffix in (".pt2", ".pt", ".pth", ".bin", ".safetensors") or (
-        os.sep in spec and Path(spec).exists()
-    ):
-        raise HookdumpError(
-            f"MODEL {spec!r}: loading models from files is not supported yet; "
-            "give a torchvision name or package.module:attribute"
-        )
     torch.manual_seed(seed)
-    if ":" in spec:
+    if _is_model_file(spec):
+        if kwargs:
+            raise HookdumpError(f"MODEL {spec} is a file; it takes no --model-arg")
+        module, shape = _load_model_file(Path(spec), unsafe_pickle)
+        loaded = LoadedModel(module, spec, weights, "custom", input_shape=shape)
+    elif ":" in spec:
         module = _build(_import_attribute(spec), spec, kwargs)
-        return LoadedModel(module, spec, weights, "custom")
+        loaded = LoadedModel(module, spec, weights, "custom")
+    else:
+        loaded = _load_torchvision(spec, weights, kwargs)
+        if loaded.weights_file is not None:
+            return loaded
+    if weights == "none":
+        return loaded
+    if not is_checkpoint_path(weights):
+        raise HookdumpError(
+            f"--weights {weights!r} is not a file; torchvision weights names work with "
+            "torchvision models only, so give a checkpoint (.safetensors, .pt, .pth, .bin)"
+        )
+    return _with_checkpoint(loaded, Path(weights), strict)
 
+
+def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> LoadedModel:
     models = torchvision_models()
     if spec not in models:
         raise HookdumpError(
@@ -122,20 +158,86 @@ def load_model(
         )
     import torchvision.models as tvm
 
-    if "weights_backbone" in inspect.signature(tvm.get_model_builder(spec)).parameters:
+    enum = None
+    if weights != "none" and not is_checkpoint_path(weights):
+        enum = torchvision_weights(spec, weights)
+        ensure_cached(enum)  # torchvision then reads the cached file: no download, no hang
+    elif "weights_backbone" in inspect.signature(tvm.get_model_builder(spec)).parameters:
         # detection and segmentation builders download an ImageNet backbone by default
         kwargs = {"weights_backbone": None, **kwargs}
-    module = _build(lambda **kw: tvm.get_model(spec, weights=None, **kw), spec, kwargs)
-    return LoadedModel(module, spec, weights, models[spec], torchvision_name=spec)
+    module = _build(lambda **kw: tvm.get_model(spec, weights=enum, **kw), spec, kwargs)
+    loaded = LoadedModel(module, spec, weights, models[spec], torchvision_name=spec)
+    if enum is not None:
+        from hookdump.weights import cached_weights_file
+
+        loaded.transforms = enum.transforms()
+        loaded.weights_file = cached_weights_file(enum)
+    return loaded
+
+
+def _with_checkpoint(loaded: LoadedModel, path: Path, strict: bool) -> LoadedModel:
+    state = load_checkpoint(path)
+    loaded.warnings += apply_state_dict(loaded.module, state, str(path), strict)
+    loaded.weights_file = path
+    return loaded
+
+
+def _is_model_file(spec: str) -> bool:
+    path = Path(spec)
+    return path.suffix in (".pt2", ".pt", ".pth", ".bin") or (":" not in spec and path.is_file())
+
+
+def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[int, ...] | None]:
+    """A `torch.export` archive, unflattened (with its example input's per-sample shape); or a
+    pickled module, only with --unsafe-pickle."""
+    if not path.is_file():
+        raise HookdumpError(f"MODEL {path}: no such file")
+    if path.suffix == ".pt2":
+        try:
+            program = torch.export.load(path)
+            module = torch.export.unflatten(program)
+        except Exception as exc:
+            message = " ".join(str(exc).split())[:200]
+            raise HookdumpError(
+                f"MODEL {path} is not a loadable torch.export archive: {message}"
+            ) from None
+        _restore_type_names(module, program)
+        args = program.example_inputs[0] if program.example_inputs else ()
+        first = args[0] if args and torch.is_tensor(args[0]) else None
+        return module, tuple(first.shape[1:]) if first is not None else None
+    if not unsafe_pickle:
+        content = torch_load_safely(path, "MODEL")
+        raise HookdumpError(
+            f"MODEL {path} holds a {type(content).__name__}, not a model: give the model as "
+            f"MODEL (a torchvision name or package.module:Class) and this file as --weights"
+        )
+    _importable_from_cwd()  # the pickle names the class by module, as MODEL specs do
+    try:
+        module = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise HookdumpError(f"MODEL {path} could not be unpickled: {exc}") from None
+    if not isinstance(module, nn.Module):
+        raise HookdumpError(f"MODEL {path} holds a {type(module).__name__}, not a torch.nn.Module")
+    return module, None
+
+
+def _restore_type_names(module: nn.Module, program: Any) -> None:
+    """Unflattened modules are all InterpreterModule: note each one's original class name."""
+    names: dict[str, str] = {}
+    for node in program.graph.nodes:
+        for path, type_name in (node.meta.get("nn_module_stack") or {}).values():
+            type_str = type_name if isinstance(type_name, str) else type_name.__qualname__
+            names.setdefault(path.split("@")[0], type_str.rpartition(".")[2])
+    for name, sub in module.named_modules():
+        if name in names:
+            setattr(sub, TYPE_ATTRIBUTE, names[name])
 
 
 def _import_attribute(spec: str) -> Any:
     module_name, _, attr_path = spec.partition(":")
     if not module_name or not attr_path:
         raise HookdumpError(f"MODEL {spec!r} is not package.module:attribute")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
+    _importable_from_cwd()
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -158,6 +260,12 @@ def _import_attribute(spec: str) -> Any:
             )
         obj = getattr(obj, part)
     return obj
+
+
+def _importable_from_cwd() -> None:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def _build(factory: Any, spec: str, kwargs: dict[str, Any]) -> nn.Module:

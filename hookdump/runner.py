@@ -19,6 +19,7 @@ from hookdump.capturing import Capture
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir, dtype_name
 from hookdump.errors import HookdumpError
 from hookdump.gradients import backward, inputs_requiring_grad, parse_grad_target
+from hookdump.input_files import open_input
 from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
 from hookdump.model_loader import LoadedModel, load_model, parse_model_args
 from hookdump.stats import KeySummary
@@ -37,9 +38,14 @@ class RunOptions:
     capture: str = "output"
     grad_target: str = "sum"
     weights: str = "none"
+    strict: bool = True
+    unsafe_pickle: bool = False
     model_args: list[str] = field(default_factory=list)
     input: str = "random"
     input_shape: str | None = None
+    image_size: int | None = None
+    skip_bad_inputs: bool = False
+    workers: int = 2
     batch_size: int = 8
     num_samples: int | None = None
     seed: int = 0
@@ -64,6 +70,8 @@ class RunResult:
     skipped: list[dict[str, str]]
     wall_time: float
     manifest: dict[str, Any] | None = None
+    skipped_inputs: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -83,6 +91,7 @@ class RunResult:
             "total_bytes": self.total_bytes,
             "tensors": [k.as_dict() for k in self.keys],
             "skipped": self.skipped,
+            "skipped_inputs": self.skipped_inputs,
             "first_nonfinite": bad[0].info.key if bad else None,
         }
 
@@ -133,12 +142,14 @@ def prepare(
     seed: int = 0,
     device: str = "auto",
     train: bool = False,
+    strict: bool = True,
+    unsafe_pickle: bool = False,
 ) -> Prepared:
     """Validate the cheap options, then load the model and move it to its device."""
     shape = parse_shape(input_shape) if input_shape else None
     kwargs = parse_model_args(model_args or [])
     target = resolve_device(device)
-    loaded = load_model(model, weights, kwargs, seed)
+    loaded = load_model(model, weights, kwargs, seed, strict, unsafe_pickle)
     loaded.module.train(train)
     loaded.module.to(target)
     return Prepared(loaded, input_spec(loaded, shape), target)
@@ -181,9 +192,10 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     num_samples = options.num_samples if options.num_samples is not None else options.batch_size
     if num_samples < 1:
         raise HookdumpError(f"--num-samples {num_samples} must be at least 1")
-    if options.input != "random":
-        raise HookdumpError(f"--input {options.input!r}: only 'random' input is supported yet")
+    if options.image_size is not None and options.image_size < 1:
+        raise HookdumpError(f"--image-size {options.image_size} must be at least 1")
     forward_dtype = resolve_dtype(options.dtype, "--dtype")
+    grad_target = parse_grad_target(options.grad_target)
     save_dtype = resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None
     if options.out is not None:
         check_out_dir(options.out, options.overwrite)  # fail before the slow part
@@ -196,20 +208,37 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
         options.seed,
         options.device,
         options.train,
+        options.strict,
+        options.unsafe_pickle,
     )
     model = prepared.loaded.module
     cap = Capture(model, options.layers, options.exclude, options.types, options.capture)
+    source = None
+    if options.input == "random":
+        batches = random_batches(prepared.spec, num_samples, options.batch_size, options.seed)
+    else:
+        source = open_input(
+            options.input,
+            prepared.spec,
+            prepared.loaded.transforms,
+            options.image_size,
+            options.skip_bad_inputs,
+            options.workers,
+            options.num_samples,
+        )
+        batches = source.batches(options.batch_size)
+
     writer = (
         DumpWriter(options.out, options.overwrite, options.shard_bytes) if options.out else None
     )
+    sample_ids: list[Any] = list(range(num_samples)) if source is None else source.ids
     if writer:
-        writer.fields = _manifest_fields(options, prepared, cap, [], num_samples)
+        writer.fields = _manifest_fields(options, prepared, cap, sample_ids)
     summaries: dict[str, KeySummary] = {}
     unbatched: dict[str, dict[str, str]] = {}
-    batches = random_batches(prepared.spec, num_samples, options.batch_size, options.seed)
-
+    done = 0
+    total = num_samples if source is None else source.total
     grads = "grad" in cap.kinds
-    grad_target = parse_grad_target(options.grad_target)
     # gradients need autograd; everything else runs without it
     mode = torch.enable_grad() if grads else torch.inference_mode()
     with cap, mode, _autocast(prepared.device, forward_dtype):
@@ -233,21 +262,32 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
                 summary.stats.update(tensor)
             if writer:
                 writer.add(tensors, batch.start, batch.stop, cap.info)
+            done = batch.stop
             if on_batch:
-                on_batch(batch.stop, num_samples)
+                on_batch(done, total)
 
+    if done == 0:
+        raise HookdumpError(f"--input {options.input}: no sample could be read")
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
     skipped += list(unbatched.values())
     result = RunResult(
         options.model,
         options.out,
-        num_samples,
+        done,
         list(summaries.values()),
         skipped,
         time.perf_counter() - started,
     )
+    result.skipped_inputs = source.skipped if source else []
+    result.warnings = prepared.loaded.warnings + [
+        f"skipped {s['path']}: {s['error']}" for s in result.skipped_inputs
+    ]
     if writer:
-        writer.fields.update(skipped=skipped, wall_time_s=round(result.wall_time, 3))
+        writer.fields.update(
+            skipped=skipped,
+            skipped_inputs=result.skipped_inputs,
+            wall_time_s=round(result.wall_time, 3),
+        )
         result.manifest = writer.finish()
     return result
 
@@ -274,18 +314,26 @@ def _keep_batched(
 
 
 def _manifest_fields(
-    options: RunOptions,
-    prepared: Prepared,
-    cap: Capture,
-    skipped: list[dict[str, str]],
-    num_samples: int,
+    options: RunOptions, prepared: Prepared, cap: Capture, sample_ids: list[Any]
 ) -> dict[str, Any]:
+    """Everything but the shards and tensors: what reproduces the dump. `sample_ids` is the
+    live list that file inputs fill batch by batch."""
     import safetensors
     import torchvision
 
     loaded = prepared.loaded
+    source: dict[str, Any] = {"source": options.input, "layout": prepared.spec.layout}
+    if options.input == "random":
+        source["shape"] = list(prepared.spec.shape)
+    else:
+        source["image_size"] = options.image_size
+        source["preprocessing"] = (
+            "weights"
+            if loaded.transforms and not options.image_size
+            else ("resize, centre crop, normalise")
+        )
     return {
-        "model": {"spec": loaded.spec, "weights": loaded.weights, "class": loaded.class_path},
+        "model": loaded.describe(),
         "command": options.command,
         "selection": {
             "layers": options.layers,
@@ -301,13 +349,9 @@ def _manifest_fields(
         "save_dtype": options.save_dtype,
         "train": options.train,
         "batch_size": options.batch_size,
-        "input": {
-            "source": options.input,
-            "layout": prepared.spec.layout,
-            "shape": list(prepared.spec.shape),
-        },
-        "sample_ids": list(range(num_samples)),
-        "skipped": skipped,
+        "input": source,
+        "sample_ids": sample_ids,
+        "skipped": [],
         "versions": {
             "hookdump": hookdump.__version__,
             "torch": torch.__version__,

@@ -12,6 +12,12 @@ if TYPE_CHECKING:
     from torch import nn
 
 ROOT = "__root__"
+TYPE_ATTRIBUTE = "_hookdump_type"  # a class name to show instead of the module's own
+
+
+def module_type_name(module: nn.Module) -> str:
+    """The module's class name (the original one, for modules restored from an export)."""
+    return getattr(module, TYPE_ATTRIBUTE, None) or type(module).__name__
 
 
 def named_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -43,7 +49,7 @@ def select_modules(
         if not any(fnmatchcase(name, pattern) for name in names):
             flag = "--layers" if pattern in layers else "--exclude"
             raise HookdumpError(_no_match(f"{flag} {pattern!r}", pattern, names))
-    present_types = {type(m).__name__ for m in modules.values()}
+    present_types = {module_type_name(m) for m in modules.values()}
     for type_name in types:
         if type_name not in present_types:
             raise HookdumpError(_no_match(f"--type {type_name!r}", type_name, present_types))
@@ -56,7 +62,7 @@ def select_modules(
         chosen = [n for n in names if is_leaf(modules[n])]
     chosen = [n for n in chosen if not any(fnmatchcase(n, p) for p in exclude)]
     if types:
-        chosen = [n for n in chosen if type(modules[n]).__name__ in types]
+        chosen = [n for n in chosen if module_type_name(modules[n]) in types]
     if not chosen:
         raise HookdumpError(
             "the selection is empty: every module matched by the includes was removed by "

@@ -198,7 +198,7 @@ def test_out_that_is_a_file_is_refused(tmp_path: Path) -> None:
         (["tiny_models:TwoLinear", "--shard-size", "big"], ["--shard-size 'big'", "2GB"]),
         (["tiny_models:TwoLinear", "--capture", "outputs"], ["--capture 'outputs'"]),
         (["tiny_models:TwoLinear", "--device", "tpu"], ["--device 'tpu'"]),
-        (["tiny_models:TwoLinear", "--input", "photos/"], ["--input 'photos/'"]),
+        (["tiny_models:TwoLinear", "--input", "photos/"], ["--input photos/: no such file"]),
         (["tiny_models:TwoLinear", "--weights", "DEFAULT"], ["--weights 'DEFAULT'"]),
         (["tiny_models:TwoLinear", "-m", "bias"], ["--model-arg 'bias' is not key=value"]),
         (["tiny_models:two_linear_factory", "-m", "nope=1"], ["building", "nope", "--model-arg"]),

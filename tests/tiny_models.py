@@ -184,3 +184,16 @@ class MakesNaN(nn.Module):
 class Log(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.log(x)
+
+
+class TwoInputs(nn.Module):
+    """A forward with two named tensor arguments, fed by a multi-tensor .safetensors file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        for p in self.parameters():
+            nn.init.ones_(p)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.fc(a) * b

@@ -48,7 +48,11 @@ TypesOpt = Annotated[
 WeightsOpt = Annotated[
     str,
     typer.Option(
-        "--weights", "-w", metavar="WEIGHTS", help="Weights: none (as constructed, seeded)."
+        "--weights",
+        "-w",
+        metavar="WEIGHTS",
+        help="none (as constructed, seeded), a torchvision weights name (DEFAULT, "
+        "IMAGENET1K_V2) or a checkpoint file (.safetensors, .pt, .pth, .bin).",
     ),
 ]
 ModelArgsOpt = Annotated[
@@ -94,3 +98,16 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No table, no prog
 def as_list(values: list[str] | None) -> list[str]:
     """Typer gives None for a repeatable option never given."""
     return list(values or [])
+
+
+NoStrictOpt = Annotated[
+    bool,
+    typer.Option("--no-strict", help="Load the checkpoint keys that fit; warn about the rest."),
+]
+UnsafePickleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--unsafe-pickle",
+        help="Allow MODEL to be a pickled nn.Module (unpickling runs code from the file).",
+    ),
+]

@@ -15,9 +15,11 @@ from hookdump.cli._options import (
     LayersOpt,
     ModelArg,
     ModelArgsOpt,
+    NoStrictOpt,
     SeedOpt,
     TrainOpt,
     TypesOpt,
+    UnsafePickleOpt,
     WeightsOpt,
     as_list,
 )
@@ -32,6 +34,8 @@ def layers(
         bool, typer.Option("--names", help="Print bare names, one a line (for pipelines).")
     ] = False,
     weights: WeightsOpt = "none",
+    no_strict: NoStrictOpt = False,
+    unsafe_pickle: UnsafePickleOpt = False,
     model_arg: ModelArgsOpt = None,
     input_shape: InputShapeOpt = None,
     seed: SeedOpt = 0,
@@ -44,7 +48,10 @@ def layers(
     from hookdump.render import layers_table
     from hookdump.runner import prepare
 
-    prepared = prepare(model, weights, as_list(model_arg), input_shape, seed, device, train)
+    prepared = prepare(
+        model, weights, as_list(model_arg), input_shape, seed, device, train, not no_strict,
+        unsafe_pickle,
+    )  # fmt: skip
     rows = list_layers(
         prepared, as_list(layers), as_list(exclude), as_list(types), seed, label=model
     )

@@ -18,10 +18,12 @@ from hookdump.cli._options import (
     LayersOpt,
     ModelArg,
     ModelArgsOpt,
+    NoStrictOpt,
     QuietOpt,
     SeedOpt,
     TrainOpt,
     TypesOpt,
+    UnsafePickleOpt,
     WeightsOpt,
     as_list,
 )
@@ -65,11 +67,36 @@ def run(
         ),
     ] = "sum",
     weights: WeightsOpt = "none",
+    no_strict: NoStrictOpt = False,
+    unsafe_pickle: UnsafePickleOpt = False,
     model_arg: ModelArgsOpt = None,
     input: Annotated[
-        str, typer.Option("--input", "-i", metavar="SOURCE", help="Input source: random (seeded).")
+        str,
+        typer.Option(
+            "--input",
+            "-i",
+            metavar="SOURCE",
+            help="random (seeded), an image, a folder of images, a glob, a text file of image "
+            "paths, - (paths on stdin), or a tensor file (.safetensors, .pt, .npy).",
+        ),
     ] = "random",
     input_shape: InputShapeOpt = None,
+    image_size: Annotated[
+        int | None,
+        typer.Option(
+            "--image-size",
+            metavar="PX",
+            help="Crop images to this size (default: the weights' or the model's own).",
+            show_default=False,
+        ),
+    ] = None,
+    skip_bad_inputs: Annotated[
+        bool,
+        typer.Option("--skip-bad-inputs", help="Skip undecodable images (listed in the manifest)."),
+    ] = False,
+    workers: Annotated[
+        int, typer.Option("--workers", metavar="N", help="Image-decoding worker processes.")
+    ] = 2,
     batch_size: Annotated[
         int, typer.Option("--batch-size", "-b", metavar="N", help="Samples per forward.")
     ] = 8,
@@ -132,9 +159,14 @@ def run(
         capture=capture,
         grad_target=grad_target,
         weights=weights,
+        strict=not no_strict,
+        unsafe_pickle=unsafe_pickle,
         model_args=as_list(model_arg),
         input=input,
         input_shape=input_shape,
+        image_size=image_size,
+        skip_bad_inputs=skip_bad_inputs,
+        workers=workers,
         batch_size=batch_size,
         num_samples=num_samples,
         seed=seed,
@@ -150,6 +182,9 @@ def run(
     show_progress = not (quiet or json_output)
     with _progress(show_progress) as on_batch:
         result = run_dump(options, on_batch=on_batch)
+    if not quiet:
+        for warning in result.warnings:
+            typer.echo(f"warning: {warning}", err=True)
     if json_output:
         _output.print_json(result.as_dict())
     elif not quiet:

@@ -1,0 +1,289 @@
+"""Reading inputs from files: images (decoded in DataLoader workers) and tensor files.
+
+Both stream: images are read batch by batch, tensor files through memory maps, so a folder
+of 100k images never sits in memory at once.
+"""
+
+from __future__ import annotations
+
+import glob
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from hookdump.errors import HookdumpError
+from hookdump.inputs import Batch, InputSpec
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+TENSOR_SUFFIXES = (".safetensors", ".pt", ".npy")
+LIST_SUFFIXES = (".txt", ".lst", ".list", "")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class FileInput:
+    """Samples from files: their ids (paths or row indices) and how to batch them."""
+
+    kind: str  # images or tensors
+    total: int  # samples to read (images that fail to decode may make it fewer)
+    ids: list[Any]
+    batches: Callable[[int], Iterator[Batch]]
+    skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
+
+
+def is_file_input(text: str) -> bool:
+    return text != "random"
+
+
+def image_paths(text: str, stdin: Any = None) -> list[Path]:
+    """The images `--input` names: a file, a folder, a glob, a list file, or `-` (stdin)."""
+    path = Path(text)
+    if text == "-":
+        return _listed((stdin or sys.stdin).read().splitlines(), "standard input")
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            raise HookdumpError(
+                f"--input {text}: no images in this folder (looked for {', '.join(IMAGE_SUFFIXES)})"
+            )
+        return found
+    if path.is_file():
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            return [path]
+        if path.suffix.lower() not in LIST_SUFFIXES:
+            raise HookdumpError(
+                f"--input {text}: not an image ({', '.join(IMAGE_SUFFIXES)}), a tensor file "
+                f"({', '.join(TENSOR_SUFFIXES)}) or a list of image paths "
+                f"({', '.join(s for s in LIST_SUFFIXES if s)} or no suffix)"
+            )
+        try:
+            lines = path.read_text().splitlines()
+        except (UnicodeDecodeError, OSError) as exc:
+            raise HookdumpError(
+                f"--input {text} is neither an image, a tensor file nor a text list of image "
+                f"paths ({exc})"
+            ) from None
+        return _listed(lines, str(path))
+    if any(c in text for c in "*?["):
+        found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+        if not found:
+            raise HookdumpError(f"--input {text!r}: the glob matches no file")
+        return found
+    raise HookdumpError(
+        f"--input {text}: no such file or folder; give random, an image, a folder, a glob, "
+        "a list file, -, or a tensor file"
+    )
+
+
+def _listed(lines: list[str], source: str) -> list[Path]:
+    paths = [Path(line.strip()) for line in lines if line.strip() and not line.startswith("#")]
+    if not paths:
+        raise HookdumpError(f"--input: {source} lists no image paths")
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise HookdumpError(
+            f"--input: {source} lists {len(missing)} path(s) that are not files, first "
+            f"{missing[0]} (relative paths are relative to the current folder)"
+        )
+    return paths
+
+
+def open_rgb(path: Path) -> Image.Image:
+    """Decode any image as 8-bit RGB: EXIF rotation applied, 16-bit and greyscale scaled."""
+    with Image.open(path) as raw:
+        image = ImageOps.exif_transpose(raw)
+        if image.mode.startswith("I"):  # 16/32-bit integer greyscale, e.g. 16-bit PNG
+            values = np.asarray(image, dtype=np.float64)
+            top = 65535.0 if values.max(initial=0) > 255 else 255.0
+            image = Image.fromarray((values / top * 255).round().astype(np.uint8), "L")
+        elif image.mode == "F":
+            values = np.asarray(image, dtype=np.float64).clip(0, 1)
+            image = Image.fromarray((values * 255).round().astype(np.uint8), "L")
+        return image.convert("RGB")
+
+
+def image_transform(
+    spec: InputSpec, weights_transforms: Any, image_size: int | None
+) -> Callable[[Image.Image], torch.Tensor]:
+    """The weights' own preprocessing, else resize, centre crop and ImageNet normalisation."""
+    import torchvision.transforms.functional as TF
+
+    if spec.layout == "detection":
+        return TF.to_tensor  # detection models resize and normalise inside
+    if spec.layout != "image" or len(spec.shape) != 3:
+        raise HookdumpError(
+            f"--input: images need a model that takes [3, H, W] images; this one takes "
+            f"{spec.layout} input of shape {list(spec.shape)} per sample (use random input "
+            "or a tensor file)"
+        )
+    if weights_transforms is not None and image_size is None:
+        return weights_transforms
+    crop = image_size or spec.shape[-1]
+    resize = round(crop * 256 / 224)
+    mean = getattr(weights_transforms, "mean", IMAGENET_MEAN)
+    std = getattr(weights_transforms, "std", IMAGENET_STD)
+
+    def transform(image: Image.Image) -> torch.Tensor:
+        image = TF.center_crop(TF.resize(image, resize, antialias=True), [crop, crop])
+        return TF.normalize(TF.to_tensor(image), list(mean), list(std))
+
+    return transform
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, paths: list[Path], transform: Callable[[Image.Image], torch.Tensor]):
+        self.paths = paths
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor | None, str | None]:
+        try:
+            return index, self.transform(open_rgb(self.paths[index])), None
+        except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
+            return index, None, f"{type(exc).__name__}: {exc}"
+
+
+def _as_list(items: list[Any]) -> list[Any]:
+    return items
+
+
+def image_input(
+    paths: list[Path],
+    spec: InputSpec,
+    transform: Callable[[Image.Image], torch.Tensor],
+    skip_bad: bool,
+    workers: int,
+) -> FileInput:
+    """Images decoded in `workers` processes; undecodable ones stop the run, or are skipped."""
+    source = FileInput("images", len(paths), [], lambda _: iter(()))
+
+    def batches(batch_size: int) -> Iterator[Batch]:
+        loader = torch.utils.data.DataLoader(
+            _Images(paths, transform),
+            batch_size=batch_size,
+            num_workers=workers if len(paths) > batch_size else 0,
+            collate_fn=_as_list,
+        )
+        row = 0
+        for items in loader:
+            good = []
+            for index, tensor, error in items:
+                if error is None:
+                    good.append((index, tensor))
+                elif skip_bad:
+                    source.skipped.append({"path": str(paths[index]), "error": error})
+                else:
+                    raise HookdumpError(
+                        f"--input: cannot decode {paths[index]} ({error}); remove it or pass "
+                        "--skip-bad-inputs"
+                    )
+            if not good:
+                continue
+            source.ids.extend(str(paths[i]) for i, _ in good)
+            tensors = [t for _, t in good]
+            args = (tensors,) if spec.layout == "detection" else (torch.stack(tensors),)
+            yield Batch(args, {}, row, row + len(good))
+            row += len(good)
+
+    source.batches = batches
+    return source
+
+
+def tensor_input(path: Path, limit: int | None) -> FileInput:
+    """Rows of a tensor file: one tensor is the batch; several are keyword arguments."""
+    columns = _open_tensor_file(path)
+    rows = {name: int(shape[0]) if shape else 0 for name, (shape, _) in columns.items()}
+    counts = set(rows.values())
+    if len(counts) != 1 or 0 in counts:
+        raise HookdumpError(
+            f"--input {path}: every tensor needs the same number of rows in dim 0, found {rows}"
+        )
+    total = counts.pop() if limit is None else min(limit, counts.pop())
+
+    def batches(batch_size: int) -> Iterator[Batch]:
+        for start in range(0, total, batch_size):
+            stop = min(start + batch_size, total)
+            parts = {name: _float32(read(start, stop)) for name, (_, read) in columns.items()}
+            if len(parts) == 1:
+                yield Batch((next(iter(parts.values())),), {}, start, stop)
+            else:
+                yield Batch((), parts, start, stop)
+
+    return FileInput("tensors", total, list(range(total)), batches)
+
+
+ReadRows = Callable[[int, int], torch.Tensor]
+
+
+def _open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
+    """name -> (shape, read rows start:stop), reading lazily where the format allows."""
+    suffix = path.suffix
+    try:
+        if suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
+
+            def reader(key: str) -> ReadRows:
+                def read(start: int, stop: int) -> torch.Tensor:
+                    with safe_open(str(path), framework="pt") as f:
+                        return f.get_slice(key)[start:stop]
+
+                return read
+
+            return {k: (shape, reader(k)) for k, shape in shapes.items()}
+        if suffix == ".npy":
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+            return {
+                "input": (list(array.shape), lambda a, b: torch.from_numpy(np.array(array[a:b])))
+            }
+        from hookdump.weights import torch_load_safely
+
+        content = torch_load_safely(path, "--input")
+    except HookdumpError:
+        raise
+    except Exception as exc:
+        raise HookdumpError(f"--input {path} is not a readable {suffix} file: {exc}") from None
+    if isinstance(content, torch.Tensor):
+        content = {"input": content}
+    if not (isinstance(content, dict) and all(torch.is_tensor(v) for v in content.values())):
+        raise HookdumpError(
+            f"--input {path} holds a {type(content).__name__}; expected a tensor or a dict of "
+            "tensors (keyword arguments)"
+        )
+    return {k: (list(v.shape), lambda a, b, v=v: v[a:b]) for k, v in content.items()}
+
+
+def _float32(tensor: torch.Tensor) -> torch.Tensor:
+    # numpy's default float64 would not run through a float32 model
+    return tensor.float() if tensor.dtype == torch.float64 else tensor
+
+
+def open_input(
+    text: str,
+    spec: InputSpec,
+    weights_transforms: Any,
+    image_size: int | None,
+    skip_bad: bool,
+    workers: int,
+    limit: int | None,
+) -> FileInput:
+    """The file input that `--input` names (anything but `random`)."""
+    path = Path(text)
+    if path.suffix in TENSOR_SUFFIXES:
+        if not path.is_file():
+            raise HookdumpError(f"--input {text}: no such file")
+        return tensor_input(path, limit)
+    paths = image_paths(text)
+    transform = image_transform(spec, weights_transforms, image_size)
+    return image_input(paths[:limit] if limit else paths, spec, transform, skip_bad, workers)
