@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from clitools import assert_usage_error, invoke
+from PIL import Image
 
 import hookdump
 
@@ -21,7 +22,12 @@ def _param(config: Path) -> object:
 
 
 @pytest.mark.parametrize("config", [_param(c) for c in CONFIGS])
-def test_every_config_runs(config: Path, tmp_path: Path) -> None:
+def test_every_config_runs(config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # configs name paths relative to where they run: give them an images/ folder there
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "images" / "cats").mkdir(parents=True)
+    for i, size in enumerate([(300, 200), (64, 64), (500, 375)]):
+        Image.new("RGB", size, (40 * i, 90, 160)).save(tmp_path / "images" / "cats" / f"{i}.jpg")
     out = tmp_path / "out"
     result = invoke("run", "--config", str(config), "--out", str(out))
     assert result.exit_code == 0, result.stderr

@@ -159,6 +159,20 @@ def test_torchvision_weights_come_from_the_hub_cache(
     # DEFAULT is the same enum member for resnet18
     default = run_dump(tmp_path / "default", "resnet18", "--weights", "DEFAULT")
     assert invoke("diff", str(out), str(default)).exit_code == 0
+    # images get the weights' own preprocessing: resize 256, centre crop 224
+    from PIL import Image
+
+    Image.new("RGB", (80, 60), (255, 0, 0)).save(tmp_path / "red.png")
+    images = tmp_path / "images"
+    result = invoke("run", "resnet18", "--weights", "DEFAULT", "--input", str(tmp_path / "red.png"),
+                    "-l", "__root__", "--capture", "input", "-q", "-o", str(images))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    pixels = hookdump.load(images)["__root__:input.0"]
+    assert pixels.shape == (1, 3, 224, 224)
+    red = (torch.tensor([1.0, 0.0, 0.0]) - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor(
+        [0.229, 0.224, 0.225]
+    )
+    torch.testing.assert_close(pixels[0, :, 100, 100], red, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize(
