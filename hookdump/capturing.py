@@ -225,12 +225,25 @@ class Capture:
             if not isinstance(leaf, torch.Tensor):
                 self.skipped.setdefault(key, Skipped(key, type(leaf).__name__))
                 continue
-            if key not in self.info:
-                self.info[key] = KeyInfo(
-                    key, name, module_type, kind, call, part, tuple(leaf.shape), leaf.dtype
-                )
-            if self.store:
-                self.tensors[key] = leaf.detach().clone()
+            self._store(key, name, module_type, kind, call, part, leaf)
+
+    def _store(
+        self,
+        key: str,
+        name: str,
+        module_type: str,
+        kind: str,
+        call: int,
+        part: str | None,
+        tensor: torch.Tensor,
+    ) -> None:
+        """Note where `key` came from (once) and keep a copy of its value."""
+        if key not in self.info:
+            self.info[key] = KeyInfo(
+                key, name, module_type, kind, call, part, tuple(tensor.shape), tensor.dtype
+            )
+        if self.store:
+            self.tensors[key] = tensor.detach().clone()
 
     def _hook_grads(
         self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int
@@ -244,14 +257,8 @@ class Capture:
         self, key: str, name: str, module_type: str, kind: str, part: str, call: int
     ) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
-            if not self._handles:  # the block was left before the backward pass
-                return
-            if key not in self.info:
-                self.info[key] = KeyInfo(
-                    key, name, module_type, kind, call, part, tuple(grad.shape), grad.dtype
-                )
-            if self.store:
-                self.tensors[key] = grad.detach().clone()
+            if self._handles:  # else the block was left before the backward pass
+                self._store(key, name, module_type, kind, call, part, grad)
 
         return hook
 
