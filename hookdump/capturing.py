@@ -49,6 +49,13 @@ class Skipped:
     type: str
 
 
+class StopForward(BaseException):
+    """Raised by a hook once every selected module has made all its calls (early stop).
+
+    A BaseException, so that a model's own `except Exception` cannot swallow it.
+    """
+
+
 def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
     """The contract's key: `M`, `M:output.0`, `M:input.x`, with `@n` for the n-th extra call."""
     key = module if kind == "output" and part is None else f"{module}:{kind}.{part}"
@@ -137,6 +144,9 @@ class Capture:
         self.finished: list[str] = []
         self.running: list[str] = []
         self._call_stack: dict[str, list[int]] = {}
+        # early stop: calls each module makes in one forward, and how many are still to come
+        self.stop_after: dict[str, int] | None = None
+        self._to_come = 0
         self._handles: list[RemovableHandle] = []
         self._modes: list[tuple[nn.Module, bool]] = []
 
@@ -180,6 +190,12 @@ class Capture:
         self.finished.clear()
         self.running.clear()
         self._call_stack.clear()
+        self._to_come = sum(self.stop_after.values()) if self.stop_after else 0
+
+    def stop_early(self, calls: dict[str, int]) -> None:
+        """From now on, end each forward once every module has made `calls[module]` calls."""
+        self.stop_after = {name: n for name, n in calls.items() if n}
+        self.clear()
 
     def take(self) -> dict[str, torch.Tensor]:
         """The tensors captured since the last clear, then clear."""
@@ -214,6 +230,10 @@ class Capture:
                 self._record(name, module_type, "output", None, output, call)
             if "grad" in self.kinds:
                 self._hook_grads(name, module_type, "grad_output", None, output, call)
+            if self.stop_after and call < self.stop_after.get(name, 0):
+                self._to_come -= 1
+                if self._to_come == 0:
+                    raise StopForward
 
         return hook
 

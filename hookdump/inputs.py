@@ -50,6 +50,23 @@ class Batch:
     def rows(self) -> int:
         return self.stop - self.start
 
+    def first_row(self) -> Batch:
+        """The batch cut to its first sample (tensors with the batch as dim 0, and lists)."""
+
+        def cut(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == self.rows:
+                return value[:1]
+            if isinstance(value, list) and len(value) == self.rows:
+                return value[:1]
+            return value
+
+        return Batch(
+            tuple(cut(a) for a in self.args),
+            {k: cut(v) for k, v in self.kwargs.items()},
+            self.start,
+            self.start + 1,
+        )
+
     def to(self, device: torch.device) -> Batch:
         def move(value: Any) -> Any:
             if isinstance(value, torch.Tensor):

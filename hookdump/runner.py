@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import hookdump
-from hookdump.capturing import Capture
+from hookdump.capturing import Capture, StopForward
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir, dtype_name
 from hookdump.errors import HookdumpError
 from hookdump.gradients import backward, inputs_requiring_grad, parse_grad_target
@@ -55,6 +55,7 @@ class RunOptions:
     out: Path | None = None
     overwrite: bool = False
     train: bool = False
+    early_stop: bool = True
     shard_bytes: int = DEFAULT_SHARD_BYTES
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -159,6 +160,8 @@ def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> 
     """Run one forward, turning a model's own failure into an error that says where it was."""
     try:
         return module(*batch.args, **batch.kwargs)
+    except StopForward:
+        return None
     except (KeyboardInterrupt, HookdumpError):
         raise
     except Exception as exc:
@@ -241,8 +244,11 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     grads = "grad" in cap.kinds
     # gradients need autograd; everything else runs without it
     mode = torch.enable_grad() if grads else torch.inference_mode()
+    early = options.early_stop and not grads and not options.train
     with cap, mode, _autocast(prepared.device, forward_dtype):
         for batch in _on_device(batches, prepared.device):
+            if early and cap.stop_after is None:
+                early = _calibrate(cap, model, batch, options.model)
             inputs = inputs_requiring_grad(batch.args, batch.kwargs) if grads else []
             output = forward(cap, model, batch, options.model)
             if grads:
@@ -290,6 +296,24 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
         )
         result.manifest = writer.finish()
     return result
+
+
+def _calibrate(cap: Capture, model: torch.nn.Module, batch: Batch, label: str) -> bool:
+    """Count each selected module's calls in a forward of one sample, for early stop.
+
+    False when the model cannot take one sample (an export with a fixed batch size, say):
+    then every forward runs whole.
+    """
+    cap.store = False
+    try:
+        forward(cap, model, batch.first_row(), label)
+    except HookdumpError:
+        cap.clear()
+        return False
+    finally:
+        cap.store = True
+    cap.stop_early(dict(cap.calls))
+    return True
 
 
 def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:

@@ -197,3 +197,28 @@ class TwoInputs(nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.fc(a) * b
+
+
+class Tripwire(nn.Module):
+    """Counts its calls across all instances: proves whether the forward went this far."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        Tripwire.calls += 1
+        return x
+
+
+class EarlyAndLate(nn.Module):
+    """`early`, then `act` (also called again at the end), then a tripwire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.early = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+        self.middle = nn.Linear(4, 4)
+        self.tripwire = Tripwire()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.middle(self.act(self.early(x)))
+        return self.act(self.tripwire(h))

@@ -134,6 +134,14 @@ def run(
         ),
     ] = "1GiB",
     train: TrainOpt = False,
+    no_early_stop: Annotated[
+        bool,
+        typer.Option(
+            "--no-early-stop",
+            help="Always run the whole forward (by default it ends once the selected "
+            "modules have run).",
+        ),
+    ] = False,
     fail_on_nonfinite: Annotated[
         bool,
         typer.Option(
@@ -176,6 +184,7 @@ def run(
         out=out,
         overwrite=overwrite,
         train=train,
+        early_stop=not no_early_stop,
         shard_bytes=parse_size(shard_size),
         command=ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]]),
     )

@@ -1,0 +1,39 @@
+"""Early stop: the forward ends once the selected modules have run, with identical results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tiny_models
+from clitools import invoke
+
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+MODEL = "tiny_models:EarlyAndLate"
+
+
+def calls_past_the_selection(*args: str) -> int:
+    tiny_models.Tripwire.calls = 0
+    result = invoke("run", MODEL, "-n", "6", "-b", "2", "-q", *args)
+    assert result.exit_code == 0, result.stderr
+    return tiny_models.Tripwire.calls
+
+
+def test_the_forward_stops_after_the_last_selected_module() -> None:
+    # three batches: one 1-sample calibration forward runs whole, the batches stop early
+    assert calls_past_the_selection("-l", "early") == 1
+    assert calls_past_the_selection("-l", "early", "--no-early-stop") == 3
+    # act is called again after the tripwire: every call is waited for
+    assert calls_past_the_selection("-l", "act") == 4
+    # gradients need the whole forward
+    assert calls_past_the_selection("-l", "early", "--capture", "grad") == 3
+
+
+def test_early_stop_gives_the_same_dump(tmp_path: Path) -> None:
+    for name, extra in (("early", []), ("full", ["--no-early-stop"])):
+        args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "4", "-b", "2", "-q"]
+        selection = ["-l", "layer1.0.conv1", "-l", "layer1.0.relu"]  # relu is called twice
+        assert invoke(*args, *selection, *extra, "-o", str(tmp_path / name)).exit_code == 0
+    result = invoke("diff", str(tmp_path / "early"), str(tmp_path / "full"), "--atol", "0")
+    assert result.exit_code == 0, result.stdout
+    assert "all 3 keys match" in result.stdout
