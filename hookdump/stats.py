@@ -11,6 +11,17 @@ import torch
 from hookdump.capturing import KeyInfo
 
 HIST_BINS = 12
+HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram
+_ROW = 1 << 16  # sums of squares are taken per row of this many elements, then in float64
+
+
+def _sum_of_squares(flat: torch.Tensor) -> float:
+    """Sum of x*x: float32 dot products per row, added in float64 (accurate and fast)."""
+    whole = flat.numel() - flat.numel() % _ROW
+    rows = flat[:whole].view(-1, _ROW)
+    total = float(torch.einsum("ij,ij->i", rows, rows).double().sum()) if whole else 0.0
+    tail = flat[whole:]
+    return total + float(torch.dot(tail, tail).double())
 
 
 @dataclass
@@ -24,8 +35,8 @@ class TensorStats:
     max: float = -math.inf
     nan: int = 0
     inf: int = 0
-    # a coarse histogram over the first batch's finite range; later values outside it are
-    # counted in the edge bins (exact for one batch, a sketch for more)
+    # a coarse histogram, over the first batch's finite range, of an evenly strided sample of
+    # each batch; later values outside that range are counted in the edge bins: a sketch
     hist: list[int] | None = None
     hist_range: tuple[float, float] = (0.0, 0.0)
 
@@ -34,7 +45,7 @@ class TensorStats:
         return math.sqrt(self.m2 / self.count) if self.count else math.nan
 
     def update(self, tensor: torch.Tensor) -> None:
-        """Fold one batch of values in."""
+        """Fold one batch of values in (a few fast passes: this runs on every byte dumped)."""
         x = tensor.detach()
         if x.is_complex():
             x = x.abs()
@@ -42,32 +53,40 @@ class TensorStats:
             x = x.float()
         if x.numel() == 0:
             return
-        finite = torch.isfinite(x)
-        if not bool(finite.all()):
+        lo, hi = (float(v) for v in torch.aminmax(x))  # NaN and Inf propagate to these
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            finite = torch.isfinite(x)
             nan = int(torch.isnan(x).sum())
             self.nan += nan
             self.inf += int((~finite).sum()) - nan
             x = x[finite]
             if x.numel() == 0:
                 return
-        var, mean = torch.var_mean(x, correction=0)
-        lo, hi = torch.aminmax(x)
-        n, batch_mean, batch_m2 = x.numel(), float(mean), float(var) * x.numel()
+            lo, hi = (float(v) for v in torch.aminmax(x))
+        flat = x.reshape(-1)
+        n = flat.numel()
+        batch_mean = float(flat.sum()) / n
+        batch_m2 = _sum_of_squares(flat) - n * batch_mean * batch_mean
+        if batch_m2 <= 1e-3 * n * batch_mean * batch_mean:
+            # the mean dwarfs the spread: E[x^2] - E[x]^2 cancels, so take the slow exact way
+            var, mean = torch.var_mean(flat, correction=0)
+            batch_mean, batch_m2 = float(mean), float(var) * n
         total = self.count + n
         delta = batch_mean - self.mean
-        self.m2 += batch_m2 + delta * delta * self.count * n / total
+        self.m2 += max(batch_m2, 0.0) + delta * delta * self.count * n / total
         self.mean += delta * n / total
         self.count = total
-        self.min = min(self.min, float(lo))
-        self.max = max(self.max, float(hi))
-        self._histogram(x, float(lo), float(hi))
+        self.min = min(self.min, lo)
+        self.max = max(self.max, hi)
+        self._histogram(flat, lo, hi)
 
-    def _histogram(self, x: torch.Tensor, lo: float, hi: float) -> None:
+    def _histogram(self, flat: torch.Tensor, lo: float, hi: float) -> None:
         if self.hist is None:
             self.hist_range = (lo, hi if hi > lo else lo + 1.0)
             self.hist = [0] * HIST_BINS
         first, last = self.hist_range
-        counts = torch.histc(x.clamp(first, last), bins=HIST_BINS, min=first, max=last)
+        sample = flat[:: max(1, flat.numel() // HIST_SAMPLE)]  # a sparkline needs no more
+        counts = torch.histc(sample.clamp(first, last), bins=HIST_BINS, min=first, max=last)
         self.hist = [a + int(b) for a, b in zip(self.hist, counts.tolist(), strict=True)]
 
     def as_dict(self) -> dict[str, float | int | None]:

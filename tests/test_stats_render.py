@@ -51,3 +51,14 @@ def test_format_bytes() -> None:
     assert [format_bytes(n) for n in (0, 1023, 1536, 3 * 2**20)] == [
         "0 B", "1023 B", "1.5 KiB", "3.0 MiB",
     ]  # fmt: skip
+
+
+def test_stats_stay_exact_when_the_mean_dwarfs_the_spread() -> None:
+    torch.manual_seed(0)
+    for offset in (0.0, 5.0, 1000.0):  # 1000: E[x^2] - E[x]^2 would cancel in float32
+        x = torch.randn(3, 70_001) * 2 + offset  # rows of more than one 2**16 chunk, and a tail
+        stats = TensorStats()
+        stats.update(x)
+        exact = x.double()
+        assert math.isclose(stats.mean, float(exact.mean()), rel_tol=1e-6, abs_tol=1e-6)
+        assert math.isclose(stats.std, float(exact.std(correction=0)), rel_tol=1e-4)
