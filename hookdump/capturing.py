@@ -137,6 +137,8 @@ class Capture:
         self.kinds = parse_capture(capture)
         self.train = train
         self.store = store
+        # where copies go: `tensors` by default, or this callable (the runner's writer thread)
+        self.sink: Callable[[str, torch.Tensor, KeyInfo], None] | None = None
         self.tensors: dict[str, torch.Tensor] = {}
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
@@ -262,8 +264,13 @@ class Capture:
             self.info[key] = KeyInfo(
                 key, name, module_type, kind, call, part, tuple(tensor.shape), tensor.dtype
             )
-        if self.store:
-            self.tensors[key] = tensor.detach().clone()
+        if not self.store:
+            return
+        copy = tensor.detach().clone()
+        if self.sink is not None:
+            self.sink(key, copy, self.info[key])
+        else:
+            self.tensors[key] = copy
 
     def _hook_grads(
         self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int

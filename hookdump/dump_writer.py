@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import struct
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from hookdump.capturing import KeyInfo
 from hookdump.errors import HookdumpError
@@ -27,7 +29,10 @@ def _default_file_mode() -> int:
 
 
 _FILE_MODE = _default_file_mode()
-_DUMP_FILE = re.compile(r"^(manifest\.json|shard-\d+\.safetensors)(\.tmp)?$")
+_TRASH = ".hookdump-old-"  # an old dump being deleted (left behind if that was interrupted)
+_DUMP_FILE = re.compile(
+    r"^(manifest\.json(\.tmp)?|shard-\d+\.safetensors(\.tmp2?)?|\.hookdump-old-\d+)$"
+)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -35,13 +40,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def check_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse an `--out` that cannot take a dump; touches nothing."""
+def check_out_dir(out: Path, overwrite: bool, ignore: Path | None = None) -> None:
+    """Refuse an `--out` that cannot take a dump (`ignore`: our own file); touches nothing."""
     if out.exists() and not out.is_dir():
         raise HookdumpError(f"--out {out} is a file; give a folder (new or empty)")
     if not out.is_dir():
         return
-    present = sorted(p.name for p in out.iterdir())
+    present = sorted(p.name for p in out.iterdir() if p != ignore)
     if not present:
         return
     if not overwrite:
@@ -65,11 +70,79 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class DumpWriter:
-    """Collects batches of captured tensors and writes them as shards of about `shard_bytes`.
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}  # fmt: skip
 
-    The folder is prepared (an old dump removed, with `overwrite`) only when the first shard
-    is written, so a run that fails before its first batch leaves `out` as it was.
+
+class ShardFile:
+    """One safetensors file, written tensor by tensor as values arrive, its header last.
+
+    The data goes straight from each tensor's memory to the file, after `reserve` bytes kept
+    for the header; the header is then padded with spaces to fill them, as the format allows.
+    """
+
+    def __init__(self, path: Path, reserve: int) -> None:
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp")
+        self.reserve = reserve + (-reserve % 8)  # data stays 8-byte aligned
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.size = 0
+        self.file = self.tmp.open("wb")
+        self.file.seek(self.reserve)
+
+    def write(self, key: str, tensor: torch.Tensor) -> None:
+        """Append one tensor (contiguous, on the CPU) under `key`."""
+        if tensor.dtype not in _ST_DTYPES:
+            raise HookdumpError(f"{key!r} has dtype {tensor.dtype}, which safetensors cannot hold")
+        data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
+        self.file.write(data)
+        nbytes = tensor.numel() * tensor.element_size()
+        self.entries[key] = {
+            "dtype": _ST_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [self.size, self.size + nbytes],
+        }
+        self.size += nbytes
+
+    def close(self, metadata: dict[str, str]) -> None:
+        """Write the header, then move the file into place."""
+        header = json.dumps({"__metadata__": metadata, **self.entries}).encode()
+        room = self.reserve - 8
+        if len(header) > room:  # more keys than reserved for: move the data along once
+            self._grow(len(header) + 8)
+            room = self.reserve - 8
+        self.file.seek(0)
+        self.file.write(struct.pack("<Q", room) + header + b" " * (room - len(header)))
+        self.file.close()
+        os.chmod(self.tmp, _FILE_MODE)
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the half-written file."""
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def _grow(self, needed: int) -> None:
+        old, self.reserve = self.reserve, needed + (-needed % 8) + 4096
+        self.file.close()
+        grown = self.tmp.with_name(self.tmp.name + "2")
+        with self.tmp.open("rb") as src, grown.open("wb") as dst:
+            src.seek(old)
+            dst.seek(self.reserve)
+            shutil.copyfileobj(src, dst, 1 << 24)
+        os.replace(grown, self.tmp)
+        self.file = self.tmp.open("r+b")
+
+
+class DumpWriter:
+    """The dump folder: shards, each listed in the manifest once complete, the manifest last.
+
+    The folder is prepared (an old dump moved aside and deleted in the background, with
+    `overwrite`) only when the first shard is opened, so a run that fails before its first
+    batch leaves `out` as it was.
     """
 
     def __init__(
@@ -85,94 +158,69 @@ class DumpWriter:
         self.tensors: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
         self.fields: dict[str, Any] = {}  # the rest of the manifest: model, command, versions
-        self.num_samples = 0
-        self._pending: list[dict[str, torch.Tensor]] = []
-        self._pending_bytes = 0
-        self._pending_start = 0
         self._prepared = False
+        self._created = not out.exists()
+        self._cleanup: threading.Thread | None = None
 
-    def add(
-        self, tensors: dict[str, torch.Tensor], start: int, stop: int, info: Mapping[str, KeyInfo]
-    ) -> None:
-        """Queue rows `start:stop` of every key; writes a shard once enough is queued."""
-        if start != self.num_samples:
-            raise ValueError(f"batches out of order: expected row {self.num_samples}, got {start}")
-        self._check_keys(tensors, start, info)
-        if not self._pending:
-            self._pending_start = start
-        self._pending.append(tensors)
-        self._pending_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
-        self.num_samples = stop
-        if self._pending_bytes >= self.shard_bytes:
-            self.flush()
+    def open_shard(self, keys_expected: int) -> ShardFile:
+        """A new shard file; `keys_expected` sizes the room kept for its header.
 
-    def _check_keys(
-        self, tensors: dict[str, torch.Tensor], start: int, info: Mapping[str, KeyInfo]
-    ) -> None:
-        if not self.tensors:
-            for key, tensor in tensors.items():
-                meta = info[key]
-                self.tensors[key] = {
-                    "module": meta.module,
-                    "module_type": meta.module_type,
-                    "kind": meta.kind,
-                    "call": meta.call,
-                    "part": meta.part,
-                    "shape": list(tensor.shape[1:]),
-                    "dtype": dtype_name(tensor.dtype),
-                }
-            return
-        if tensors.keys() != self.tensors.keys():
-            missing = sorted(self.tensors.keys() - tensors.keys())
-            extra = sorted(tensors.keys() - self.tensors.keys())
-            raise HookdumpError(
-                f"the keys changed at sample {start} (missing: {missing[:3]}, new: {extra[:3]}): "
-                "the model's control flow depends on its input; --exclude those modules"
-            )
-        for key, tensor in tensors.items():
-            if list(tensor.shape[1:]) != self.tensors[key]["shape"]:
-                raise HookdumpError(
-                    f"{key!r} changed its per-sample shape from {self.tensors[key]['shape']} to "
-                    f"{list(tensor.shape[1:])} at sample {start}; --exclude that module"
-                )
-
-    def flush(self) -> None:
-        """Write what is queued as one shard, then a manifest marked incomplete."""
-        if not self._pending:
-            return
-        self._prepare()
-        batches, self._pending, self._pending_bytes = self._pending, [], 0
-        keys = batches[0].keys()
-        if len(batches) == 1:
-            merged = {k: t.contiguous() for k, t in batches[0].items()}
-        else:
-            merged = {k: torch.cat([b[k] for b in batches]) for k in keys}
-        start, stop = self._pending_start, self.num_samples
+        Its temporary file sits beside an old dump until the shard commits, so a run that
+        fails in its first batch leaves the old dump as it was.
+        """
+        self.out.mkdir(parents=True, exist_ok=True)
         name = f"shard-{len(self.shards):05d}.safetensors"
-        path = self.out / name
-        tmp = path.with_name(name + ".tmp")
+        return ShardFile(self.out / name, 4096 + 256 * max(keys_expected, len(self.tensors)))
+
+    def commit_shard(self, shard: ShardFile, start: int, stop: int) -> None:
+        """Close a shard's file, list it, and rewrite the manifest (still incomplete)."""
+        if start != (self.shards[-1]["stop"] if self.shards else 0):
+            raise ValueError(f"shards out of order: a shard starting at row {start}")
+        self._prepare(keep=shard.tmp)
         meta = {"format": FORMAT, "start": str(start), "stop": str(stop)}
         try:
-            save_file(merged, str(tmp), metadata=meta)
-            os.chmod(
-                tmp, _FILE_MODE
-            )  # safetensors creates 0600; a dump is as shareable as any file
-            os.replace(tmp, path)
+            shard.close(meta)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise HookdumpError(f"writing {path} failed: {exc.strerror or exc}") from None
-        self.shards.append({"file": name, "start": start, "stop": stop})
+            shard.abort()
+            raise HookdumpError(f"writing {shard.path} failed: {exc.strerror or exc}") from None
+        self.shards.append({"file": shard.path.name, "start": start, "stop": stop})
         self.write_manifest(complete=False)
 
-    def _prepare(self) -> None:
+    def describe(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
+        """Note a key's manifest entry (first batch), or check it did not change (later)."""
+        shape = list(tensor.shape[1:])
+        if not self.shards and key not in self.tensors:
+            self.tensors[key] = {
+                "module": info.module,
+                "module_type": info.module_type,
+                "kind": info.kind,
+                "call": info.call,
+                "part": info.part,
+                "shape": shape,
+                "dtype": dtype_name(tensor.dtype),
+            }
+        elif key in self.tensors and shape != self.tensors[key]["shape"]:
+            raise HookdumpError(
+                f"{key!r} changed its per-sample shape from {self.tensors[key]['shape']} to "
+                f"{shape} at sample {start}; --exclude that module"
+            )
+
+    def _prepare(self, keep: Path | None = None) -> None:
         if self._prepared:
             return
-        check_out_dir(self.out, self.overwrite)  # again: the folder may have changed meanwhile
+        check_out_dir(self.out, self.overwrite, keep)  # again: it may have changed meanwhile
         self.out.mkdir(parents=True, exist_ok=True)
-        # the manifest goes first, so a half-removed dump never reads as complete
-        (self.out / MANIFEST).unlink(missing_ok=True)
-        for old in sorted(self.out.iterdir()):
-            old.unlink()
+        old = sorted((p for p in self.out.iterdir() if p != keep), key=lambda p: p.name != MANIFEST)
+        if old:
+            # the manifest goes first, so a half-removed dump never reads as complete; the
+            # rest is deleted in the background (unlinking gigabytes takes a while)
+            trash = self.out / f"{_TRASH}{os.getpid()}"
+            trash.mkdir(exist_ok=True)
+            for path in old:
+                if path != trash:
+                    os.replace(path, trash / path.name)
+            self._cleanup = threading.Thread(target=shutil.rmtree, args=(trash, True))
+            self._cleanup.start()
         self._prepared = True
 
     def manifest(self, complete: bool) -> dict[str, Any]:
@@ -196,9 +244,15 @@ class DumpWriter:
         write_json(self.out / MANIFEST, manifest)
         return manifest
 
+    def abandon(self) -> None:
+        """After a failed run: remove the folder if this run made it and left it empty."""
+        if self._created and self.out.is_dir() and not any(self.out.iterdir()):
+            self.out.rmdir()
+
     def finish(self) -> dict[str, Any]:
-        """Write the last shard, then the complete manifest."""
-        self.flush()
+        """Write the complete manifest, once the old dump's files are gone."""
+        if self._cleanup is not None:
+            self._cleanup.join()
         return self.write_manifest(complete=True)
 
 

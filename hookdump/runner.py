@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 import hookdump
+from hookdump.batch_sink import BatchSink
 from hookdump.capturing import Capture, StopForward
-from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir, dtype_name
+from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir
 from hookdump.errors import HookdumpError
 from hookdump.gradients import backward, inputs_requiring_grad, parse_grad_target
 from hookdump.input_files import open_input
@@ -73,6 +74,7 @@ class RunResult:
     manifest: dict[str, Any] | None = None
     skipped_inputs: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: load, loop, finish
 
     @property
     def total_bytes(self) -> int:
@@ -214,6 +216,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
         options.strict,
         options.unsafe_pickle,
     )
+    loaded_at = time.perf_counter()
     model = prepared.loaded.module
     cap = Capture(model, options.layers, options.exclude, options.types, options.capture)
     source = None
@@ -237,50 +240,47 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     sample_ids: list[Any] = list(range(num_samples)) if source is None else source.ids
     if writer:
         writer.fields = _manifest_fields(options, prepared, cap, sample_ids)
-    summaries: dict[str, KeySummary] = {}
-    unbatched: dict[str, dict[str, str]] = {}
+    sink = BatchSink(writer, save_dtype)
     done = 0
     total = num_samples if source is None else source.total
     grads = "grad" in cap.kinds
     # gradients need autograd; everything else runs without it
     mode = torch.enable_grad() if grads else torch.inference_mode()
     early = options.early_stop and not grads and not options.train
-    with cap, mode, _autocast(prepared.device, forward_dtype):
-        for batch in _on_device(batches, prepared.device):
-            if early and cap.stop_after is None:
-                early = _calibrate(cap, model, batch, options.model)
-            inputs = inputs_requiring_grad(batch.args, batch.kwargs) if grads else []
-            output = forward(cap, model, batch, options.model)
-            if grads:
-                backward(model, output, grad_target, inputs)
-            del output
-            tensors = _keep_batched(cap.take(), batch.rows, unbatched)
-            for key, tensor in tensors.items():
-                if save_dtype is not None and tensor.is_floating_point():
-                    tensor = tensor.to(save_dtype)
-                tensors[key] = tensor = tensor.cpu()
-                summary = summaries.get(key)
-                if summary is None:
-                    summary = summaries[key] = KeySummary(
-                        cap.info[key], tuple(tensor.shape[1:]), dtype_name(tensor.dtype)
-                    )
-                summary.nbytes += tensor.numel() * tensor.element_size()
-                summary.stats.update(tensor)
-            if writer:
-                writer.add(tensors, batch.start, batch.stop, cap.info)
-            done = batch.stop
-            if on_batch:
-                on_batch(done, total)
-
+    try:
+        with cap, mode, _autocast(prepared.device, forward_dtype):
+            for batch in _on_device(batches, prepared.device):
+                if early and cap.stop_after is None:
+                    early = _calibrate(cap, model, batch, options.model)
+                sink.begin(batch.start, batch.stop, len(cap.info))
+                cap.sink = sink.put
+                inputs = inputs_requiring_grad(batch.args, batch.kwargs) if grads else []
+                output = forward(cap, model, batch, options.model)
+                if grads:
+                    backward(model, output, grad_target, inputs)
+                del output
+                cap.sink = None
+                cap.clear()
+                sink.end()
+                done = batch.stop
+                if on_batch:
+                    on_batch(done, total)
+        sink.close()
+    except BaseException:
+        sink.abort()
+        if writer:
+            writer.abandon()
+        raise
+    looped_at = time.perf_counter()
     if done == 0:
         raise HookdumpError(f"--input {options.input}: no sample could be read")
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
-    skipped += list(unbatched.values())
+    skipped += list(sink.unbatched.values())
     result = RunResult(
         options.model,
         options.out,
         done,
-        list(summaries.values()),
+        list(sink.summaries.values()),
         skipped,
         time.perf_counter() - started,
     )
@@ -295,6 +295,11 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
             wall_time_s=round(result.wall_time, 3),
         )
         result.manifest = writer.finish()
+    result.timings = {
+        "load": loaded_at - started,
+        "loop": looped_at - loaded_at,
+        "finish": time.perf_counter() - looped_at,
+    }
     return result
 
 
@@ -319,22 +324,6 @@ def _calibrate(cap: Capture, model: torch.nn.Module, batch: Batch, label: str) -
 def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
     for batch in batches:
         yield batch if device.type == "cpu" else batch.to(device)
-
-
-def _keep_batched(
-    tensors: dict[str, torch.Tensor], rows: int, unbatched: dict[str, dict[str, str]]
-) -> dict[str, torch.Tensor]:
-    """Drop (and note) tensors without the batch as dim 0: they have no rows to write."""
-    kept = {}
-    for key, tensor in tensors.items():
-        if tensor.dim() >= 1 and tensor.shape[0] == rows:
-            kept[key] = tensor
-        elif key not in unbatched:
-            unbatched[key] = {
-                "key": key,
-                "reason": f"no batch dim (shape {list(tensor.shape)}, batch of {rows})",
-            }
-    return kept
 
 
 def _manifest_fields(

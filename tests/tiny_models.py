@@ -222,3 +222,25 @@ class EarlyAndLate(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.middle(self.act(self.early(x)))
         return self.act(self.tripwire(h))
+
+
+class Growing(nn.Module):
+    """Each forward returns one more feature than the last: per-sample shapes change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 8)
+        self.grow = Grow()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.grow(self.fc(x))
+
+
+class Grow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.width = 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.width += 1
+        return x[:, : self.width]

@@ -1,0 +1,231 @@
+"""hookdump's speed and memory against the floor: a bare forward pass plus writing the bytes.
+
+    python benchmarks/run.py            # all four, 5 repetitions each after a warm-up
+    python benchmarks/run.py --reps 3 --only overhead,early
+
+Every timing is a median over repetitions that interleave hookdump and its references in
+one process (the model built once, outside the timings). Printed as ratios; lower is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torchvision
+from safetensors.torch import save_file
+
+import hookdump
+from hookdump.runner import RunOptions, run
+from hookdump.selection import select_modules
+
+MODEL, BATCH = "resnet50", 32
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    return statistics.median(timed(fn) for _ in range(reps))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds of each function, run in turns after one warm-up round."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for rep in range(reps + 1):
+        for name, fn in fns.items():
+            elapsed = timed(fn)
+            if rep:
+                times[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+class Job:
+    """The model, input and scratch folder shared by the benchmarks."""
+
+    def __init__(self, scratch: Path) -> None:
+        torch.manual_seed(0)
+        self.model = torchvision.models.resnet50(weights=None).eval()
+        self.x = torch.randn(BATCH, 3, 224, 224)
+        self.scratch = scratch
+
+    def forward(self) -> None:
+        with torch.inference_mode():
+            self.model(self.x)
+
+    def hookdump(self, layers: list[str], out: str = "hd") -> dict[str, float]:
+        options = RunOptions(
+            model=MODEL, layers=layers, batch_size=BATCH, out=self.scratch / out, overwrite=True
+        )
+        return run(options).timings
+
+    def write(self, tensors: dict[str, torch.Tensor], name: str = "floor") -> None:
+        save_file(tensors, str(self.scratch / f"{name}.safetensors"))
+
+
+def leaf_outputs(job: Job) -> dict[str, torch.Tensor]:
+    """Every leaf's output for the batch, as a hand-written hook loop captures it."""
+    captured: dict[str, torch.Tensor] = {}
+    calls: Counter[str] = Counter()
+    handles = []
+    for name, module in select_modules(job.model).items():
+
+        def hook(m: object, a: object, out: torch.Tensor, name: str = name) -> None:
+            captured[f"{name}@{calls[name]}" if calls[name] else name] = out.detach().clone()
+            calls[name] += 1
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.inference_mode():
+            job.model(job.x)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+def bench_overhead(job: Job, reps: int) -> dict[str, float]:
+    reference = leaf_outputs(job)
+    nbytes = sum(t.numel() * t.element_size() for t in reference.values())
+    timings: dict[str, float] = {}
+
+    def hookdump_run() -> None:
+        timings.update(job.hookdump([]))
+
+    pipeline: list[float] = []
+
+    def hookdump_pipeline() -> None:
+        hookdump_run()
+        pipeline.append(timings["loop"] + timings["finish"])
+
+    t = interleaved(
+        {
+            "hookdump": hookdump_pipeline,
+            "forward": job.forward,
+            "write": lambda: job.write(reference),
+        },
+        reps,
+    )
+    hd = statistics.median(pipeline[1:])
+    floor = t["forward"] + t["write"]
+    return {
+        "bytes": nbytes,
+        "hookdump_s": hd,
+        "hookdump_with_load_s": t["hookdump"],
+        "forward_s": t["forward"],
+        "write_s": t["write"],
+        "ratio_vs_serial_floor": hd / floor,
+        "ratio_vs_max_forward_write": hd / max(t["forward"], t["write"]),
+    }
+
+
+def bench_early(job: Job, reps: int) -> dict[str, float]:
+    pipeline: list[float] = []
+
+    def early() -> None:
+        timings = job.hookdump(["layer1.0.conv1"], "early")
+        pipeline.append(timings["loop"] + timings["finish"])
+
+    t = interleaved({"early": early, "forward": job.forward}, reps)
+    hd = statistics.median(pipeline[1:])
+    return {"hookdump_s": hd, "forward_s": t["forward"], "ratio_vs_full_forward": hd / t["forward"]}
+
+
+def peak_rss_mib(num_samples: int, scratch: Path) -> float:
+    code = (
+        "import resource, sys\n"
+        "from hookdump.cli import app\n"
+        "try:\n"
+        f"    app(['run', '{MODEL}', '--layers', 'layer4.*', '-b', '{BATCH}', '-n',"
+        f" '{num_samples}', '-o', r'{scratch / 'mem'}', '--overwrite', '-q'])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(proc.stderr.strip().splitlines()[-1]) / 1024
+
+
+def bench_memory(job: Job, reps: int) -> dict[str, float]:
+    small = peak_rss_mib(BATCH, job.scratch)
+    large = peak_rss_mib(10 * BATCH, job.scratch)
+    return {"peak_rss_32_mib": small, "peak_rss_320_mib": large, "ratio": large / small}
+
+
+def bench_peers(job: Job, reps: int) -> dict[str, float]:
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    names = list(select_modules(job.model))
+    extractor = create_feature_extractor(job.model, return_nodes=names)
+
+    def hand_written() -> None:
+        job.write(leaf_outputs(job), "hand")
+
+    def fx() -> None:
+        with torch.inference_mode():
+            feats = extractor(job.x)
+        job.write({k: v.contiguous() for k, v in feats.items()}, "fx")
+
+    fns: dict[str, Callable[[], object]] = {
+        "hookdump": lambda: job.hookdump([]),
+        "hand_written_hooks": hand_written,
+        "create_feature_extractor": fx,
+        "forward": job.forward,
+    }
+    try:
+        import torchlens as tl
+
+        fns["torchlens"] = lambda: tl.log_forward_pass(job.model, job.x, layers_to_save="all")
+    except ImportError:
+        pass
+    t = interleaved(fns, reps)
+    return {f"{name}_s": value for name, value in t.items()}
+
+
+BENCHMARKS = {
+    "overhead": bench_overhead,
+    "memory": bench_memory,
+    "early": bench_early,
+    "peers": bench_peers,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--only", default=",".join(BENCHMARKS))
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    scratch = Path(tempfile.mkdtemp(prefix="hookdump-bench-", dir=os.environ.get("BENCH_DIR")))
+    results = {
+        "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, hookdump "
+        f"{hookdump.__version__}",
+    }
+    try:
+        job = Job(scratch)
+        for name in args.only.split(","):
+            results[name] = BENCHMARKS[name](job, args.reps)
+            print(name, json.dumps(results[name], indent=2), flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

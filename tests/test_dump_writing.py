@@ -1,0 +1,82 @@
+"""Shard files written tensor by tensor, and how batches are grouped into shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import assert_usage_error, invoke
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import hookdump
+from hookdump.dump_writer import ShardFile
+
+
+def test_a_shard_file_is_plain_safetensors_for_every_dtype(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    tensors = {
+        "f32": torch.randn(3, 4),
+        "bf16": torch.randn(3, 2).bfloat16(),
+        "f16": torch.randn(3, 5).half(),
+        "i64": torch.arange(6).reshape(3, 2),
+        "mask": torch.tensor([True, False, True]),
+        "empty": torch.zeros(3, 0),
+    }
+    shard = ShardFile(tmp_path / "s.safetensors", reserve=16)  # too small: the header grows
+    for key, value in tensors.items():
+        shard.write(key, value)
+    shard.close({"start": "0", "stop": "3"})
+    loaded = load_file(tmp_path / "s.safetensors")
+    assert loaded.keys() == tensors.keys()
+    for key, value in tensors.items():
+        assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+    with safe_open(str(tmp_path / "s.safetensors"), "pt") as f:
+        assert f.metadata() == {"start": "0", "stop": "3"}
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_small_batches_are_gathered_into_shards(tmp_path: Path) -> None:
+    out, whole = tmp_path / "gathered", tmp_path / "whole"
+    assert (
+        invoke(
+            "run", "tiny_models:TwoLinear", "-n", "10", "-b", "2", "-q", "-o", str(out)
+        ).exit_code
+        == 0
+    )
+    assert (
+        invoke(
+            "run", "tiny_models:TwoLinear", "-n", "10", "-b", "10", "-q", "-o", str(whole)
+        ).exit_code
+        == 0
+    )
+    manifest = json.loads((out / "manifest.json").read_text())
+    # the first batch streams into its own shard; the rest, far under --shard-size, gather
+    assert [(s["start"], s["stop"]) for s in manifest["shards"]] == [(0, 2), (2, 10)]
+    a, b = hookdump.load(out), hookdump.load(whole)
+    for key in b:
+        assert torch.equal(a[key], b[key])
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_big_batches_stream_one_shard_each(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    args = ["run", "tiny_models:TwoLinear", "-n", "6", "-b", "2", "--shard-size", "40", "-q"]
+    assert invoke(*args, "-o", str(out)).exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(s["start"], s["stop"]) for s in manifest["shards"]] == [(0, 2), (2, 4), (4, 6)]
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_an_error_in_the_writer_thread_is_one_error_line(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    result = invoke("run", "tiny_models:Growing", "-n", "4", "-b", "2", "--no-early-stop",
+                    "-o", str(out))  # fmt: skip
+    assert_usage_error(result, "'grow' changed its per-sample shape from [3] to [4] at sample 2")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False  # the first batch's shard stays, listed as incomplete
+    assert [s["stop"] for s in manifest["shards"]] == [2]
+    assert not list(out.glob("*.tmp"))
