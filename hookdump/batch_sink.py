@@ -3,7 +3,9 @@ arrives, while the forward pass goes on.
 
 The first batch streams into its own shard, tensor by tensor. Later batches do the same
 when a batch is at least half a shard; smaller ones are gathered into shards of about
-`--shard-size`. At most `pending` batches are in flight, which bounds memory.
+`--shard-size`, each batch's rows written straight to their place in the file. Nothing is
+held beyond the tensors in flight, and at most `pending` batches are: memory stays bounded
+by a few batches, whatever `--num-samples` is.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from hookdump.capturing import KeyInfo
-from hookdump.dump_writer import DumpWriter, ShardFile, dtype_name
+from hookdump.dump_writer import DumpWriter, PlannedShard, ShardFile, dtype_name
 from hookdump.errors import HookdumpError
 from hookdump.stats import KeySummary
 
@@ -24,7 +26,11 @@ class BatchSink:
     """Takes captured tensors from the main thread; its worker does everything else."""
 
     def __init__(
-        self, writer: DumpWriter | None, save_dtype: torch.dtype | None, pending: int = 2
+        self,
+        writer: DumpWriter | None,
+        save_dtype: torch.dtype | None,
+        total: int | None = None,
+        pending: int = 2,
     ) -> None:
         self.writer = writer
         self.save_dtype = save_dtype
@@ -36,11 +42,11 @@ class BatchSink:
         # the worker's own state
         self._batch = (0, 0)
         self._keys: list[str] = []
+        self._total = total  # samples expected (an upper bound when images may be skipped)
         self._shard: ShardFile | None = None
-        self._stream = True
-        self._gathered: dict[str, list[torch.Tensor]] = {}
-        self._gathered_start = self._gathered_stop = 0
-        self._gathered_bytes = 0
+        self._planned: PlannedShard | None = None
+        self._planned_start = 0
+        self._rows_per_shard = 0  # 0: every batch streams into a shard of its own
         self._batch_bytes = 0
         self._thread = threading.Thread(target=self._work, name="hookdump-sink", daemon=True)
         self._thread.start()
@@ -84,9 +90,10 @@ class BatchSink:
             item = self._queue.get()
             if item[0] in ("close", "abort"):
                 if self._error is None and item[0] == "close":
-                    self._guard(self._flush_gathered)
-                if self._shard is not None:
-                    self._shard.abort()
+                    self._guard(self._commit_planned)
+                for shard in (self._shard, self._planned):
+                    if shard is not None:
+                        shard.abort()
                 return
             if self._error is None:
                 self._guard(getattr(self, f"_on_{item[0]}"), *item[1:])
@@ -98,16 +105,22 @@ class BatchSink:
             step(*args)
         except BaseException as exc:  # handed to the main thread, which raises it
             self._error = exc
-            if self._shard is not None:
-                self._shard.abort()
-                self._shard = None
+            for shard in (self._shard, self._planned):
+                if shard is not None:
+                    shard.abort()
+            self._shard = self._planned = None
 
     def _on_begin(self, start: int, stop: int, keys_expected: int) -> None:
         self._batch, self._keys, self._batch_bytes = (start, stop), [], 0
-        if self.writer is not None and self._stream:
+        if self.writer is None:
+            return
+        if not self._rows_per_shard:
             self._shard = self.writer.open_shard(keys_expected)
-        elif not self._gathered:
-            self._gathered_start = start
+        elif self._planned is None:
+            rows = self._rows_per_shard
+            if self._total is not None:
+                rows = max(stop - start, min(rows, self._total - start))
+            self._planned, self._planned_start = self.writer.plan_shard(rows), start
 
     def _on_tensor(self, key: str, tensor: torch.Tensor, info: KeyInfo) -> None:
         start, stop = self._batch
@@ -137,9 +150,8 @@ class BatchSink:
         self.writer.describe(key, info, tensor, start)
         if self._shard is not None:
             self._shard.write(key, tensor)
-        else:
-            self._gathered.setdefault(key, []).append(tensor)
-            self._gathered_bytes += nbytes
+        elif self._planned is not None:
+            self._planned.write_rows(key, start - self._planned_start, tensor)
 
     def _on_end(self) -> None:
         start, stop = self._batch
@@ -156,22 +168,16 @@ class BatchSink:
         if self._shard is not None:
             shard, self._shard = self._shard, None
             self.writer.commit_shard(shard, start, stop)
-            # batches under half a shard are gathered into shards of about --shard-size
-            self._stream = 2 * self._batch_bytes >= self.writer.shard_bytes
-        else:
-            self._gathered_stop = stop
-            if self._gathered_bytes >= self.writer.shard_bytes:
-                self._flush_gathered()
+            if 2 * self._batch_bytes < self.writer.shard_bytes:
+                # small batches from now on go into planned shards of about --shard-size
+                batches = max(1, self.writer.shard_bytes // max(1, self._batch_bytes))
+                self._rows_per_shard = batches * (stop - start)
+        elif self._planned is not None and self._planned.filled >= self._planned.rows:
+            self._commit_planned()
 
-    def _flush_gathered(self) -> None:
-        if self.writer is None or not self._gathered:
+    def _commit_planned(self) -> None:
+        if self.writer is None or self._planned is None or not self._planned.filled:
             return
-        gathered, self._gathered, self._gathered_bytes = self._gathered, {}, 0
-        shard = self.writer.open_shard(len(gathered))
-        try:
-            for key, parts in gathered.items():
-                shard.write(key, parts[0] if len(parts) == 1 else torch.cat(parts))
-        except BaseException:
-            shard.abort()
-            raise
-        self.writer.commit_shard(shard, self._gathered_start, self._gathered_stop)
+        planned, self._planned = self._planned, None
+        stop = self._planned_start + planned.filled
+        self.writer.commit_shard(planned, self._planned_start, stop)

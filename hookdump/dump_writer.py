@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -100,11 +101,7 @@ class ShardFile:
         data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
         self.file.write(data)
         nbytes = tensor.numel() * tensor.element_size()
-        self.entries[key] = {
-            "dtype": _ST_DTYPES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [self.size, self.size + nbytes],
-        }
+        self.entries[key] = _entry(tensor.dtype, list(tensor.shape), self.size, nbytes)
         self.size += nbytes
 
     def close(self, metadata: dict[str, str]) -> None:
@@ -135,6 +132,83 @@ class ShardFile:
             shutil.copyfileobj(src, dst, 1 << 24)
         os.replace(grown, self.tmp)
         self.file = self.tmp.open("r+b")
+
+
+class PlannedShard:
+    """A shard of `rows` rows whose layout is fixed up front: each batch's rows are written
+    straight to their place in the file, so gathering batches into a shard holds nothing
+    in memory. A shard that ends short (the last one) is compacted key by key."""
+
+    def __init__(self, path: Path, layout: list[tuple[str, torch.dtype, list[int]]], rows: int):
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp2")
+        self.rows = rows
+        self.filled = 0
+        self.layout: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
+        offset = 0
+        for key, dtype, shape in layout:
+            row_bytes = math.prod(shape) * _element_size(dtype)
+            self.layout[key] = (dtype, shape, offset, row_bytes)
+            offset += row_bytes * rows
+        self.reserve = 4096 + 256 * len(layout)
+        self.file = self.tmp.open("w+b")  # read back when a short shard is compacted
+        self.file.truncate(self.reserve + offset)
+
+    @property
+    def entries(self) -> dict[str, Any]:
+        return {key: None for key in self.layout}
+
+    def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:
+        """Rows `row:row + len(tensor)` of `key` (contiguous, on the CPU)."""
+        _, _, offset, row_bytes = self.layout[key]
+        if tensor.numel():
+            data = tensor.reshape(-1).view(torch.uint8).numpy()
+            os.pwrite(self.file.fileno(), data, self.reserve + offset + row * row_bytes)
+        self.filled = max(self.filled, row + tensor.shape[0])
+
+    def close(self, metadata: dict[str, str]) -> None:
+        """Write the shard under its final name (compacted if it holds fewer rows)."""
+        self.file.flush()
+        final = ShardFile(self.path, self.reserve)
+        try:
+            if self.filled == self.rows:  # the data is already in place: add the header
+                for key, (dtype, shape, _, row_bytes) in self.layout.items():
+                    nbytes = row_bytes * self.rows
+                    final.entries[key] = _entry(dtype, [self.rows, *shape], final.size, nbytes)
+                    final.size += nbytes
+                final.file.close()
+                os.replace(self.tmp, final.tmp)
+                final.file = final.tmp.open("r+b")
+            else:
+                for key in self.layout:
+                    final.write(key, self._read_rows(key))
+            final.close(metadata)
+        except BaseException:
+            final.abort()
+            raise
+        finally:
+            self.abort()
+
+    def _read_rows(self, key: str) -> torch.Tensor:
+        """The rows of `key` written so far (one key in memory at a time)."""
+        dtype, shape, offset, row_bytes = self.layout[key]
+        if not row_bytes:
+            return torch.empty(self.filled, *shape, dtype=dtype)
+        data = os.pread(self.file.fileno(), row_bytes * self.filled, self.reserve + offset)
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return flat.view(dtype).reshape(self.filled, *shape)
+
+    def abort(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _entry(dtype: torch.dtype, shape: list[int], start: int, nbytes: int) -> dict[str, Any]:
+    return {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [start, start + nbytes]}
 
 
 class DumpWriter:
@@ -172,7 +246,16 @@ class DumpWriter:
         name = f"shard-{len(self.shards):05d}.safetensors"
         return ShardFile(self.out / name, 4096 + 256 * max(keys_expected, len(self.tensors)))
 
-    def commit_shard(self, shard: ShardFile, start: int, stop: int) -> None:
+    def plan_shard(self, rows: int) -> PlannedShard:
+        """A shard of `rows` rows laid out from the keys seen so far (see PlannedShard)."""
+        name = f"shard-{len(self.shards):05d}.safetensors"
+        layout = [
+            (key, getattr(torch, meta["dtype"]), meta["shape"])
+            for key, meta in self.tensors.items()
+        ]
+        return PlannedShard(self.out / name, layout, rows)
+
+    def commit_shard(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
         """Close a shard's file, list it, and rewrite the manifest (still incomplete)."""
         if start != (self.shards[-1]["stop"] if self.shards else 0):
             raise ValueError(f"shards out of order: a shard starting at row {start}")

@@ -240,9 +240,9 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     sample_ids: list[Any] = list(range(num_samples)) if source is None else source.ids
     if writer:
         writer.fields = _manifest_fields(options, prepared, cap, sample_ids)
-    sink = BatchSink(writer, save_dtype)
-    done = 0
     total = num_samples if source is None else source.total
+    sink = BatchSink(writer, save_dtype, total)
+    done = 0
     grads = "grad" in cap.kinds
     # gradients need autograd; everything else runs without it
     mode = torch.enable_grad() if grads else torch.inference_mode()

@@ -80,3 +80,25 @@ def test_an_error_in_the_writer_thread_is_one_error_line(tmp_path: Path) -> None
     assert manifest["complete"] is False  # the first batch's shard stays, listed as incomplete
     assert [s["stop"] for s in manifest["shards"]] == [2]
     assert not list(out.glob("*.tmp"))
+
+
+def test_a_planned_shard_that_ends_short_is_compacted(tmp_path: Path) -> None:
+    from PIL import Image
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(8):
+        Image.new("L", (24, 24), 20 * i).save(folder / f"{i:02d}.png")
+    (folder / "03.png").write_bytes(b"not a png")  # skipped: the planned 6 rows get 5
+    out = tmp_path / "d"
+    args = ["resnet18", "--image-size", "16", "-l", "__root__", "--capture", "input", "-q"]
+    result = invoke("run", *args, "--input", str(folder), "--skip-bad-inputs", "-b", "2",
+                    "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(s["start"], s["stop"]) for s in manifest["shards"]] == [(0, 2), (2, 7)]
+    rows = hookdump.load(out)["__root__:input.0"]
+    grey = [0, 1, 2, 4, 5, 6, 7]  # image i is uniformly 20 * i
+    expected = torch.tensor([20.0 * i / 255 for i in grey])
+    torch.testing.assert_close(rows[:, 0, 4, 4], (expected - 0.485) / 0.229)
+    assert not list(out.glob("*.tmp*"))
