@@ -146,15 +146,17 @@ def bench_early(job: Job, reps: int) -> dict[str, float]:
 
 
 def peak_rss_mib(num_samples: int, scratch: Path) -> float:
+    # VmHWM: this process's own peak (ru_maxrss would include the parent's, as of the fork)
     code = (
-        "import resource, sys\n"
+        "import re, sys\n"
         "from hookdump.cli import app\n"
         "try:\n"
         f"    app(['run', '{MODEL}', '--layers', 'layer4.*', '-b', '{BATCH}', '-n',"
         f" '{num_samples}', '-o', r'{scratch / 'mem'}', '--overwrite', '-q'])\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(re.search(r'VmHWM:\\s+(\\d+)', status).group(1), file=sys.stderr)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(proc.stderr.strip().splitlines()[-1]) / 1024
@@ -178,7 +180,15 @@ def bench_peers(job: Job, reps: int) -> dict[str, float]:
     def fx() -> None:
         with torch.inference_mode():
             feats = extractor(job.x)
-        job.write({k: v.contiguous() for k, v in feats.items()}, "fx")
+        # FX hands back aliases (a BatchNorm's output *is* the in-place ReLU's after it, with
+        # the ReLU's values); safetensors refuses shared memory, so copy the repeats
+        seen: set[int] = set()
+        unique = {}
+        for key, value in feats.items():
+            ptr = value.untyped_storage().data_ptr()
+            unique[key] = value.clone() if ptr in seen else value.contiguous()
+            seen.add(ptr)
+        job.write(unique, "fx")
 
     fns: dict[str, Callable[[], object]] = {
         "hookdump": lambda: job.hookdump([]),

@@ -103,12 +103,22 @@ class BatchSink:
     def _guard(self, step: Any, *args: Any) -> None:
         try:
             step(*args)
+        except OSError as exc:  # a full disk, say: the shards written so far stay usable
+            where = self.writer.out if self.writer else "the dump"
+            self._error = HookdumpError(
+                f"writing to {where} failed: {exc.strerror or exc}; the complete shards are "
+                "kept: make room, then run the same command with --resume"
+            )
+            self._drop_open_shards()
         except BaseException as exc:  # handed to the main thread, which raises it
             self._error = exc
-            for shard in (self._shard, self._planned):
-                if shard is not None:
-                    shard.abort()
-            self._shard = self._planned = None
+            self._drop_open_shards()
+
+    def _drop_open_shards(self) -> None:
+        for shard in (self._shard, self._planned):
+            if shard is not None:
+                shard.abort()
+        self._shard = self._planned = None
 
     def _on_begin(self, start: int, stop: int, keys_expected: int) -> None:
         self._batch, self._keys, self._batch_bytes = (start, stop), [], 0

@@ -327,6 +327,21 @@ class DumpWriter:
         write_json(self.out / MANIFEST, manifest)
         return manifest
 
+    @classmethod
+    def resume(cls, out: Path, manifest: dict[str, Any], shard_bytes: int) -> DumpWriter:
+        """Carry on an incomplete dump: keep its listed shards, drop half-written files."""
+        writer = cls(out, overwrite=True, shard_bytes=shard_bytes)
+        writer.tensors, writer.shards = manifest["tensors"], manifest["shards"]
+        writer._prepared, writer._created = True, False
+        listed = {MANIFEST} | {s["file"] for s in writer.shards}
+        for path in out.iterdir():
+            if path.name not in listed and _DUMP_FILE.match(path.name):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink()
+        return writer
+
     def abandon(self) -> None:
         """After a failed run: remove the folder if this run made it and left it empty."""
         if self._created and self.out.is_dir() and not any(self.out.iterdir()):

@@ -18,6 +18,12 @@ class CheckFailed(HookdumpError):
     exit_code = 1
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a run: the message says what was kept and how to go on; exit code 130."""
+
+    exit_code = 130
+
+
 def nearest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The candidates closest to `word`, best first (for 'did you mean' hints)."""
     pool = list(candidates)

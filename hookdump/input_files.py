@@ -162,9 +162,23 @@ def image_input(
     transform: Callable[[Image.Image], torch.Tensor],
     skip_bad: bool,
     workers: int,
+    done: list[str] | None = None,
 ) -> FileInput:
-    """Images decoded in `workers` processes; undecodable ones stop the run, or are skipped."""
-    source = FileInput("images", len(paths), [], lambda _: iter(()))
+    """Images decoded in `workers` processes; undecodable ones stop the run, or are skipped.
+
+    `done`: the ids of samples already dumped (when resuming): reading goes on after the
+    last of them.
+    """
+    done = done or []
+    if done:
+        names = [str(p) for p in paths]
+        if done[-1] not in names:
+            raise HookdumpError(
+                f"--resume: the dump's last image {done[-1]} is no longer among the inputs; "
+                "make the dump again without --resume"
+            )
+        paths = paths[names.index(done[-1]) + 1 :]
+    source = FileInput("images", len(done) + len(paths), list(done), lambda _: iter(()))
 
     def batches(batch_size: int) -> Iterator[Batch]:
         loader = torch.utils.data.DataLoader(
@@ -173,7 +187,7 @@ def image_input(
             num_workers=workers if len(paths) > batch_size else 0,
             collate_fn=_as_list,
         )
-        row = 0
+        row = len(done)
         for items in loader:
             good = []
             for index, tensor, error in items:
@@ -198,7 +212,7 @@ def image_input(
     return source
 
 
-def tensor_input(path: Path, limit: int | None) -> FileInput:
+def tensor_input(path: Path, limit: int | None, first: int = 0) -> FileInput:
     """Rows of a tensor file: one tensor is the batch; several are keyword arguments."""
     columns = _open_tensor_file(path)
     rows = {name: int(shape[0]) if shape else 0 for name, (shape, _) in columns.items()}
@@ -210,7 +224,7 @@ def tensor_input(path: Path, limit: int | None) -> FileInput:
     total = counts.pop() if limit is None else min(limit, counts.pop())
 
     def batches(batch_size: int) -> Iterator[Batch]:
-        for start in range(0, total, batch_size):
+        for start in range(first, total, batch_size):
             stop = min(start + batch_size, total)
             parts = {name: _float32(read(start, stop)) for name, (_, read) in columns.items()}
             if len(parts) == 1:
@@ -277,13 +291,16 @@ def open_input(
     skip_bad: bool,
     workers: int,
     limit: int | None,
+    done: list[Any] | None = None,
 ) -> FileInput:
-    """The file input that `--input` names (anything but `random`)."""
+    """The file input that `--input` names (anything but `random`); `done`: ids of samples
+    already in the dump being resumed."""
     path = Path(text)
     if path.suffix in TENSOR_SUFFIXES:
         if not path.is_file():
             raise HookdumpError(f"--input {text}: no such file")
-        return tensor_input(path, limit)
+        return tensor_input(path, limit, len(done or []))
     paths = image_paths(text)
     transform = image_transform(spec, weights_transforms, image_size)
-    return image_input(paths[:limit] if limit else paths, spec, transform, skip_bad, workers)
+    paths = paths[:limit] if limit else paths
+    return image_input(paths, spec, transform, skip_bad, workers, done)

@@ -163,10 +163,10 @@ _GUESSABLE = (nn.Embedding, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def random_batches(
-    spec: InputSpec, num_samples: int, batch_size: int, seed: int
+    spec: InputSpec, num_samples: int, batch_size: int, seed: int, first: int = 0
 ) -> Iterator[Batch]:
-    """Seeded random input, `batch_size` samples at a time, on the CPU."""
-    for start in range(0, num_samples, batch_size):
+    """Seeded random input from sample `first` on, `batch_size` samples at a time, on the CPU."""
+    for start in range(first, num_samples, batch_size):
         stop = min(start + batch_size, num_samples)
         samples = [_random_sample(spec, seed, i) for i in range(start, stop)]
         if spec.layout == "detection":

@@ -49,15 +49,11 @@ def inspect_dump(path: str | Path) -> Inspection:
     if not dump.complete:
         problems.append(
             f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
-            f"({len(dump.shards)} complete shards); make it again"
+            f"({len(dump.shards)} complete shards); finish it with the same command and --resume"
         )
     leftovers = sorted(p.name for p in dump.path.glob("*.tmp")) if Path(path).is_dir() else []
     if leftovers:
         problems.append(f"half-written files from an interrupted run: {', '.join(leftovers)}")
-    summaries = {
-        key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
-        for key, meta in dump.tensors.items()
-    }
     readable = []
     for shard in dump.shards:
         if not (dump.path / shard["file"]).is_file():
@@ -67,10 +63,7 @@ def inspect_dump(path: str | Path) -> Inspection:
             continue
         readable.append(shard)
     dump.manifest = {**dump.manifest, "shards": readable}
-    for tensors in dump.iter_shards():
-        for key, tensor in tensors.items():
-            summaries[key].nbytes += tensor.numel() * tensor.element_size()
-            summaries[key].stats.update(tensor)
+    summaries = summarize(dump)
     return Inspection(
         dump.path if Path(path).is_dir() else Path(path),
         dump.complete and not problems,
@@ -80,6 +73,19 @@ def inspect_dump(path: str | Path) -> Inspection:
         dump.manifest,
         problems,
     )
+
+
+def summarize(dump: Dump) -> dict[str, KeySummary]:
+    """Every key's size and statistics, read shard by shard."""
+    summaries = {
+        key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
+        for key, meta in dump.tensors.items()
+    }
+    for tensors in dump.iter_shards():
+        for key, tensor in tensors.items():
+            summaries[key].nbytes += tensor.numel() * tensor.element_size()
+            summaries[key].stats.update(tensor)
+    return summaries
 
 
 def _key_info(key: str, meta: dict[str, Any]) -> KeyInfo:

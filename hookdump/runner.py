@@ -17,11 +17,13 @@ import torch
 import hookdump
 from hookdump.batch_sink import BatchSink
 from hookdump.capturing import Capture, StopForward
+from hookdump.dump_reader import Dump
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, Interrupted
 from hookdump.gradients import backward, inputs_requiring_grad, parse_grad_target
 from hookdump.input_files import open_input
 from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
+from hookdump.inspection import summarize
 from hookdump.model_loader import LoadedModel, load_model, parse_model_args
 from hookdump.stats import KeySummary
 
@@ -55,6 +57,7 @@ class RunOptions:
     save_dtype: str | None = None
     out: Path | None = None
     overwrite: bool = False
+    resume: bool = False
     train: bool = False
     early_stop: bool = True
     shard_bytes: int = DEFAULT_SHARD_BYTES
@@ -202,7 +205,8 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     forward_dtype = resolve_dtype(options.dtype, "--dtype")
     grad_target = parse_grad_target(options.grad_target)
     save_dtype = resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None
-    if options.out is not None:
+    previous = _previous_dump(options) if options.resume else None
+    if options.out is not None and previous is None:
         check_out_dir(options.out, options.overwrite)  # fail before the slow part
 
     prepared = prepare(
@@ -219,9 +223,12 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     loaded_at = time.perf_counter()
     model = prepared.loaded.module
     cap = Capture(model, options.layers, options.exclude, options.types, options.capture)
+    done_ids: list[Any] = previous["sample_ids"][: previous["num_samples"]] if previous else []
     source = None
     if options.input == "random":
-        batches = random_batches(prepared.spec, num_samples, options.batch_size, options.seed)
+        batches = random_batches(
+            prepared.spec, num_samples, options.batch_size, options.seed, len(done_ids)
+        )
     else:
         source = open_input(
             options.input,
@@ -231,18 +238,28 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
             options.skip_bad_inputs,
             options.workers,
             options.num_samples,
+            done_ids,
         )
         batches = source.batches(options.batch_size)
 
-    writer = (
-        DumpWriter(options.out, options.overwrite, options.shard_bytes) if options.out else None
-    )
+    writer = None
+    if previous is not None and options.out is not None:
+        writer = DumpWriter.resume(options.out, previous, options.shard_bytes)
+    elif options.out is not None:
+        writer = DumpWriter(options.out, options.overwrite, options.shard_bytes)
     sample_ids: list[Any] = list(range(num_samples)) if source is None else source.ids
+    skipped_inputs = source.skipped if source else []
+    skipped_before = len(previous.get("skipped_inputs", [])) if previous else 0
+    if previous:
+        skipped_inputs[:0] = previous.get("skipped_inputs", [])
     if writer:
         writer.fields = _manifest_fields(options, prepared, cap, sample_ids)
+        writer.fields["skipped_inputs"] = skipped_inputs  # live: partial manifests keep it
     total = num_samples if source is None else source.total
     sink = BatchSink(writer, save_dtype, total)
-    done = 0
+    if previous is not None and options.out is not None:
+        sink.summaries = summarize(Dump(options.out))  # the table covers the whole dump
+    done = len(done_ids)  # samples already in the dump (when resuming)
     grads = "grad" in cap.kinds
     # gradients need autograd; everything else runs without it
     mode = torch.enable_grad() if grads else torch.inference_mode()
@@ -266,6 +283,17 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
                 if on_batch:
                     on_batch(done, total)
         sink.close()
+    except KeyboardInterrupt:
+        sink.abort()
+        if writer and writer.shards:
+            rows = writer.shards[-1]["stop"]
+            raise Interrupted(
+                f"{rows} samples are safe in {writer.out}; run the same command with --resume "
+                "to finish the dump"
+            ) from None
+        if writer:
+            writer.abandon()
+        raise Interrupted("nothing was written") from None
     except BaseException:
         sink.abort()
         if writer:
@@ -276,6 +304,9 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
         raise HookdumpError(f"--input {options.input}: no sample could be read")
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
     skipped += list(sink.unbatched.values())
+    if previous is not None:
+        seen = {item["key"] for item in skipped}
+        skipped = [s for s in previous.get("skipped", []) if s["key"] not in seen] + skipped
     result = RunResult(
         options.model,
         options.out,
@@ -284,16 +315,12 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
         skipped,
         time.perf_counter() - started,
     )
-    result.skipped_inputs = source.skipped if source else []
+    result.skipped_inputs = skipped_inputs
     result.warnings = prepared.loaded.warnings + [
-        f"skipped {s['path']}: {s['error']}" for s in result.skipped_inputs
+        f"skipped {s['path']}: {s['error']}" for s in skipped_inputs[skipped_before:]
     ]
     if writer:
-        writer.fields.update(
-            skipped=skipped,
-            skipped_inputs=result.skipped_inputs,
-            wall_time_s=round(result.wall_time, 3),
-        )
+        writer.fields.update(skipped=skipped, wall_time_s=round(result.wall_time, 3))
         result.manifest = writer.finish()
     result.timings = {
         "load": loaded_at - started,
@@ -326,6 +353,40 @@ def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch
         yield batch if device.type == "cpu" else batch.to(device)
 
 
+RECIPE = (
+    "model", "weights", "model_args", "layers", "exclude", "types", "capture", "grad_target",
+    "input", "input_shape", "image_size", "num_samples", "batch_size", "seed", "dtype",
+    "save_dtype", "train", "skip_bad_inputs",
+)  # fmt: skip
+
+
+def recipe(options: RunOptions) -> dict[str, Any]:
+    """The options that shape a dump's contents: --resume must be given the same ones."""
+    return {name: getattr(options, name) for name in RECIPE}
+
+
+def _previous_dump(options: RunOptions) -> dict[str, Any] | None:
+    """The incomplete dump that --resume carries on (None: nothing there yet, start anew)."""
+    if options.out is None:
+        raise HookdumpError("--resume needs --out: the folder of the interrupted dump")
+    if not (options.out / "manifest.json").is_file():
+        if options.out.is_dir() and any(options.out.glob("shard-*")):
+            check_out_dir(options.out, overwrite=True)  # only half-written shards: start anew
+        return None
+    manifest = Dump(options.out).manifest
+    if manifest.get("complete"):
+        raise HookdumpError(f"--resume: {options.out} is already complete; nothing to do")
+    before = manifest.get("recipe", {})
+    for name, value in recipe(options).items():
+        if before.get(name) != value:
+            flag = "MODEL" if name == "model" else f"--{name.replace('_', '-')}"
+            raise HookdumpError(
+                f"--resume: {flag} was {before.get(name)!r} for the dump in {options.out}, "
+                f"now {value!r}; resume with the same options, or start anew with --overwrite"
+            )
+    return manifest
+
+
 def _manifest_fields(
     options: RunOptions, prepared: Prepared, cap: Capture, sample_ids: list[Any]
 ) -> dict[str, Any]:
@@ -348,6 +409,7 @@ def _manifest_fields(
     return {
         "model": loaded.describe(),
         "command": options.command,
+        "recipe": recipe(options),
         "selection": {
             "layers": options.layers,
             "exclude": options.exclude,

@@ -244,3 +244,22 @@ class Grow(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.width += 1
         return x[:, : self.width]
+
+
+class CtrlC(nn.Module):
+    """TwoLinear that acts as if Ctrl-C were pressed during the forward of batch N (counted
+    from 1 over batches of more than one sample), N from $HOOKDUMP_TEST_CTRL_C_AT."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = TwoLinear()
+        self.batches = 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        import os
+
+        if x.shape[0] > 1:
+            self.batches += 1
+            if str(self.batches) == os.environ.get("HOOKDUMP_TEST_CTRL_C_AT"):
+                raise KeyboardInterrupt
+        return self.inner(x)

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, Interrupted
 
 EXIT_INTERRUPTED = 130
 
@@ -26,10 +26,9 @@ class HookdumpGroup(TyperGroup):
         except HookdumpError as exc:
             typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except Interrupted as exc:
+            typer.echo(f"Interrupted: {exc}", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except KeyboardInterrupt:
-            typer.echo(
-                "Interrupted: nothing more was written; a dump in progress has no complete "
-                "manifest and must be made again.",
-                err=True,
-            )
+            typer.echo("Interrupted.", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -49,6 +49,12 @@ def run(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing dump in --out.")
     ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Finish an interrupted dump in --out (give the same options)."
+        ),
+    ] = False,
     capture: Annotated[
         str,
         typer.Option(
@@ -183,6 +189,7 @@ def run(
         save_dtype=save_dtype,
         out=out,
         overwrite=overwrite,
+        resume=resume,
         train=train,
         early_stop=not no_early_stop,
         shard_bytes=parse_size(shard_size),

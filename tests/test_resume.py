@@ -1,0 +1,130 @@
+"""Ctrl-C keeps the complete shards; --resume finishes the dump as if never interrupted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import assert_usage_error, invoke
+from PIL import Image
+
+import hookdump
+
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+RUN = ["run", "tiny_models:CtrlC", "-n", "10", "-b", "2", "--shard-size", "1", "-q"]
+
+
+def interrupted(out: Path, monkeypatch: pytest.MonkeyPatch, at: int, *extra: str) -> str:
+    monkeypatch.setenv("HOOKDUMP_TEST_CTRL_C_AT", str(at))
+    result = invoke(*RUN, *extra, "-o", str(out))
+    monkeypatch.delenv("HOOKDUMP_TEST_CTRL_C_AT")
+    assert result.exit_code == 130, result.stderr
+    return result.stderr
+
+
+def test_ctrl_c_then_resume_equals_an_uninterrupted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, whole = tmp_path / "resumed", tmp_path / "whole"
+    stderr = interrupted(out, monkeypatch, at=3)
+    assert stderr.strip() == (
+        f"Interrupted: 4 samples are safe in {out}; run the same command with --resume to "
+        "finish the dump"
+    )
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False and manifest["num_samples"] == 4
+    (out / "shard-00007.safetensors.tmp").write_bytes(b"half a shard, as kill -9 leaves")
+
+    result = invoke(*RUN, "-o", str(out), "--resume", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert invoke(*RUN, "-o", str(whole)).exit_code == 0
+    assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["sample_ids"] == list(range(10))
+    assert [(s["start"], s["stop"]) for s in manifest["shards"]][:3] == [(0, 2), (2, 4), (4, 6)]
+    assert not list(out.glob("*.tmp"))
+    # the summary covers the whole dump, not only the resumed part
+    stats = {t["key"]: t for t in json.loads(result.stdout)["tensors"]}
+    dump = hookdump.load(out)
+    assert stats["inner.linear_1"]["bytes"] == dump["inner.linear_1"].numel() * 4
+    assert stats["inner.linear_1"]["max"] == pytest.approx(float(dump["inner.linear_1"].max()))
+
+
+def test_resume_needs_the_same_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "d"
+    interrupted(out, monkeypatch, at=2)
+    assert_usage_error(
+        invoke(*RUN, "-o", str(out), "--resume", "--seed", "3"), "--seed was 0", "now 3"
+    )
+    assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
+    assert_usage_error(invoke(*RUN, "-o", str(out), "--resume"), "already complete")
+
+
+def test_resume_with_nothing_there_starts_anew(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
+    assert hookdump.load(out).complete
+    assert_usage_error(invoke("run", "tiny_models:TwoLinear", "--resume"), "--resume needs --out")
+
+
+def test_resume_an_image_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(7):
+        Image.new("L", (20, 20), 30 * i).save(folder / f"{i}.png")
+    (folder / "2.png").write_bytes(b"broken")
+    capture = ["-l", "__root__", "--capture", "input", "--shard-size", "1"]
+    args = ["run", "resnet18", "--input", str(folder), "--image-size", "16", "-b", "2", "-q",
+            "--skip-bad-inputs", *capture]  # fmt: skip
+    out, whole = tmp_path / "resumed", tmp_path / "whole"
+    assert invoke(*args, "-o", str(whole)).exit_code == 0
+    # Ctrl-C in the third batch of images
+    import hookdump.runner as runner
+
+    calls = {"n": 0}
+    real_forward = runner.forward
+
+    def forward_then_ctrl_c(cap, module, batch, label):  # type: ignore[no-untyped-def]
+        if batch.rows > 1:
+            calls["n"] += 1
+            if calls["n"] == 2:  # the third batch: the second has one row (2.png is bad)
+                raise KeyboardInterrupt
+        return real_forward(cap, module, batch, label)
+
+    monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
+    assert invoke(*args, "-o", str(out)).exit_code == 130
+    monkeypatch.setattr(runner, "forward", real_forward)
+    assert invoke(*args, "-o", str(out), "--resume").exit_code == 0
+    a, b = hookdump.load(whole), hookdump.load(out)
+    assert a.manifest["sample_ids"] == b.manifest["sample_ids"]
+    assert [s["path"] for s in b.manifest["skipped_inputs"]] == [str(folder / "2.png")]
+    assert torch.equal(a["__root__:input.0"], b["__root__:input.0"])
+
+
+def test_a_full_disk_is_a_clear_error_and_resume_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from hookdump.dump_writer import ShardFile
+
+    out = tmp_path / "d"
+    real_write = ShardFile.write
+
+    def write_until_full(self: ShardFile, key: str, tensor: torch.Tensor) -> None:
+        if self.path.name == "shard-00002.safetensors":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, key, tensor)
+
+    monkeypatch.setattr(ShardFile, "write", write_until_full)
+    result = invoke(*RUN, "-o", str(out))
+    assert_usage_error(result, "No space left on device", "--resume")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["complete"], manifest["num_samples"]) == (False, 4)
+    assert not list(out.glob("*.tmp"))
+    monkeypatch.setattr(ShardFile, "write", real_write)
+    assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
+    assert hookdump.load(out).num_samples == 10
