@@ -4,8 +4,10 @@ arrives, while the forward pass goes on.
 The first batch streams into its own shard, tensor by tensor. Later batches do the same
 when a batch is at least half a shard; smaller ones are gathered into shards of about
 `--shard-size`, each batch's rows written straight to their place in the file. Nothing is
-held beyond the tensors in flight, and at most `pending` batches are: memory stays bounded
-by a few batches, whatever `--num-samples` is.
+held beyond the tensors in flight, and at most `pending` batches are (one by default: a
+batch's tensors stream to disk while its own forward runs, and the next forward waits until
+they are written): memory stays bounded by a batch, whatever `--num-samples` is. Measured on
+2 cores, a second batch in flight raised peak memory by 10% and gained no speed.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ class BatchSink:
         writer: DumpWriter | None,
         save_dtype: torch.dtype | None,
         total: int | None = None,
-        pending: int = 2,
+        pending: int = 1,
     ) -> None:
         self.writer = writer
         self.save_dtype = save_dtype
         self.summaries: dict[str, KeySummary] = {}
         self.unbatched: dict[str, dict[str, str]] = {}
+        self.bytes_done = 0  # captured bytes handled so far, for the progress bar
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._slots = threading.Semaphore(pending)
         self._error: BaseException | None = None
@@ -155,6 +158,7 @@ class BatchSink:
         summary.stats.update(tensor)
         self._keys.append(key)
         self._batch_bytes += nbytes
+        self.bytes_done += nbytes
         if self.writer is None:
             return
         self.writer.describe(key, info, tensor, start)

@@ -56,6 +56,28 @@ class StopForward(BaseException):
     """
 
 
+REDUCTIONS = ("none", "mean", "max", "flatten")
+# 1-d layers whose [batch, channels, length] outputs reduce over length, not dim 1
+_CHANNELS_FIRST_1D = (
+    nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,
+    nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d,
+)  # fmt: skip
+
+
+def reduce_tensor(tensor: torch.Tensor, how: str, channels_first: bool = False) -> torch.Tensor:
+    """`--reduce`: [B, C, *spatial] over the spatial dims, [B, T, D] over tokens (over the
+    length for 1-d layers' [B, C, L]), to [B, C] or [B, D]; `flatten` makes [B, -1];
+    tensors of rank 2 or less, and `none`, are left as they are (and are not copies)."""
+    if how == "none" or tensor.dim() <= 2:
+        return tensor
+    if how == "flatten":
+        return tensor.reshape(tensor.shape[0], -1)
+    dims = (1,) if tensor.dim() == 3 and not channels_first else tuple(range(2, tensor.dim()))
+    if how == "mean":
+        return (tensor if tensor.is_floating_point() else tensor.float()).mean(dim=dims)
+    return tensor.amax(dim=dims)
+
+
 def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
     """The contract's key: `M`, `M:output.0`, `M:input.x`, with `@n` for the n-th extra call."""
     key = module if kind == "output" and part is None else f"{module}:{kind}.{part}"
@@ -131,7 +153,11 @@ class Capture:
         *,
         train: bool | None = None,
         store: bool = True,
+        reduce: str = "none",
     ) -> None:
+        if reduce not in REDUCTIONS:
+            raise HookdumpError(f"--reduce {reduce!r} is not one of {', '.join(REDUCTIONS)}")
+        self.reduce = reduce
         self.model = model
         self.modules = select_modules(model, _as_list(layers), _as_list(exclude), _as_list(types))
         self.kinds = parse_capture(capture)
@@ -266,7 +292,14 @@ class Capture:
             )
         if not self.store:
             return
-        copy = tensor.detach().clone()
+        value = tensor.detach()
+        reduced = reduce_tensor(
+            value, self.reduce, isinstance(self.modules[name], _CHANNELS_FIRST_1D)
+        )
+        # a mean or max is a new tensor already; the rest (views included) must be copied
+        # before an in-place op can change it
+        shares = reduced.data_ptr() == value.data_ptr()
+        copy = reduced.clone() if shares else reduced
         if self.sink is not None:
             self.sink(key, copy, self.info[key])
         else:
@@ -298,6 +331,7 @@ def capture(
     capture: str | Sequence[str] = ("output",),
     *,
     train: bool | None = None,
+    reduce: str = "none",
 ) -> Capture:
     """Hook the selected modules of `model`; use as `with hookdump.capture(model) as cap:`."""
     return Capture(
@@ -307,6 +341,7 @@ def capture(
         _as_list(types),
         capture,
         train=train,
+        reduce=reduce,
     )
 
 

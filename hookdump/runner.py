@@ -39,6 +39,7 @@ class RunOptions:
     exclude: list[str] = field(default_factory=list)
     types: list[str] = field(default_factory=list)
     capture: str = "output"
+    reduce: str = "none"
     grad_target: str = "sum"
     weights: str = "none"
     strict: bool = True
@@ -192,8 +193,9 @@ def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCo
     return torch.autocast(device.type, dtype=dtype)
 
 
-def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None) -> RunResult:
-    """Dump what the selected modules produce for the input; `on_batch(done, total)` reports."""
+def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = None) -> RunResult:
+    """Dump what the selected modules produce for the input; `on_batch(samples done, total,
+    bytes captured)` reports progress."""
     started = time.perf_counter()
     if options.batch_size < 1:
         raise HookdumpError(f"--batch-size {options.batch_size} must be at least 1")
@@ -222,7 +224,10 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
     )
     loaded_at = time.perf_counter()
     model = prepared.loaded.module
-    cap = Capture(model, options.layers, options.exclude, options.types, options.capture)
+    cap = Capture(
+        model, options.layers, options.exclude, options.types, options.capture,
+        reduce=options.reduce,
+    )  # fmt: skip
     done_ids: list[Any] = previous["sample_ids"][: previous["num_samples"]] if previous else []
     source = None
     if options.input == "random":
@@ -281,7 +286,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int], None] | None = None)
                 sink.end()
                 done = batch.stop
                 if on_batch:
-                    on_batch(done, total)
+                    on_batch(done, total, sink.bytes_done)
         sink.close()
     except KeyboardInterrupt:
         sink.abort()
@@ -354,7 +359,8 @@ def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch
 
 
 RECIPE = (
-    "model", "weights", "model_args", "layers", "exclude", "types", "capture", "grad_target",
+    "model", "weights", "model_args", "layers", "exclude", "types", "capture", "reduce",
+    "grad_target",
     "input", "input_shape", "image_size", "num_samples", "batch_size", "seed", "dtype",
     "save_dtype", "train", "skip_bad_inputs",
 )  # fmt: skip
@@ -417,6 +423,7 @@ def _manifest_fields(
             "modules": list(cap.modules),
         },
         "capture": list(cap.kinds),
+        "reduce": options.reduce,
         "grad_target": options.grad_target if "grad" in cap.kinds else None,
         "seed": options.seed,
         "device": str(prepared.device),

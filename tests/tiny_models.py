@@ -263,3 +263,16 @@ class CtrlC(nn.Module):
             if str(self.batches) == os.environ.get("HOOKDUMP_TEST_CTRL_C_AT"):
                 raise KeyboardInterrupt
         return self.inner(x)
+
+
+class Tokens(nn.Module):
+    """A [batch, tokens, features] model with a 1-d conv giving [batch, channels, length]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 6)
+        self.conv = nn.Conv1d(6, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)  # [B, T, 6]
+        return self.conv(h.transpose(1, 2))  # [B, 3, T]

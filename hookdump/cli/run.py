@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -64,6 +66,15 @@ def run(
             help="What to capture: output, input, grad (comma list).",
         ),
     ] = "output",
+    reduce: Annotated[
+        str,
+        typer.Option(
+            "--reduce",
+            metavar="HOW",
+            help="none, mean, max or flatten: [B,C,H,W] (and [B,C,T,H,W]) over the spatial "
+            "dims to [B,C]; [B,T,D] over tokens to [B,D]; flatten to [B,-1].",
+        ),
+    ] = "none",
     grad_target: Annotated[
         str,
         typer.Option(
@@ -171,6 +182,7 @@ def run(
         exclude=as_list(exclude),
         types=as_list(types),
         capture=capture,
+        reduce=reduce,
         grad_target=grad_target,
         weights=weights,
         strict=not no_strict,
@@ -216,17 +228,19 @@ def run(
 
 
 class _progress:
-    """A progress bar on stderr, shown only once a run has more than one batch."""
+    """A progress bar on stderr (samples/s, MB/s captured, ETA), once a run has more than
+    one batch."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.bar = None
-        self.task = None
+        self.bar: Any = None
+        self.task: Any = None
+        self.started = time.perf_counter()
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self) -> Callable[[int, int, int], None] | None:
         return self.update if self.enabled else None
 
-    def update(self, done: int, total: int) -> None:
+    def update(self, done: int, total: int, nbytes: int) -> None:
         if self.bar is None:
             if done >= total:
                 return
@@ -242,13 +256,16 @@ class _progress:
                 TextColumn("samples"),
                 BarColumn(),
                 MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
                 TimeRemainingColumn(),
                 console=_output.stderr(),
                 transient=True,
             )
             self.bar.start()
-            self.task = self.bar.add_task("run", total=total)
-        self.bar.update(self.task, completed=done)
+            self.task = self.bar.add_task("run", total=total, rate="")
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        rate = f"{done / elapsed:.1f} samples/s, {nbytes / elapsed / 1e6:.0f} MB/s"
+        self.bar.update(self.task, completed=done, rate=rate)
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
