@@ -32,7 +32,7 @@ def _default_file_mode() -> int:
 _FILE_MODE = _default_file_mode()
 _TRASH = ".hookdump-old-"  # an old dump being deleted (left behind if that was interrupted)
 _DUMP_FILE = re.compile(
-    r"^(manifest\.json(\.tmp)?|shard-\d+\.safetensors(\.tmp2?)?|\.hookdump-old-\d+)$"
+    r"^(manifest\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp2?)?|\.hookdump-old-\d+)$"
 )
 
 
@@ -224,9 +224,13 @@ class DumpWriter:
         out: Path,
         overwrite: bool = False,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        shard_prefix: str = "shard-",
+        partial_manifests: bool = True,
     ) -> None:
         check_out_dir(out, overwrite)
         self.out = out
+        self.shard_prefix = shard_prefix  # "shard-r01-" for a torchrun rank
+        self.partial_manifests = partial_manifests  # off where rank 0 writes the one manifest
         self.overwrite = overwrite
         self.shard_bytes = shard_bytes
         self.tensors: dict[str, dict[str, Any]] = {}
@@ -243,12 +247,12 @@ class DumpWriter:
         fails in its first batch leaves the old dump as it was.
         """
         self.out.mkdir(parents=True, exist_ok=True)
-        name = f"shard-{len(self.shards):05d}.safetensors"
+        name = f"{self.shard_prefix}{len(self.shards):05d}.safetensors"
         return ShardFile(self.out / name, 4096 + 256 * max(keys_expected, len(self.tensors)))
 
     def plan_shard(self, rows: int) -> PlannedShard:
         """A shard of `rows` rows laid out from the keys seen so far (see PlannedShard)."""
-        name = f"shard-{len(self.shards):05d}.safetensors"
+        name = f"{self.shard_prefix}{len(self.shards):05d}.safetensors"
         layout = [
             (key, getattr(torch, meta["dtype"]), meta["shape"])
             for key, meta in self.tensors.items()
@@ -267,7 +271,8 @@ class DumpWriter:
             shard.abort()
             raise HookdumpError(f"writing {shard.path} failed: {exc.strerror or exc}") from None
         self.shards.append({"file": shard.path.name, "start": start, "stop": stop})
-        self.write_manifest(complete=False)
+        if self.partial_manifests:
+            self.write_manifest(complete=False)
 
     def describe(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
         """Note a key's manifest entry (first batch), or check it did not change (later)."""
@@ -287,6 +292,14 @@ class DumpWriter:
                 f"{key!r} changed its per-sample shape from {self.tensors[key]['shape']} to "
                 f"{shape} at sample {start}; --exclude that module"
             )
+
+    def prepare(self) -> None:
+        """Clear the folder now (a torchrun rank 0, before any rank writes)."""
+        self._prepare()
+
+    def prepared_elsewhere(self) -> None:
+        """Another process cleared the folder: leave it alone."""
+        self._prepared, self._created = True, False
 
     def _prepare(self, keep: Path | None = None) -> None:
         if self._prepared:

@@ -212,8 +212,12 @@ def image_input(
     return source
 
 
-def tensor_input(path: Path, limit: int | None, first: int = 0) -> FileInput:
-    """Rows of a tensor file: one tensor is the batch; several are keyword arguments."""
+def tensor_input(
+    path: Path, limit: int | None, first: int = 0, part: tuple[int, int] | None = None
+) -> FileInput:
+    """Rows of a tensor file: one tensor is the batch; several are keyword arguments.
+
+    `part` (rank, world): only that rank's contiguous slice of the rows, numbered from 0."""
     columns = _open_tensor_file(path)
     rows = {name: int(shape[0]) if shape else 0 for name, (shape, _) in columns.items()}
     counts = set(rows.values())
@@ -222,17 +226,25 @@ def tensor_input(path: Path, limit: int | None, first: int = 0) -> FileInput:
             f"--input {path}: every tensor needs the same number of rows in dim 0, found {rows}"
         )
     total = counts.pop() if limit is None else min(limit, counts.pop())
+    offset = 0
+    if part is not None:
+        rank, world = part
+        offset, end = rank * total // world, (rank + 1) * total // world
+        total = end - offset
 
     def batches(batch_size: int) -> Iterator[Batch]:
         for start in range(first, total, batch_size):
             stop = min(start + batch_size, total)
-            parts = {name: _float32(read(start, stop)) for name, (_, read) in columns.items()}
+            parts = {
+                name: _float32(read(offset + start, offset + stop))
+                for name, (_, read) in columns.items()
+            }
             if len(parts) == 1:
                 yield Batch((next(iter(parts.values())),), {}, start, stop)
             else:
                 yield Batch((), parts, start, stop)
 
-    return FileInput("tensors", total, list(range(total)), batches)
+    return FileInput("tensors", total, list(range(offset, offset + total)), batches)
 
 
 ReadRows = Callable[[int, int], torch.Tensor]
@@ -292,15 +304,19 @@ def open_input(
     workers: int,
     limit: int | None,
     done: list[Any] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> FileInput:
     """The file input that `--input` names (anything but `random`); `done`: ids of samples
-    already in the dump being resumed."""
+    already in the dump being resumed; `part` (rank, world): a torchrun rank's slice."""
     path = Path(text)
     if path.suffix in TENSOR_SUFFIXES:
         if not path.is_file():
             raise HookdumpError(f"--input {text}: no such file")
-        return tensor_input(path, limit, len(done or []))
+        return tensor_input(path, limit, len(done or []), part)
     paths = image_paths(text)
     transform = image_transform(spec, weights_transforms, image_size)
     paths = paths[:limit] if limit else paths
+    if part is not None:
+        rank, world = part
+        paths = paths[rank * len(paths) // world : (rank + 1) * len(paths) // world]
     return image_input(paths, spec, transform, skip_bad, workers, done)

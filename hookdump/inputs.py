@@ -163,12 +163,19 @@ _GUESSABLE = (nn.Embedding, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def random_batches(
-    spec: InputSpec, num_samples: int, batch_size: int, seed: int, first: int = 0
+    spec: InputSpec,
+    num_samples: int,
+    batch_size: int,
+    seed: int,
+    first: int = 0,
+    offset: int = 0,
 ) -> Iterator[Batch]:
-    """Seeded random input from sample `first` on, `batch_size` samples at a time, on the CPU."""
+    """Seeded random input from row `first` on, `batch_size` samples at a time, on the CPU.
+
+    Row i holds sample `offset + i` (a torchrun rank's slice starts at its offset)."""
     for start in range(first, num_samples, batch_size):
         stop = min(start + batch_size, num_samples)
-        samples = [_random_sample(spec, seed, i) for i in range(start, stop)]
+        samples = [_random_sample(spec, seed, offset + i) for i in range(start, stop)]
         if spec.layout == "detection":
             args: tuple[Any, ...] = ([s[0] for s in samples],)
         else:

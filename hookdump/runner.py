@@ -17,6 +17,7 @@ import torch
 import hookdump
 from hookdump.batch_sink import BatchSink
 from hookdump.capturing import Capture, StopForward
+from hookdump.distributed import Ranks, from_environment, rank_device
 from hookdump.dump_reader import Dump
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir
 from hookdump.errors import HookdumpError, Interrupted
@@ -207,6 +208,9 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     forward_dtype = resolve_dtype(options.dtype, "--dtype")
     grad_target = parse_grad_target(options.grad_target)
     save_dtype = resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None
+    ranks = from_environment(options.device)  # set when run under torchrun
+    if ranks is not None and options.resume:
+        raise HookdumpError("--resume does not work under torchrun yet; run it in one process")
     previous = _previous_dump(options) if options.resume else None
     if options.out is not None and previous is None:
         check_out_dir(options.out, options.overwrite)  # fail before the slow part
@@ -217,7 +221,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
         options.model_args,
         options.input_shape,
         options.seed,
-        options.device,
+        rank_device(options.device, ranks),
         options.train,
         options.strict,
         options.unsafe_pickle,
@@ -230,9 +234,11 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     )  # fmt: skip
     done_ids: list[Any] = previous["sample_ids"][: previous["num_samples"]] if previous else []
     source = None
+    part = (ranks.rank, ranks.world) if ranks else None
+    first, stop = ranks.span(num_samples) if ranks else (0, num_samples)
     if options.input == "random":
         batches = random_batches(
-            prepared.spec, num_samples, options.batch_size, options.seed, len(done_ids)
+            prepared.spec, stop - first, options.batch_size, options.seed, len(done_ids), first
         )
     else:
         source = open_input(
@@ -244,15 +250,18 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
             options.workers,
             options.num_samples,
             done_ids,
+            part,
         )
         batches = source.batches(options.batch_size)
 
     writer = None
     if previous is not None and options.out is not None:
         writer = DumpWriter.resume(options.out, previous, options.shard_bytes)
+    elif options.out is not None and ranks is not None:
+        writer = _rank_writer(options, ranks)
     elif options.out is not None:
         writer = DumpWriter(options.out, options.overwrite, options.shard_bytes)
-    sample_ids: list[Any] = list(range(num_samples)) if source is None else source.ids
+    sample_ids: list[Any] = list(range(first, stop)) if source is None else source.ids
     skipped_inputs = source.skipped if source else []
     skipped_before = len(previous.get("skipped_inputs", [])) if previous else 0
     if previous:
@@ -260,7 +269,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     if writer:
         writer.fields = _manifest_fields(options, prepared, cap, sample_ids)
         writer.fields["skipped_inputs"] = skipped_inputs  # live: partial manifests keep it
-    total = num_samples if source is None else source.total
+    total = stop - first if source is None else source.total
     sink = BatchSink(writer, save_dtype, total)
     if previous is not None and options.out is not None:
         sink.summaries = summarize(Dump(options.out))  # the table covers the whole dump
@@ -305,10 +314,12 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
             writer.abandon()
         raise
     looped_at = time.perf_counter()
-    if done == 0:
-        raise HookdumpError(f"--input {options.input}: no sample could be read")
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
     skipped += list(sink.unbatched.values())
+    if ranks is not None:
+        done = _merge_ranks(ranks, writer, sink, sample_ids, skipped, skipped_inputs, done)
+    if done == 0:
+        raise HookdumpError(f"--input {options.input}: no sample could be read")
     if previous is not None:
         seen = {item["key"] for item in skipped}
         skipped = [s for s in previous.get("skipped", []) if s["key"] not in seen] + skipped
@@ -324,7 +335,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     result.warnings = prepared.loaded.warnings + [
         f"skipped {s['path']}: {s['error']}" for s in skipped_inputs[skipped_before:]
     ]
-    if writer:
+    if writer and (ranks is None or ranks.main):
         writer.fields.update(skipped=skipped, wall_time_s=round(result.wall_time, 3))
         result.manifest = writer.finish()
     result.timings = {
@@ -333,6 +344,79 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
         "finish": time.perf_counter() - looped_at,
     }
     return result
+
+
+def _rank_writer(options: RunOptions, ranks: Ranks) -> DumpWriter:
+    """A torchrun rank's writer: its own shard names; rank 0 alone clears the folder."""
+    assert options.out is not None
+    writer = DumpWriter(
+        options.out,
+        options.overwrite,
+        options.shard_bytes,
+        shard_prefix=f"shard-r{ranks.rank:02d}-",
+        partial_manifests=False,
+    )
+    ranks.barrier()  # every rank has checked --out before rank 0 touches it
+    if ranks.main:
+        writer.prepare()
+    ranks.barrier()
+    writer.prepared_elsewhere()
+    return writer
+
+
+def _merge_ranks(
+    ranks: Ranks,
+    writer: DumpWriter | None,
+    sink: BatchSink,
+    sample_ids: list[Any],
+    skipped: list[dict[str, str]],
+    skipped_inputs: list[dict[str, str]],
+    rows: int,
+) -> int:
+    """Gather every rank's shards, ids and statistics onto rank 0, in sample order; return
+    the rows of the whole dump (this rank's own, on the others)."""
+    mine = {
+        "rows": rows,
+        "shards": writer.shards if writer else [],
+        "tensors": writer.tensors if writer else {},
+        "summaries": sink.summaries,
+        "ids": sample_ids,
+        "skipped": skipped,
+        "skipped_inputs": skipped_inputs,
+    }
+    everyone = ranks.gather(mine)
+    if not ranks.main:
+        return rows
+    shards, offset = [], 0
+    summaries: dict[str, KeySummary] = {}
+    for part in everyone:
+        for shard in part["shards"]:
+            shards.append(
+                {**shard, "start": shard["start"] + offset, "stop": shard["stop"] + offset}
+            )
+        offset += part["rows"]
+        for key, summary in part["summaries"].items():
+            if key not in summaries:
+                summaries[key] = summary
+            else:
+                summaries[key].nbytes += summary.nbytes
+                summaries[key].stats.merge(summary.stats)
+    with_rows = [p for p in everyone if p["rows"]]
+    for part in with_rows[1:]:
+        if list(part["tensors"]) != list(with_rows[0]["tensors"]):
+            raise HookdumpError(
+                "the ranks captured different keys: the model's control flow depends on its "
+                "input; --exclude the modules that differ"
+            )
+    sink.summaries = summaries
+    sample_ids[:] = [i for p in everyone for i in p["ids"]]
+    skipped_inputs[:] = [s for p in everyone for s in p["skipped_inputs"]]
+    seen = {s["key"] for s in skipped}
+    skipped += [s for p in everyone[1:] for s in p["skipped"] if s["key"] not in seen]
+    if writer is not None:
+        writer.shards = shards
+        writer.tensors = with_rows[0]["tensors"] if with_rows else {}
+    return offset
 
 
 def _calibrate(cap: Capture, model: torch.nn.Module, batch: Batch, label: str) -> bool:

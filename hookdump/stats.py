@@ -89,6 +89,22 @@ class TensorStats:
         counts = torch.histc(sample.clamp(first, last), bins=HIST_BINS, min=first, max=last)
         self.hist = [a + int(b) for a, b in zip(self.hist, counts.tolist(), strict=True)]
 
+    def merge(self, other: TensorStats) -> None:
+        """Fold in statistics gathered elsewhere (another rank's), exactly but the sketch."""
+        if other.count:
+            total = self.count + other.count
+            delta = other.mean - self.mean
+            self.m2 += other.m2 + delta * delta * self.count * other.count / total
+            self.mean += delta * other.count / total
+            self.count = total
+            self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        self.nan += other.nan
+        self.inf += other.inf
+        if self.hist is None:
+            self.hist, self.hist_range = other.hist, other.hist_range
+        elif other.hist is not None and other.hist_range == self.hist_range:
+            self.hist = [a + b for a, b in zip(self.hist, other.hist, strict=True)]
+
     def as_dict(self) -> dict[str, float | int | None]:
         """JSON-safe values (None where nothing finite was seen)."""
 

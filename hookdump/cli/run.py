@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -207,6 +208,8 @@ def run(
         shard_bytes=parse_size(shard_size),
         command=ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]]),
     )
+    if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports
+        quiet, json_output = True, False
     show_progress = not (quiet or json_output)
     with _progress(show_progress) as on_batch:
         result = run_dump(options, on_batch=on_batch)

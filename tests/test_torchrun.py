@@ -1,0 +1,69 @@
+"""torchrun: two CPU processes (gloo) make the same dump, in the same order, as one."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import hookdump
+
+TESTS = Path(__file__).parent
+
+
+def torchrun(*args: str, cwd: Path = TESTS) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "-m", "hookdump", *args]  # fmt: skip
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def one_process(*args: str, cwd: Path = TESTS) -> None:
+    command = [sys.executable, "-m", "hookdump", *args]
+    subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True, timeout=300)
+
+
+def same_dump(a: Path, b: Path) -> None:
+    one, two = hookdump.load(a), hookdump.load(b)
+    assert one.complete and two.complete
+    assert one.keys() == two.keys()
+    assert one.manifest["sample_ids"] == two.manifest["sample_ids"]
+    for key in one:
+        assert (one[key] == two[key]).all(), key
+
+
+@pytest.mark.slow
+def test_two_ranks_make_the_single_process_dump(tmp_path: Path) -> None:
+    args = ["run", "tiny_models:TwoLinear", "-n", "11", "-b", "2", "--capture", "input,output"]
+    result = torchrun(*args, "-o", str(tmp_path / "two"))
+    assert result.returncode == 0, result.stderr
+    one_process(*args, "-o", str(tmp_path / "one"))
+    same_dump(tmp_path / "one", tmp_path / "two")
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    files = [s["file"] for s in manifest["shards"]]
+    assert any(f.startswith("shard-r00-") for f in files)
+    assert any(f.startswith("shard-r01-") for f in files)
+    starts = [(s["start"], s["stop"]) for s in manifest["shards"]]
+    assert starts[0][0] == 0 and starts[-1][1] == 11
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(starts))
+    assert result.stdout.count("8 tensors") == 1  # rank 0 alone prints the table
+
+
+@pytest.mark.slow
+def test_two_ranks_split_an_image_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(5):
+        Image.new("RGB", (30, 20), (40 * i, 10, 90)).save(folder / f"{i}.png")
+    args = ["run", "resnet18", "--input", str(folder), "--image-size", "16", "-l", "avgpool",
+            "-b", "2", "-q"]  # fmt: skip
+    result = torchrun(*args, "-o", str(tmp_path / "two"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    one_process(*args, "-o", str(tmp_path / "one"), cwd=tmp_path)
+    same_dump(tmp_path / "one", tmp_path / "two")
