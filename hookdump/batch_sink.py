@@ -63,9 +63,10 @@ class BatchSink:
         self._raise_if_failed()
         self._queue.put(("begin", start, stop, keys_expected))
 
-    def put(self, key: str, tensor: torch.Tensor, info: KeyInfo) -> None:
-        """One captured tensor of the current batch (a copy nobody else will change)."""
-        self._queue.put(("tensor", key, tensor, info))
+    def put(self, key: str, tensor: torch.Tensor, info: KeyInfo, ready: Any = None) -> None:
+        """One captured tensor of the current batch (a copy nobody else will change);
+        `ready`: a CUDA event to wait on before reading it (an asynchronous copy)."""
+        self._queue.put(("tensor", key, tensor, info, ready))
 
     def end(self) -> None:
         """The current batch is complete."""
@@ -135,7 +136,9 @@ class BatchSink:
                 rows = max(stop - start, min(rows, self._total - start))
             self._planned, self._planned_start = self.writer.plan_shard(rows), start
 
-    def _on_tensor(self, key: str, tensor: torch.Tensor, info: KeyInfo) -> None:
+    def _on_tensor(self, key: str, tensor: torch.Tensor, info: KeyInfo, ready: Any) -> None:
+        if ready is not None:
+            ready.synchronize()
         start, stop = self._batch
         if tensor.dim() < 1 or tensor.shape[0] != stop - start:
             self.unbatched.setdefault(

@@ -164,7 +164,7 @@ class Capture:
         self.train = train
         self.store = store
         # where copies go: `tensors` by default, or this callable (the runner's writer thread)
-        self.sink: Callable[[str, torch.Tensor, KeyInfo], None] | None = None
+        self.sink: Callable[[str, torch.Tensor, KeyInfo, Any], None] | None = None
         self.tensors: dict[str, torch.Tensor] = {}
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
@@ -296,12 +296,21 @@ class Capture:
         reduced = reduce_tensor(
             value, self.reduce, isinstance(self.modules[name], _CHANNELS_FIRST_1D)
         )
+        if self.sink is not None and reduced.is_cuda:
+            # straight to pinned host memory, queued on the stream before any later in-place
+            # op; the writer thread waits on the event, never a synchronize() per module
+            host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
+            host.copy_(reduced, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            self.sink(key, host, self.info[key], ready)
+            return
         # a mean or max is a new tensor already; the rest (views included) must be copied
         # before an in-place op can change it
         shares = reduced.data_ptr() == value.data_ptr()
         copy = reduced.clone() if shares else reduced
         if self.sink is not None:
-            self.sink(key, copy, self.info[key])
+            self.sink(key, copy, self.info[key], None)
         else:
             self.tensors[key] = copy
 
