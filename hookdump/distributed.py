@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from hookdump.batch_sink import BatchSink
+from hookdump.dump_writer import DumpWriter
 from hookdump.errors import HookdumpError
+from hookdump.stats import KeySummary
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,75 @@ def rank_device(device: str, ranks: Ranks | None) -> str:
     if ranks is not None and device in ("auto", "cuda") and torch.cuda.is_available():
         return f"cuda:{ranks.local_rank}"
     return device
+
+
+def rank_writer(out: Path, overwrite: bool, shard_bytes: int, ranks: Ranks) -> DumpWriter:
+    """A torchrun rank's writer: its own shard names; rank 0 alone clears the folder."""
+    writer = DumpWriter(
+        out,
+        overwrite,
+        shard_bytes,
+        shard_prefix=f"shard-r{ranks.rank:02d}-",
+        partial_manifests=False,
+    )
+    ranks.barrier()  # every rank has checked --out before rank 0 touches it
+    if ranks.main:
+        writer.prepare()
+    ranks.barrier()
+    writer.prepared_elsewhere()
+    return writer
+
+
+def merge_ranks(
+    ranks: Ranks,
+    writer: DumpWriter | None,
+    sink: BatchSink,
+    sample_ids: list[Any],
+    skipped: list[dict[str, str]],
+    skipped_inputs: list[dict[str, str]],
+    rows: int,
+) -> int:
+    """Gather every rank's shards, ids and statistics onto rank 0, in sample order; return
+    the rows of the whole dump (this rank's own, on the others)."""
+    mine = {
+        "rows": rows,
+        "shards": writer.shards if writer else [],
+        "tensors": writer.tensors if writer else {},
+        "summaries": sink.summaries,
+        "ids": sample_ids,
+        "skipped": skipped,
+        "skipped_inputs": skipped_inputs,
+    }
+    everyone = ranks.gather(mine)
+    if not ranks.main:
+        return rows
+    shards, offset = [], 0
+    summaries: dict[str, KeySummary] = {}
+    for part in everyone:
+        for shard in part["shards"]:
+            shards.append(
+                {**shard, "start": shard["start"] + offset, "stop": shard["stop"] + offset}
+            )
+        offset += part["rows"]
+        for key, summary in part["summaries"].items():
+            if key not in summaries:
+                summaries[key] = summary
+            else:
+                summaries[key].nbytes += summary.nbytes
+                summaries[key].stats.merge(summary.stats)
+    with_rows = [p for p in everyone if p["rows"]]
+    for part in with_rows[1:]:
+        if list(part["tensors"]) != list(with_rows[0]["tensors"]):
+            raise HookdumpError(
+                "the ranks captured different keys: the model's control flow depends on its "
+                "input; --exclude the modules that differ"
+            )
+    sink.summaries = summaries
+    sample_ids[:] = [i for p in everyone for i in p["ids"]]
+    skipped_inputs[:] = [s for p in everyone for s in p["skipped_inputs"]]
+    seen = {s["key"] for s in skipped}
+    skipped += [s for p in everyone[1:] for s in p["skipped"] if s["key"] not in seen]
+    if writer is not None:
+        writer.shards = shards
+        writer.tensors = with_rows[0]["tensors"] if with_rows else {}
+    return offset

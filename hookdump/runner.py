@@ -17,7 +17,7 @@ import torch
 import hookdump
 from hookdump.batch_sink import BatchSink
 from hookdump.capturing import Capture, StopForward
-from hookdump.distributed import Ranks, from_environment, rank_device
+from hookdump.distributed import from_environment, merge_ranks, rank_device, rank_writer
 from hookdump.dump_reader import Dump
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir
 from hookdump.errors import HookdumpError, Interrupted
@@ -26,6 +26,7 @@ from hookdump.input_files import open_input
 from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
 from hookdump.inspection import summarize
 from hookdump.model_loader import LoadedModel, load_model, parse_model_args
+from hookdump.resuming import previous_dump, recipe
 from hookdump.stats import KeySummary
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -211,7 +212,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     ranks = from_environment(options.device)  # set when run under torchrun
     if ranks is not None and options.resume:
         raise HookdumpError("--resume does not work under torchrun yet; run it in one process")
-    previous = _previous_dump(options) if options.resume else None
+    previous = previous_dump(options) if options.resume else None
     if options.out is not None and previous is None:
         check_out_dir(options.out, options.overwrite)  # fail before the slow part
 
@@ -258,7 +259,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     if previous is not None and options.out is not None:
         writer = DumpWriter.resume(options.out, previous, options.shard_bytes)
     elif options.out is not None and ranks is not None:
-        writer = _rank_writer(options, ranks)
+        writer = rank_writer(options.out, options.overwrite, options.shard_bytes, ranks)
     elif options.out is not None:
         writer = DumpWriter(options.out, options.overwrite, options.shard_bytes)
     sample_ids: list[Any] = list(range(first, stop)) if source is None else source.ids
@@ -317,7 +318,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
     skipped += list(sink.unbatched.values())
     if ranks is not None:
-        done = _merge_ranks(ranks, writer, sink, sample_ids, skipped, skipped_inputs, done)
+        done = merge_ranks(ranks, writer, sink, sample_ids, skipped, skipped_inputs, done)
     if done == 0:
         raise HookdumpError(f"--input {options.input}: no sample could be read")
     if previous is not None:
@@ -346,79 +347,6 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     return result
 
 
-def _rank_writer(options: RunOptions, ranks: Ranks) -> DumpWriter:
-    """A torchrun rank's writer: its own shard names; rank 0 alone clears the folder."""
-    assert options.out is not None
-    writer = DumpWriter(
-        options.out,
-        options.overwrite,
-        options.shard_bytes,
-        shard_prefix=f"shard-r{ranks.rank:02d}-",
-        partial_manifests=False,
-    )
-    ranks.barrier()  # every rank has checked --out before rank 0 touches it
-    if ranks.main:
-        writer.prepare()
-    ranks.barrier()
-    writer.prepared_elsewhere()
-    return writer
-
-
-def _merge_ranks(
-    ranks: Ranks,
-    writer: DumpWriter | None,
-    sink: BatchSink,
-    sample_ids: list[Any],
-    skipped: list[dict[str, str]],
-    skipped_inputs: list[dict[str, str]],
-    rows: int,
-) -> int:
-    """Gather every rank's shards, ids and statistics onto rank 0, in sample order; return
-    the rows of the whole dump (this rank's own, on the others)."""
-    mine = {
-        "rows": rows,
-        "shards": writer.shards if writer else [],
-        "tensors": writer.tensors if writer else {},
-        "summaries": sink.summaries,
-        "ids": sample_ids,
-        "skipped": skipped,
-        "skipped_inputs": skipped_inputs,
-    }
-    everyone = ranks.gather(mine)
-    if not ranks.main:
-        return rows
-    shards, offset = [], 0
-    summaries: dict[str, KeySummary] = {}
-    for part in everyone:
-        for shard in part["shards"]:
-            shards.append(
-                {**shard, "start": shard["start"] + offset, "stop": shard["stop"] + offset}
-            )
-        offset += part["rows"]
-        for key, summary in part["summaries"].items():
-            if key not in summaries:
-                summaries[key] = summary
-            else:
-                summaries[key].nbytes += summary.nbytes
-                summaries[key].stats.merge(summary.stats)
-    with_rows = [p for p in everyone if p["rows"]]
-    for part in with_rows[1:]:
-        if list(part["tensors"]) != list(with_rows[0]["tensors"]):
-            raise HookdumpError(
-                "the ranks captured different keys: the model's control flow depends on its "
-                "input; --exclude the modules that differ"
-            )
-    sink.summaries = summaries
-    sample_ids[:] = [i for p in everyone for i in p["ids"]]
-    skipped_inputs[:] = [s for p in everyone for s in p["skipped_inputs"]]
-    seen = {s["key"] for s in skipped}
-    skipped += [s for p in everyone[1:] for s in p["skipped"] if s["key"] not in seen]
-    if writer is not None:
-        writer.shards = shards
-        writer.tensors = with_rows[0]["tensors"] if with_rows else {}
-    return offset
-
-
 def _calibrate(cap: Capture, model: torch.nn.Module, batch: Batch, label: str) -> bool:
     """Count each selected module's calls in a forward of one sample, for early stop.
 
@@ -440,41 +368,6 @@ def _calibrate(cap: Capture, model: torch.nn.Module, batch: Batch, label: str) -
 def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
     for batch in batches:
         yield batch if device.type == "cpu" else batch.to(device)
-
-
-RECIPE = (
-    "model", "weights", "model_args", "layers", "exclude", "types", "capture", "reduce",
-    "grad_target",
-    "input", "input_shape", "image_size", "num_samples", "batch_size", "seed", "dtype",
-    "save_dtype", "train", "skip_bad_inputs",
-)  # fmt: skip
-
-
-def recipe(options: RunOptions) -> dict[str, Any]:
-    """The options that shape a dump's contents: --resume must be given the same ones."""
-    return {name: getattr(options, name) for name in RECIPE}
-
-
-def _previous_dump(options: RunOptions) -> dict[str, Any] | None:
-    """The incomplete dump that --resume carries on (None: nothing there yet, start anew)."""
-    if options.out is None:
-        raise HookdumpError("--resume needs --out: the folder of the interrupted dump")
-    if not (options.out / "manifest.json").is_file():
-        if options.out.is_dir() and any(options.out.glob("shard-*")):
-            check_out_dir(options.out, overwrite=True)  # only half-written shards: start anew
-        return None
-    manifest = Dump(options.out).manifest
-    if manifest.get("complete"):
-        raise HookdumpError(f"--resume: {options.out} is already complete; nothing to do")
-    before = manifest.get("recipe", {})
-    for name, value in recipe(options).items():
-        if before.get(name) != value:
-            flag = "MODEL" if name == "model" else f"--{name.replace('_', '-')}"
-            raise HookdumpError(
-                f"--resume: {flag} was {before.get(name)!r} for the dump in {options.out}, "
-                f"now {value!r}; resume with the same options, or start anew with --overwrite"
-            )
-    return manifest
 
 
 def _manifest_fields(
