@@ -8,7 +8,10 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["layers", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--help"]] + [[c, "--help"] for c in ("run", "layers", "models", "inspect", "diff", "show")],
+)
 def test_help_does_not_import_torch(args: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "hookdump", *args],
@@ -26,5 +29,5 @@ def test_main_help_lists_the_commands() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "hookdump", "--help"], capture_output=True, text=True, check=True
     )
-    for command in ("run", "layers", "models"):
+    for command in ("run", "layers", "models", "inspect", "diff", "show"):
         assert f"\n  {command} " in proc.stdout
