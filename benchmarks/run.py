@@ -196,10 +196,10 @@ def bench_peers(job: Job, reps: int) -> dict[str, float]:
         "create_feature_extractor": fx,
         "forward": job.forward,
     }
-    try:
+    try:  # torchlens 2.x records every tensor operation (not only modules), in memory
         import torchlens as tl
 
-        fns["torchlens"] = lambda: tl.log_forward_pass(job.model, job.x, layers_to_save="all")
+        fns["torchlens_trace_in_memory"] = lambda: tl.trace(job.model, job.x)
     except ImportError:
         pass
     t = interleaved(fns, reps)
