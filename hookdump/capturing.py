@@ -165,6 +165,7 @@ class Capture:
         self.store = store
         # where copies go: `tensors` by default, or this callable (the runner's writer thread)
         self.sink: Callable[[str, torch.Tensor, KeyInfo, Any], None] | None = None
+        self.copy: Callable[[torch.Tensor], torch.Tensor] = torch.clone  # the sink's pool
         self.tensors: dict[str, torch.Tensor] = {}
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
@@ -308,11 +309,11 @@ class Capture:
         # a mean or max is a new tensor already; the rest (views included) must be copied
         # before an in-place op can change it
         shares = reduced.data_ptr() == value.data_ptr()
-        copy = reduced.clone() if shares else reduced
         if self.sink is not None:
+            copy = self.copy(reduced) if shares else reduced
             self.sink(key, copy, self.info[key], None)
         else:
-            self.tensors[key] = copy
+            self.tensors[key] = reduced.clone() if shares else reduced
 
     def _hook_grads(
         self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int

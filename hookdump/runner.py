@@ -285,7 +285,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
                 if early and cap.stop_after is None:
                     early = _calibrate(cap, model, batch, options.model)
                 sink.begin(batch.start, batch.stop, len(cap.info))
-                cap.sink = sink.put
+                cap.sink, cap.copy = sink.put, sink.pool.copy
                 inputs = inputs_requiring_grad(batch.args, batch.kwargs) if grads else []
                 output = forward(cap, model, batch, options.model)
                 if grads:
