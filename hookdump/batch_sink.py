@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from typing import Any
 
 import torch
@@ -31,20 +32,32 @@ class BufferPool:
 
     def __init__(self) -> None:
         self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+        self._lent: Counter[tuple[tuple[int, ...], torch.dtype]] = Counter()
         self._lock = threading.Lock()
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of `tensor` in a reused buffer of its shape and dtype (or a new one)."""
+        key = (tuple(tensor.shape), tensor.dtype)
         with self._lock:
-            free = self._free.get((tuple(tensor.shape), tensor.dtype))
+            free = self._free.get(key)
             buffer = free.pop() if free else None
+            self._lent[key] += 1
         if buffer is None:
             return tensor.clone(memory_format=torch.contiguous_format)
         return buffer.copy_(tensor)
 
     def give_back(self, tensor: torch.Tensor) -> None:
+        """Keep `tensor` for reuse, if a buffer of its kind is out on loan (a reduction's own
+        result is not, and would only pile up)."""
+        key = (tuple(tensor.shape), tensor.dtype)
         with self._lock:
-            self._free.setdefault((tuple(tensor.shape), tensor.dtype), []).append(tensor)
+            if self._lent[key]:
+                self._lent[key] -= 1
+                self._free.setdefault(key, []).append(tensor)
+
+    def __len__(self) -> int:
+        """Buffers waiting to be reused."""
+        return sum(len(free) for free in self._free.values())
 
 
 class BatchSink:

@@ -308,12 +308,12 @@ class Capture:
             return
         # a mean or max is a new tensor already; the rest (views included) must be copied
         # before an in-place op can change it
-        shares = reduced.data_ptr() == value.data_ptr()
+        shares = reduced.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+        copy = self.copy(reduced) if shares else reduced
         if self.sink is not None:
-            copy = self.copy(reduced) if shares else reduced
             self.sink(key, copy, self.info[key], None)
         else:
-            self.tensors[key] = reduced.clone() if shares else reduced
+            self.tensors[key] = copy
 
     def _hook_grads(
         self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int

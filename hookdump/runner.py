@@ -256,7 +256,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
         batches = source.batches(options.batch_size)
 
     writer = None
-    if previous is not None and options.out is not None:
+    if previous is not None:  # previous_dump() made sure --out is given
         writer = DumpWriter.resume(options.out, previous, options.shard_bytes)
     elif options.out is not None and ranks is not None:
         writer = rank_writer(options.out, options.overwrite, options.shard_bytes, ranks)
@@ -272,7 +272,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
         writer.fields["skipped_inputs"] = skipped_inputs  # live: partial manifests keep it
     total = stop - first if source is None else source.total
     sink = BatchSink(writer, save_dtype, total)
-    if previous is not None and options.out is not None:
+    if previous is not None:
         sink.summaries = summarize(Dump(options.out))  # the table covers the whole dump
     done = len(done_ids)  # samples already in the dump (when resuming)
     grads = "grad" in cap.kinds

@@ -102,3 +102,37 @@ def test_a_planned_shard_that_ends_short_is_compacted(tmp_path: Path) -> None:
     expected = torch.tensor([20.0 * i / 255 for i in grey])
     torch.testing.assert_close(rows[:, 0, 4, 4], (expected - 0.485) / 0.229)
     assert not list(out.glob("*.tmp*"))
+
+
+def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
+    from hookdump.batch_sink import BufferPool
+
+    pool = BufferPool()
+    lent = pool.copy(torch.ones(2, 3))
+    pool.give_back(lent)
+    again = pool.copy(torch.full((2, 3), 5.0))
+    assert again.data_ptr() == lent.data_ptr() and torch.equal(again, torch.full((2, 3), 5.0))
+    pool.give_back(torch.zeros(2, 3))  # not lent (a reduction's own result): not kept...
+    pool.give_back(again)
+    pool.give_back(torch.zeros(4))
+    assert len(pool) == 1  # ...so the pool never holds more than was lent
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_reduced_runs_do_not_pile_up_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hookdump.batch_sink as batch_sink
+
+    pools = []
+    real_init = batch_sink.BatchSink.__init__
+
+    def keep_pool(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real_init(self, *args, **kwargs)
+        pools.append(self.pool)
+
+    monkeypatch.setattr(batch_sink.BatchSink, "__init__", keep_pool)
+    for samples in ("4", "40"):
+        result = invoke("run", "tiny_models:ConvNet", "--input-shape", "3,8,8", "--reduce", "mean",
+                        "-n", samples, "-b", "2", "-q")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+    # only head's [B, 3] output (rank 2, not reduced) is a pooled copy; the means are their own
+    assert len(pools[0]) == len(pools[1]) == 1
