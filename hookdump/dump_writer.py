@@ -32,7 +32,8 @@ def _default_file_mode() -> int:
 _FILE_MODE = _default_file_mode()
 _TRASH = ".hookdump-old-"  # an old dump being deleted (left behind if that was interrupted)
 _DUMP_FILE = re.compile(
-    r"^(manifest\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp2?)?|\.hookdump-old-\d+)$"
+    r"^(manifest\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
+    r"|\.hookdump-old-\d+)$"
 )
 
 
@@ -125,7 +126,7 @@ class ShardFile:
     def _grow(self, needed: int) -> None:
         old, self.reserve = self.reserve, needed + (-needed % 8) + 4096
         self.file.close()
-        grown = self.tmp.with_name(self.tmp.name + "2")
+        grown = self.tmp.with_name(self.tmp.name + "-grow")  # not .tmp2: a PlannedShard's
         with self.tmp.open("rb") as src, grown.open("wb") as dst:
             src.seek(old)
             dst.seek(self.reserve)
@@ -153,10 +154,6 @@ class PlannedShard:
         self.reserve = 4096 + 256 * len(layout)
         self.file = self.tmp.open("w+b")  # read back when a short shard is compacted
         self.file.truncate(self.reserve + offset)
-
-    @property
-    def entries(self) -> dict[str, Any]:
-        return {key: None for key in self.layout}
 
     def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:
         """Rows `row:row + len(tensor)` of `key` (contiguous, on the CPU)."""
