@@ -158,20 +158,17 @@ def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> Loaded
         )
     import torchvision.models as tvm
 
-    enum = None
+    enum, cached = None, None
     if weights != "none" and not is_checkpoint_path(weights):
         enum = torchvision_weights(spec, weights)
-        ensure_cached(enum)  # torchvision then reads the cached file: no download, no hang
+        cached = ensure_cached(enum)  # torchvision then reads this file: no download, no hang
     elif "weights_backbone" in inspect.signature(tvm.get_model_builder(spec)).parameters:
         # detection and segmentation builders download an ImageNet backbone by default
         kwargs = {"weights_backbone": None, **kwargs}
     module = _build(lambda **kw: tvm.get_model(spec, weights=enum, **kw), spec, kwargs)
     loaded = LoadedModel(module, spec, weights, models[spec], torchvision_name=spec)
     if enum is not None:
-        from hookdump.weights import cached_weights_file
-
-        loaded.transforms = enum.transforms()
-        loaded.weights_file = cached_weights_file(enum)
+        loaded.transforms, loaded.weights_file = enum.transforms(), cached
     return loaded
 
 
