@@ -238,7 +238,7 @@ class _progress:
         self.enabled = enabled
         self.bar: Any = None
         self.task: Any = None
-        self.started = time.perf_counter()
+        self.first: tuple[int, int, float] = (0, 0, 0.0)  # samples, bytes, time at batch 1
 
     def __enter__(self) -> Callable[[int, int, int], None] | None:
         return self.update if self.enabled else None
@@ -266,8 +266,14 @@ class _progress:
             )
             self.bar.start()
             self.task = self.bar.add_task("run", total=total, rate="")
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        rate = f"{done / elapsed:.1f} samples/s, {nbytes / elapsed / 1e6:.0f} MB/s"
+            # rates count from the first batch on, not from loading the model
+            self.first = (done, nbytes, time.perf_counter())
+            self.bar.update(self.task, completed=done)
+            return
+        samples, captured, since = self.first
+        elapsed = max(time.perf_counter() - since, 1e-9)
+        speed = (done - samples) / elapsed
+        rate = f"{speed:.3g} samples/s, {(nbytes - captured) / elapsed / 1e6:.3g} MB/s"
         self.bar.update(self.task, completed=done, rate=rate)
 
     def __exit__(self, *exc: object) -> None:
