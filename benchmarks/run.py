@@ -145,16 +145,11 @@ def bench_early(job: Job, reps: int) -> dict[str, float]:
     return {"hookdump_s": hd, "forward_s": t["forward"], "ratio_vs_full_forward": hd / t["forward"]}
 
 
-def peak_rss_mib(num_samples: int, scratch: Path) -> float:
-    # VmHWM: this process's own peak (ru_maxrss would include the parent's, as of the fork)
+def peak_rss_mib(job: str) -> float:
+    """The peak RSS of a fresh process running `job` (VmHWM: its own peak, where ru_maxrss
+    would include the parent's as of the fork)."""
     code = (
-        "import re, sys\n"
-        "from hookdump.cli import app\n"
-        "try:\n"
-        f"    app(['run', '{MODEL}', '--layers', 'layer4.*', '-b', '{BATCH}', '-n',"
-        f" '{num_samples}', '-o', r'{scratch / 'mem'}', '--overwrite', '-q'])\n"
-        "except SystemExit as e:\n"
-        "    assert not e.code, e.code\n"
+        f"import re, sys\n{job}\n"
         "status = open('/proc/self/status').read()\n"
         "print(re.search(r'VmHWM:\\s+(\\d+)', status).group(1), file=sys.stderr)\n"
     )
@@ -162,10 +157,44 @@ def peak_rss_mib(num_samples: int, scratch: Path) -> float:
     return int(proc.stderr.strip().splitlines()[-1]) / 1024
 
 
+def hookdump_job(num_samples: int, scratch: Path) -> str:
+    return (
+        "from hookdump.cli import app\n"
+        "try:\n"
+        f"    app(['run', '{MODEL}', '--layers', 'layer4.*', '-b', '{BATCH}', '-n',"
+        f" '{num_samples}', '-o', r'{scratch / 'mem'}', '--overwrite', '-q'])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+    )
+
+
+def forward_job(batches: int) -> str:
+    return (
+        "import torch, torchvision\n"
+        f"model = torchvision.models.{MODEL}(weights=None).eval()\n"
+        f"for _ in range({batches}):\n"
+        "    with torch.inference_mode():\n"
+        f"        model(torch.randn({BATCH}, 3, 224, 224))\n"
+    )
+
+
 def bench_memory(job: Job, reps: int) -> dict[str, float]:
-    small = peak_rss_mib(BATCH, job.scratch)
-    large = peak_rss_mib(10 * BATCH, job.scratch)
-    return {"peak_rss_32_mib": small, "peak_rss_320_mib": large, "ratio": large / small}
+    # The bare forward's own peak grows from its first batch to its tenth (glibc keeps some
+    # freed memory): that is the floor under hookdump's ratio. Medians of `reps` processes.
+    def median_peak(code: str) -> float:
+        return statistics.median(peak_rss_mib(code) for _ in range(reps))
+
+    small = median_peak(hookdump_job(BATCH, job.scratch))
+    large = median_peak(hookdump_job(10 * BATCH, job.scratch))
+    bare_small, bare_large = median_peak(forward_job(1)), median_peak(forward_job(10))
+    return {
+        "peak_rss_32_mib": small,
+        "peak_rss_320_mib": large,
+        "ratio": large / small,
+        "bare_forward_1_batch_mib": bare_small,
+        "bare_forward_10_batches_mib": bare_large,
+        "bare_forward_ratio": bare_large / bare_small,
+    }
 
 
 def bench_peers(job: Job, reps: int) -> dict[str, float]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hookdump.capturing import KeyInfo
+from hookdump.direct_io import AppendFile, round_up
 from hookdump.errors import HookdumpError
 
 FORMAT = "hookdump/1"
@@ -82,57 +83,59 @@ _ST_DTYPES = {
 class ShardFile:
     """One safetensors file, written tensor by tensor as values arrive, its header last.
 
-    The data goes straight from each tensor's memory to the file, after `reserve` bytes kept
-    for the header; the header is then padded with spaces to fill them, as the format allows.
+    The data goes straight from each tensor's memory to the file (see `direct_io`), after
+    `reserve` bytes kept for the header; the header is then padded with spaces to fill them,
+    as the format allows.
     """
 
     def __init__(self, path: Path, reserve: int) -> None:
         self.path = path
         self.tmp = path.with_name(path.name + ".tmp")
-        self.reserve = reserve + (-reserve % 8)  # data stays 8-byte aligned
+        self.reserve = round_up(reserve)  # data starts block-aligned (and so 8-byte aligned)
         self.entries: dict[str, dict[str, Any]] = {}
         self.size = 0
-        self.file = self.tmp.open("wb")
-        self.file.seek(self.reserve)
+        self.file = AppendFile(self.tmp, self.reserve)
 
     def write(self, key: str, tensor: torch.Tensor) -> None:
         """Append one tensor (contiguous, on the CPU) under `key`."""
         if tensor.dtype not in _ST_DTYPES:
             raise HookdumpError(f"{key!r} has dtype {tensor.dtype}, which safetensors cannot hold")
-        data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
-        self.file.write(data)
+        if tensor.numel():
+            self.file.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
         nbytes = tensor.numel() * tensor.element_size()
         self.entries[key] = _entry(tensor.dtype, list(tensor.shape), self.size, nbytes)
         self.size += nbytes
 
     def close(self, metadata: dict[str, str]) -> None:
         """Write the header, then move the file into place."""
-        header = json.dumps({"__metadata__": metadata, **self.entries}).encode()
-        room = self.reserve - 8
-        if len(header) > room:  # more keys than reserved for: move the data along once
-            self._grow(len(header) + 8)
-            room = self.reserve - 8
-        self.file.seek(0)
-        self.file.write(struct.pack("<Q", room) + header + b" " * (room - len(header)))
         self.file.close()
-        os.chmod(self.tmp, _FILE_MODE)
-        os.replace(self.tmp, self.path)
+        _seal(self.tmp, self.path, self.reserve, self.entries, metadata)
 
     def abort(self) -> None:
         """Drop the half-written file."""
-        self.file.close()
+        self.file.abort()
         self.tmp.unlink(missing_ok=True)
 
-    def _grow(self, needed: int) -> None:
-        old, self.reserve = self.reserve, needed + (-needed % 8) + 4096
-        self.file.close()
-        grown = self.tmp.with_name(self.tmp.name + "-grow")  # not .tmp2: a PlannedShard's
-        with self.tmp.open("rb") as src, grown.open("wb") as dst:
-            src.seek(old)
-            dst.seek(self.reserve)
+
+def _seal(
+    tmp: Path, path: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str]
+) -> None:
+    """Write the header into the `reserve` bytes before the data, then move `tmp` to `path`."""
+    header = json.dumps({"__metadata__": metadata, **entries}).encode()
+    if len(header) + 8 > reserve:  # more keys than reserved for: move the data along once
+        grown_reserve = round_up(len(header) + 8 + 4096)
+        grown = tmp.with_name(tmp.name + "-grow")  # not .tmp2: a PlannedShard's
+        with tmp.open("rb") as src, grown.open("wb") as dst:
+            src.seek(reserve)
+            dst.seek(grown_reserve)
             shutil.copyfileobj(src, dst, 1 << 24)
-        os.replace(grown, self.tmp)
-        self.file = self.tmp.open("r+b")
+        os.replace(grown, tmp)
+        reserve = grown_reserve
+    room = reserve - 8
+    with tmp.open("r+b") as file:
+        file.write(struct.pack("<Q", room) + header + b" " * (room - len(header)))
+    os.chmod(tmp, _FILE_MODE)
+    os.replace(tmp, path)
 
 
 class PlannedShard:
@@ -166,19 +169,22 @@ class PlannedShard:
     def close(self, metadata: dict[str, str]) -> None:
         """Write the shard under its final name (compacted if it holds fewer rows)."""
         self.file.flush()
+        if self.filled == self.rows:  # the data is already in place: add the header
+            entries, size = {}, 0
+            for key, (dtype, shape, _, row_bytes) in self.layout.items():
+                nbytes = row_bytes * self.rows
+                entries[key] = _entry(dtype, [self.rows, *shape], size, nbytes)
+                size += nbytes
+            self.file.close()
+            try:
+                _seal(self.tmp, self.path, self.reserve, entries, metadata)
+            finally:
+                self.tmp.unlink(missing_ok=True)
+            return
         final = ShardFile(self.path, self.reserve)
         try:
-            if self.filled == self.rows:  # the data is already in place: add the header
-                for key, (dtype, shape, _, row_bytes) in self.layout.items():
-                    nbytes = row_bytes * self.rows
-                    final.entries[key] = _entry(dtype, [self.rows, *shape], final.size, nbytes)
-                    final.size += nbytes
-                final.file.close()
-                os.replace(self.tmp, final.tmp)
-                final.file = final.tmp.open("r+b")
-            else:
-                for key in self.layout:
-                    final.write(key, self._read_rows(key))
+            for key in self.layout:
+                final.write(key, self._read_rows(key))
             final.close(metadata)
         except BaseException:
             final.abort()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ def test_a_shard_file_is_plain_safetensors_for_every_dtype(tmp_path: Path) -> No
         "i64": torch.arange(6).reshape(3, 2),
         "mask": torch.tensor([True, False, True]),
         "empty": torch.zeros(3, 0),
+        **{f"{'many.' * 20}{i}": torch.full((3, 1), float(i)) for i in range(40)},
     }
     shard = ShardFile(tmp_path / "s.safetensors", reserve=16)  # too small: the header grows
     for key, value in tensors.items():
@@ -107,7 +110,7 @@ def test_a_planned_shard_that_ends_short_is_compacted(tmp_path: Path) -> None:
 def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
     from hookdump.batch_sink import BufferPool
 
-    pool = BufferPool()
+    pool = BufferPool(min_bytes=0)
     lent = pool.copy(torch.ones(2, 3))
     pool.give_back(lent)
     again = pool.copy(torch.full((2, 3), 5.0))
@@ -116,6 +119,18 @@ def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
     pool.give_back(again)
     pool.give_back(torch.zeros(4))
     assert len(pool) == 1  # ...so the pool never holds more than was lent
+
+
+def test_the_buffer_pool_leaves_small_copies_to_malloc() -> None:
+    from hookdump.batch_sink import BufferPool
+
+    pool = BufferPool(min_bytes=4 * 6)
+    small, large = torch.ones(5), torch.ones(6)
+    for tensor in (small, large):
+        copy = pool.copy(tensor)
+        assert torch.equal(copy, tensor) and copy.data_ptr() != tensor.data_ptr()
+        pool.give_back(copy)
+    assert len(pool) == 1  # only the 24-byte copy was lent, so only it is kept
 
 
 @pytest.mark.usefixtures("in_tests_dir")
@@ -130,9 +145,65 @@ def test_reduced_runs_do_not_pile_up_buffers(monkeypatch: pytest.MonkeyPatch) ->
         pools.append(self.pool)
 
     monkeypatch.setattr(batch_sink.BatchSink, "__init__", keep_pool)
+    monkeypatch.setenv("HOOKDUMP_POOL_MIN_BYTES", "0")  # pool even these tiny copies
     for samples in ("4", "40"):
         result = invoke("run", "tiny_models:ConvNet", "--input-shape", "3,8,8", "--reduce", "mean",
                         "-n", samples, "-b", "2", "-q")  # fmt: skip
         assert result.exit_code == 0, result.stderr
     # only head's [B, 3] output (rank 2, not reduced) is a pooled copy; the means are their own
     assert len(pools[0]) == len(pools[1]) == 1
+
+
+def test_append_file_stages_in_aligned_blocks_and_ends_at_the_last_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hookdump import direct_io
+
+    monkeypatch.setattr(direct_io, "STAGE_BYTES", 2 * direct_io.BLOCK)  # many flushes
+    chunks = [bytes([i % 251]) * size for i, size in enumerate([1, 5000, 8192, 3, 20000, 77])]
+    file = direct_io.AppendFile(tmp_path / "f", start=direct_io.BLOCK)
+    for chunk in chunks:
+        file.write(memoryview(chunk))
+    assert file.close() == direct_io.BLOCK + sum(map(len, chunks))
+    data = (tmp_path / "f").read_bytes()
+    assert data[: direct_io.BLOCK] == bytes(direct_io.BLOCK)  # left for the header
+    assert data[direct_io.BLOCK :] == b"".join(chunks)
+
+
+def test_append_file_falls_back_to_the_page_cache_when_o_direct_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from hookdump import direct_io
+
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    real_pwrite = os.pwrite
+
+    def refuse_direct(fd: int, data: object, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(direct_io, "STAGE_BYTES", direct_io.BLOCK)
+    monkeypatch.setattr(os, "pwrite", refuse_direct)
+    file = direct_io.AppendFile(tmp_path / "f", start=0)
+    chunks = [b"a" * 5000, b"b" * 10]
+    for chunk in chunks:
+        file.write(memoryview(chunk))
+    assert not file.direct
+    file.close()
+    assert (tmp_path / "f").read_bytes() == b"".join(chunks)
+
+
+def test_hookdump_direct_io_0_writes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hookdump import direct_io
+
+    monkeypatch.setenv("HOOKDUMP_DIRECT_IO", "0")
+    file = direct_io.AppendFile(tmp_path / "f", start=0)
+    assert not file.direct
+    file.write(memoryview(b"xyz"))
+    assert file.close() == 3 and (tmp_path / "f").read_bytes() == b"xyz"
