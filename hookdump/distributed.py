@@ -1,5 +1,7 @@
 """Running under `torchrun`: each rank dumps a contiguous slice of the samples into its own
-shards; rank 0 gathers what the others wrote and writes the one manifest."""
+shards, listed in its own `manifest-rNN.json` as they complete (what `--resume` carries on
+from); at the end rank 0 gathers what the others wrote, writes the one `manifest.json` and
+removes the ranks' manifests."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import torch
 
 from hookdump.batch_sink import BatchSink
-from hookdump.dump_writer import DumpWriter
+from hookdump.dump_writer import MANIFEST, DumpWriter
 from hookdump.errors import HookdumpError
 from hookdump.stats import KeySummary
 
@@ -23,6 +25,7 @@ class Ranks:
     rank: int
     world: int
     local_rank: int
+    owns_group: bool = False  # hookdump started the process group, so it shuts it down
 
     @property
     def main(self) -> bool:
@@ -42,14 +45,24 @@ class Ranks:
     def barrier(self) -> None:
         torch.distributed.barrier()
 
+    def close(self) -> None:
+        """Wait for every rank (rank 0 has written the manifest), then shut the process group
+        down: left to the interpreter's exit, gloo's threads sometimes abort the process."""
+        self.barrier()
+        if self.owns_group:
+            torch.distributed.destroy_process_group()
+
 
 def from_environment(device: str) -> Ranks | None:
     """The ranks `torchrun` set up (WORLD_SIZE > 1), with the process group started."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return None
-    ranks = Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
-    if not torch.distributed.is_initialized():
+    owns_group = not torch.distributed.is_initialized()
+    ranks = Ranks(
+        int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), owns_group
+    )
+    if owns_group:
         cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         try:
             torch.distributed.init_process_group("nccl" if cuda else "gloo")
@@ -65,15 +78,19 @@ def rank_device(device: str, ranks: Ranks | None) -> str:
     return device
 
 
+def rank_names(ranks: Ranks | None) -> dict[str, str]:
+    """A torchrun rank's file names: its shards' prefix and its own manifest."""
+    if ranks is None:
+        return {}
+    return {
+        "shard_prefix": f"shard-r{ranks.rank:02d}-",
+        "manifest_name": f"manifest-r{ranks.rank:02d}.json",
+    }
+
+
 def rank_writer(out: Path, overwrite: bool, shard_bytes: int, ranks: Ranks) -> DumpWriter:
-    """A torchrun rank's writer: its own shard names; rank 0 alone clears the folder."""
-    writer = DumpWriter(
-        out,
-        overwrite,
-        shard_bytes,
-        shard_prefix=f"shard-r{ranks.rank:02d}-",
-        partial_manifests=False,
-    )
+    """A torchrun rank's writer: its own file names; rank 0 alone clears the folder."""
+    writer = DumpWriter(out, overwrite, shard_bytes, **rank_names(ranks))  # type: ignore[arg-type]
     ranks.barrier()  # every rank has checked --out before rank 0 touches it
     if ranks.main:
         writer.prepare()
@@ -134,4 +151,11 @@ def merge_ranks(
     if writer is not None:
         writer.shards = shards
         writer.tensors = with_rows[0]["tensors"] if with_rows else {}
+        writer.manifest_name = MANIFEST  # rank 0 writes the dump's one manifest
     return offset
+
+
+def drop_rank_manifests(out: Path) -> None:
+    """Once `manifest.json` lists every rank's shards, the ranks' own are not needed."""
+    for path in out.glob("manifest-r*.json"):
+        path.unlink(missing_ok=True)

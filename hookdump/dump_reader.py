@@ -45,6 +45,13 @@ class Dump:
                 f"reads {FORMAT!r}"
             )
 
+    @classmethod
+    def of_manifest(cls, folder: Path, manifest: dict[str, Any]) -> Dump:
+        """The dump in `folder` as `manifest` describes it (a torchrun rank's own part)."""
+        dump = cls.__new__(cls)
+        dump.path, dump.manifest = folder, manifest
+        return dump
+
     @property
     def complete(self) -> bool:
         return bool(self.manifest.get("complete"))

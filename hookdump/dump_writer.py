@@ -33,7 +33,7 @@ def _default_file_mode() -> int:
 _FILE_MODE = _default_file_mode()
 _TRASH = ".hookdump-old-"  # an old dump being deleted (left behind if that was interrupted)
 _DUMP_FILE = re.compile(
-    r"^(manifest\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
+    r"^(manifest(-r\d+)?\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
     r"|\.hookdump-old-\d+)$"
 )
 
@@ -229,11 +229,13 @@ class DumpWriter:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         shard_prefix: str = "shard-",
         partial_manifests: bool = True,
+        manifest_name: str = MANIFEST,
     ) -> None:
         check_out_dir(out, overwrite)
         self.out = out
         self.shard_prefix = shard_prefix  # "shard-r01-" for a torchrun rank
-        self.partial_manifests = partial_manifests  # off where rank 0 writes the one manifest
+        self.partial_manifests = partial_manifests
+        self.manifest_name = manifest_name  # a torchrun rank's own, until rank 0 merges them
         self.overwrite = overwrite
         self.shard_bytes = shard_bytes
         self.tensors: dict[str, dict[str, Any]] = {}
@@ -340,18 +342,26 @@ class DumpWriter:
         """
         self._prepare()
         manifest = self.manifest(complete)
-        write_json(self.out / MANIFEST, manifest)
+        write_json(self.out / self.manifest_name, manifest)
         return manifest
 
     @classmethod
-    def resume(cls, out: Path, manifest: dict[str, Any], shard_bytes: int) -> DumpWriter:
-        """Carry on an incomplete dump: keep its listed shards, drop half-written files."""
-        writer = cls(out, overwrite=True, shard_bytes=shard_bytes)
+    def resume(
+        cls, out: Path, manifest: dict[str, Any], shard_bytes: int, **names: str
+    ) -> DumpWriter:
+        """Carry on an incomplete dump: keep its listed shards, drop half-written files.
+        A torchrun rank (`names`: its shard prefix and manifest) touches only its own."""
+        writer = cls(out, overwrite=True, shard_bytes=shard_bytes, **names)  # type: ignore[arg-type]
         writer.tensors, writer.shards = manifest["tensors"], manifest["shards"]
         writer._prepared, writer._created = True, False
-        listed = {MANIFEST} | {s["file"] for s in writer.shards}
+        listed = {writer.manifest_name} | {s["file"] for s in writer.shards}
+        mine = writer.shard_prefix if writer.shard_prefix != "shard-" else ""
         for path in out.iterdir():
-            if path.name not in listed and _DUMP_FILE.match(path.name):
+            if (
+                path.name.startswith(mine)
+                and path.name not in listed
+                and _DUMP_FILE.match(path.name)
+            ):
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
+from hookdump.distributed import Ranks, rank_names
 from hookdump.dump_reader import Dump
 from hookdump.dump_writer import check_out_dir
 from hookdump.errors import HookdumpError
@@ -23,23 +25,50 @@ def recipe(options: RunOptions) -> dict[str, Any]:
     return {name: getattr(options, name) for name in RECIPE}
 
 
-def previous_dump(options: RunOptions) -> dict[str, Any] | None:
-    """The incomplete dump that --resume carries on (None: nothing there yet, start anew)."""
-    if options.out is None:
+def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, Any] | None:
+    """The incomplete dump that --resume carries on (None: nothing there yet, start anew).
+    Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
+    out = options.out
+    if out is None:
         raise HookdumpError("--resume needs --out: the folder of the interrupted dump")
-    if not (options.out / "manifest.json").is_file():
-        if options.out.is_dir() and any(options.out.glob("shard-*")):
-            check_out_dir(options.out, overwrite=True)  # only half-written shards: start anew
+    by_ranks = sorted(out.glob("manifest-r*.json")) if out.is_dir() else []
+    manifest_path = out / "manifest.json"
+    if manifest_path.is_file():
+        manifest = Dump(out).manifest
+        if manifest.get("complete"):
+            raise HookdumpError(f"--resume: {out} is already complete; nothing to do")
+        if ranks is not None:
+            raise HookdumpError(
+                f"--resume: the dump in {out} was started by one process; resume it without "
+                "torchrun"
+            )
+    elif ranks is None and by_ranks:
+        world = json.loads(by_ranks[0].read_text()).get("processes", "several")
+        raise HookdumpError(
+            f"--resume: the dump in {out} was started under torchrun; resume it with "
+            f"torchrun --nproc-per-node {world}"
+        )
+    elif ranks is not None and out.is_dir():
+        mine = out / rank_names(ranks)["manifest_name"]
+        if not mine.is_file():  # this rank had finished no shard: it starts its part anew
+            return {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
+        manifest = json.loads(mine.read_text())
+        if manifest.get("processes") != ranks.world:
+            raise HookdumpError(
+                f"--resume: the dump in {out} was started by {manifest.get('processes')} "
+                f"torchrun processes, now {ranks.world}; resume it with --nproc-per-node "
+                f"{manifest.get('processes')}"
+            )
+    else:
+        if out.is_dir() and any(out.glob("shard-*")):
+            check_out_dir(out, overwrite=True)  # only half-written shards: start anew
         return None
-    manifest = Dump(options.out).manifest
-    if manifest.get("complete"):
-        raise HookdumpError(f"--resume: {options.out} is already complete; nothing to do")
     before = manifest.get("recipe", {})
     for name, value in recipe(options).items():
         if before.get(name) != value:
             flag = "MODEL" if name == "model" else f"--{name.replace('_', '-')}"
             raise HookdumpError(
-                f"--resume: {flag} was {before.get(name)!r} for the dump in {options.out}, "
+                f"--resume: {flag} was {before.get(name)!r} for the dump in {out}, "
                 f"now {value!r}; resume with the same options, or start anew with --overwrite"
             )
     return manifest

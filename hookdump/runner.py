@@ -17,7 +17,14 @@ import torch
 import hookdump
 from hookdump.batch_sink import BatchSink
 from hookdump.capturing import Capture, StopForward
-from hookdump.distributed import from_environment, merge_ranks, rank_device, rank_writer
+from hookdump.distributed import (
+    drop_rank_manifests,
+    from_environment,
+    merge_ranks,
+    rank_device,
+    rank_names,
+    rank_writer,
+)
 from hookdump.dump_reader import Dump
 from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir
 from hookdump.errors import HookdumpError, Interrupted
@@ -210,9 +217,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     grad_target = parse_grad_target(options.grad_target)
     save_dtype = resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None
     ranks = from_environment(options.device)  # set when run under torchrun
-    if ranks is not None and options.resume:
-        raise HookdumpError("--resume does not work under torchrun yet; run it in one process")
-    previous = previous_dump(options) if options.resume else None
+    previous = previous_dump(options, ranks) if options.resume else None
     if options.out is not None and previous is None:
         check_out_dir(options.out, options.overwrite)  # fail before the slow part
 
@@ -257,7 +262,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
 
     writer = None
     if previous is not None:  # previous_dump() made sure --out is given
-        writer = DumpWriter.resume(options.out, previous, options.shard_bytes)
+        writer = DumpWriter.resume(options.out, previous, options.shard_bytes, **rank_names(ranks))
     elif options.out is not None and ranks is not None:
         writer = rank_writer(options.out, options.overwrite, options.shard_bytes, ranks)
     elif options.out is not None:
@@ -270,10 +275,12 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     if writer:
         writer.fields = _manifest_fields(options, prepared, cap, sample_ids)
         writer.fields["skipped_inputs"] = skipped_inputs  # live: partial manifests keep it
+        if ranks is not None:
+            writer.fields["processes"] = ranks.world
     total = stop - first if source is None else source.total
     sink = BatchSink(writer, save_dtype, total)
     if previous is not None:
-        sink.summaries = summarize(Dump(options.out))  # the table covers the whole dump
+        sink.summaries = summarize(Dump.of_manifest(options.out, previous))  # the whole dump
     done = len(done_ids)  # samples already in the dump (when resuming)
     grads = "grad" in cap.kinds
     # gradients need autograd; everything else runs without it
@@ -339,6 +346,10 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     if writer and (ranks is None or ranks.main):
         writer.fields.update(skipped=skipped, wall_time_s=round(result.wall_time, 3))
         result.manifest = writer.finish()
+        if ranks is not None:
+            drop_rank_manifests(writer.out)
+    if ranks is not None:
+        ranks.close()
     result.timings = {
         "load": loaded_at - started,
         "loop": looped_at - loaded_at,

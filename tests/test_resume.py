@@ -128,3 +128,26 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
     monkeypatch.setattr(ShardFile, "write", real_write)
     assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
     assert hookdump.load(out).num_samples == 10
+
+
+def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hookdump.distributed import Ranks
+    from hookdump.resuming import previous_dump
+    from hookdump.runner import RunOptions
+
+    out = tmp_path / "d"
+    interrupted(out, monkeypatch, at=3)  # one process: manifest.json, incomplete
+    options = RunOptions(model="tiny_models:CtrlC", num_samples=10, batch_size=2, out=out)
+    with pytest.raises(hookdump.HookdumpError, match="started by one process; resume it without"):
+        previous_dump(options, Ranks(rank=1, world=2, local_rank=1))
+
+    (out / "manifest.json").unlink()  # as if two torchrun processes had started it
+    mine = {"processes": 2, "recipe": {}, "tensors": {}, "shards": [], "num_samples": 0}
+    (out / "manifest-r01.json").write_text(json.dumps(mine))
+    with pytest.raises(hookdump.HookdumpError, match="started by 2 torchrun processes, now 3"):
+        previous_dump(options, Ranks(rank=1, world=3, local_rank=1))
+    # a rank that had written nothing starts its part anew
+    fresh = previous_dump(options, Ranks(rank=2, world=3, local_rank=0))
+    assert fresh is not None and (fresh["shards"], fresh["num_samples"]) == ([], 0)

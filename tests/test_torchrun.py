@@ -67,3 +67,32 @@ def test_two_ranks_split_an_image_folder(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     one_process(*args, "-o", str(tmp_path / "one"), cwd=tmp_path)
     same_dump(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_an_interrupted_torchrun_dump_resumes_under_torchrun(tmp_path: Path) -> None:
+    args = ["run", "tiny_models:CtrlC", "-n", "11", "-b", "2", "-q"]
+    out = tmp_path / "two"
+    # rank 0 (samples 0-4: batches of 2, 2, 1) finishes; rank 1 (5-10) stops in its 3rd batch
+    os.environ["HOOKDUMP_TEST_CTRL_C_AT"] = "3"
+    try:
+        result = torchrun(*args, "-o", str(out))
+    finally:
+        del os.environ["HOOKDUMP_TEST_CTRL_C_AT"]
+    assert result.returncode != 0 and "--resume" in result.stderr
+    assert not (out / "manifest.json").exists()
+    assert sorted(p.name for p in out.glob("manifest-r*.json")) == [
+        "manifest-r00.json",
+        "manifest-r01.json",
+    ]
+    in_one = subprocess.run(
+        [sys.executable, "-m", "hookdump", *args, "-o", str(out), "--resume"],
+        cwd=TESTS, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert in_one.returncode == 2 and "torchrun --nproc-per-node 2" in in_one.stderr
+
+    result = torchrun(*args, "-o", str(out), "--resume")
+    assert result.returncode == 0, result.stderr
+    assert not list(out.glob("manifest-r*.json")) and not list(out.glob("*.tmp*"))
+    one_process(*args, "-o", str(tmp_path / "one"))
+    same_dump(tmp_path / "one", out)
