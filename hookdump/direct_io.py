@@ -108,6 +108,63 @@ class AppendFile:
         self._stage = None
 
 
+class PositionalFile:
+    """A new file of `size` bytes written at any offsets: the whole blocks of each write go
+    past the page cache (as in AppendFile), the partial blocks at its ends through it. No
+    block is written both ways, since writes do not overlap."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)  # also reads back
+        self._direct_fd = -1
+        self._stage: memoryview | None = None
+        try:
+            os.ftruncate(self._fd, size)
+            if direct_io_wanted():
+                try:
+                    self._direct_fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+                    self._stage = memoryview(mmap.mmap(-1, STAGE_BYTES))
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+        except BaseException:
+            self.close()
+            raise
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def pwrite(self, data: memoryview, offset: int) -> None:
+        """Write `data` (a flat, contiguous buffer) at `offset`."""
+        data = data.cast("B")
+        start, stop = round_up(offset), offset + len(data) - (offset + len(data)) % BLOCK
+        if self._stage is None or stop <= start:
+            _pwrite_all(self._fd, data, offset)
+            return
+        _pwrite_all(self._fd, data[: start - offset], offset)
+        position = start
+        while position < stop and self._stage is not None:
+            n = min(STAGE_BYTES, stop - position)
+            self._stage[:n] = data[position - offset : position - offset + n]
+            try:
+                _pwrite_all(self._direct_fd, self._stage[:n], position)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                os.close(self._direct_fd)  # refused at write: the page cache from now on
+                self._direct_fd, self._stage = -1, None
+                break
+            position += n
+        _pwrite_all(self._fd, data[position - offset :], position)
+
+    def close(self) -> None:
+        for fd in (self._fd, self._direct_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._direct_fd = -1
+        self._stage = None
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         written = os.pwrite(fd, data, offset)

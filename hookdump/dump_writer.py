@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hookdump.capturing import KeyInfo
-from hookdump.direct_io import AppendFile, round_up
+from hookdump.direct_io import AppendFile, PositionalFile, round_up
 from hookdump.errors import HookdumpError
 
 FORMAT = "hookdump/1"
@@ -154,21 +154,19 @@ class PlannedShard:
             row_bytes = math.prod(shape) * _element_size(dtype)
             self.layout[key] = (dtype, shape, offset, row_bytes)
             offset += row_bytes * rows
-        self.reserve = 4096 + 256 * len(layout)
-        self.file = self.tmp.open("w+b")  # read back when a short shard is compacted
-        self.file.truncate(self.reserve + offset)
+        self.reserve = round_up(4096 + 256 * len(layout))
+        self.file = PositionalFile(self.tmp, self.reserve + offset)
 
     def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:
         """Rows `row:row + len(tensor)` of `key` (contiguous, on the CPU)."""
         _, _, offset, row_bytes = self.layout[key]
         if tensor.numel():
-            data = tensor.reshape(-1).view(torch.uint8).numpy()
-            os.pwrite(self.file.fileno(), data, self.reserve + offset + row * row_bytes)
+            data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+            self.file.pwrite(data, self.reserve + offset + row * row_bytes)
         self.filled = max(self.filled, row + tensor.shape[0])
 
     def close(self, metadata: dict[str, str]) -> None:
         """Write the shard under its final name (compacted if it holds fewer rows)."""
-        self.file.flush()
         if self.filled == self.rows:  # the data is already in place: add the header
             entries, size = {}, 0
             for key, (dtype, shape, _, row_bytes) in self.layout.items():
