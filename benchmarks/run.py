@@ -1,7 +1,7 @@
 """hookdump's speed and memory against the floor: a bare forward pass plus writing the bytes.
 
-    python benchmarks/run.py            # all four, 5 repetitions each after a warm-up
-    python benchmarks/run.py --reps 3 --only overhead,early
+    python benchmarks/run.py            # all five, 5 repetitions each after a warm-up
+    python benchmarks/run.py --reps 3 --only overhead,early  # of overhead,memory,early,reuse,peers
 
 Every timing is a median over repetitions that interleave hookdump and its references in
 one process (the model built once, outside the timings). Printed as ratios; lower is better.
@@ -158,6 +158,29 @@ def bench_early(job: Job, reps: int) -> dict[str, float]:
     return {"hookdump_s": hd, "forward_s": t["forward"], "ratio_vs_full_forward": hd / t["forward"]}
 
 
+def bench_reuse(job: Job, reps: int) -> dict[str, float]:
+    """`layer1.*` in batches of 16 (copies of 12.8 and 51 MiB): the buffer pool as it is
+    (copies of 32 MiB and more) against fresh copies for every batch."""
+    pipeline: dict[str, list[float]] = {"pool": [], "fresh": []}
+
+    def dump(kind: str) -> None:
+        if kind == "fresh":
+            os.environ["HOOKDUMP_POOL_MIN_BYTES"] = str(1 << 62)
+        try:
+            options = RunOptions(
+                model=MODEL, layers=["layer1.*"], batch_size=16, num_samples=64,
+                out=job.scratch / "reuse", overwrite=True,
+            )  # fmt: skip
+            timings = run(options).timings
+        finally:
+            os.environ.pop("HOOKDUMP_POOL_MIN_BYTES", None)
+        pipeline[kind].append(timings["loop"] + timings["finish"])
+
+    interleaved({"pool": lambda: dump("pool"), "fresh": lambda: dump("fresh")}, reps)
+    pool, fresh = (statistics.median(pipeline[k][1:]) for k in ("pool", "fresh"))
+    return {"pool_s": pool, "fresh_copies_s": fresh, "ratio": pool / fresh}
+
+
 def peak_rss_mib(job: str) -> float:
     """The peak RSS of a fresh process running `job` (VmHWM: its own peak, where ru_maxrss
     would include the parent's as of the fork)."""
@@ -252,6 +275,7 @@ BENCHMARKS = {
     "overhead": bench_overhead,
     "memory": bench_memory,
     "early": bench_early,
+    "reuse": bench_reuse,
     "peers": bench_peers,
 }
 

@@ -1,22 +1,27 @@
-"""Appending shard data to a file with O_DIRECT, past the page cache.
+"""Writing shard data with O_DIRECT, past the page cache, on a thread of its own.
 
 Written through the page cache, a 3.8 GiB shard cost the kernel 0.5 to 9 s of CPU time on
 the development machine (a VM: every page-cache page it allocates is a fresh page), on the
 same two cores the forward pass needs. With O_DIRECT the disk reads the data straight from
-one reused, aligned staging buffer: 0.3 to 0.5 s of CPU, the rest is waiting that leaves
-the cores to the forward. Where the file system refuses O_DIRECT (tmpfs, macOS), the same
-class writes through the page cache; `HOOKDUMP_DIRECT_IO=0` asks for that everywhere.
+a few reused, aligned staging buffers: 0.3 to 0.5 s of CPU, the rest is waiting, done by a
+disk thread while the caller fills the next buffer. Where the file system refuses O_DIRECT
+(tmpfs, macOS; some refuse only the first write) the same classes write through the page
+cache; `HOOKDUMP_DIRECT_IO=0` asks for that everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
+import queue
+import threading
 from pathlib import Path
 
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
-STAGE_BYTES = 16 << 20
+STAGE_BYTES = 8 << 20
+STAGES = 3  # one being filled, two on their way to the disk
 
 
 def round_up(n: int, to: int = BLOCK) -> int:
@@ -25,6 +30,88 @@ def round_up(n: int, to: int = BLOCK) -> int:
 
 def direct_io_wanted() -> bool:
     return hasattr(os, "O_DIRECT") and os.environ.get("HOOKDUMP_DIRECT_IO", "1") != "0"
+
+
+class _DiskThread:
+    """Writes filled staging buffers at their offsets, in the background; the caller takes
+    an empty buffer (waiting while all are on their way) and hands it over once filled.
+
+    Buffers go out with O_DIRECT; where that is refused, through `path` opened normally."""
+
+    def __init__(self, path: Path, direct_fd: int) -> None:
+        self.path = path
+        self._fd = direct_fd
+        self._direct = True
+        self._free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
+        for _ in range(STAGES):  # page-aligned; never closed, only dropped
+            self._free.put(memoryview(mmap.mmap(-1, STAGE_BYTES)))
+        self._jobs: queue.Queue[tuple[memoryview, int, int] | None] = queue.Queue()
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="hookdump-disk", daemon=True)
+        self._thread.start()
+
+    @property
+    def direct(self) -> bool:
+        return self._direct
+
+    def take(self) -> memoryview:
+        """An empty staging buffer (of STAGE_BYTES)."""
+        self._raise_if_failed()
+        return self._free.get()
+
+    def put(self, buffer: memoryview, nbytes: int, offset: int) -> None:
+        """Write `buffer[:nbytes]` at `offset` (both multiples of BLOCK), then free it."""
+        self._jobs.put((buffer, nbytes, offset))
+
+    def flush(self) -> None:
+        """Wait until everything handed over is written."""
+        self._jobs.join()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Flush, stop the thread and close the file."""
+        self._jobs.put(None)
+        self._thread.join()
+        os.close(self._fd)
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            buffer, nbytes, offset = job
+            if self._error is None:
+                try:
+                    self._write(buffer[:nbytes], offset)
+                except OSError as exc:
+                    self._error = exc
+            self._free.put(buffer)
+            self._jobs.task_done()
+        self._jobs.task_done()
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        try:
+            _pwrite_all(self._fd, data, offset)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not self._direct:
+                raise
+            os.close(self._fd)  # accepted at open, refused at write: the page cache from now
+            self._fd, self._direct = os.open(self.path, os.O_WRONLY), False
+            _pwrite_all(self._fd, data, offset)
+
+
+def _open_direct(path: Path) -> _DiskThread | None:
+    """A disk thread writing `path` (which exists) with O_DIRECT, or None where refused."""
+    if not direct_io_wanted():
+        return None
+    try:
+        return _DiskThread(path, os.open(path, os.O_WRONLY | os.O_DIRECT))
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return None
 
 
 class AppendFile:
@@ -36,76 +123,65 @@ class AppendFile:
             raise ValueError(f"start {start} is not a multiple of {BLOCK}")
         self.path = path
         self.end = start  # the file offset the next byte goes to
-        self._fd = -1
-        self._stage: memoryview | None = None  # never closed: dropped, views may be alive
-        self._fill = 0  # bytes staged, not yet written
-        if direct_io_wanted():
-            try:
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT)
-                self._stage = memoryview(mmap.mmap(-1, STAGE_BYTES))  # page-aligned, reused
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-        if self._fd < 0:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self._disk = _open_direct(path)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._stage: memoryview | None = None
+        self._fill = 0  # bytes in the stage, not yet handed to the disk thread
 
     @property
     def direct(self) -> bool:
-        return self._stage is not None
+        return self._disk is not None and self._disk.direct
 
     def write(self, data: memoryview) -> None:
         """Append `data` (a flat, contiguous buffer)."""
         data = data.cast("B")
-        if self._stage is None:
+        if self._disk is None:
             _pwrite_all(self._fd, data, self.end)
             self.end += len(data)
             return
-        stage = self._stage
         while len(data):
+            if self._stage is None:
+                self._stage = self._disk.take()
             n = min(len(data), STAGE_BYTES - self._fill)
-            stage[self._fill : self._fill + n] = data[:n]
+            self._stage[self._fill : self._fill + n] = data[:n]
             self._fill += n
             data = data[n:]
             if self._fill == STAGE_BYTES:
-                self._flush()
-                if self._stage is None:  # fell back to the page cache
-                    self.write(data)
-                    return
+                self._hand_over()
 
     def close(self) -> int:
         """Write what is staged and close; returns the file's size."""
         try:
-            if self._stage is not None and self._fill:
-                self._flush()
-            os.ftruncate(self._fd, self.end)  # the last block was written padded
+            if self._disk is not None:
+                if self._fill:
+                    self._hand_over()  # the last block goes out padded...
+                disk, self._disk = self._disk, None
+                disk.close()
+            os.ftruncate(self._fd, self.end)  # ...and is cut back here
         finally:
-            self._release()
+            self.abort()
         return self.end
 
     def abort(self) -> None:
-        """Close without writing what is staged."""
-        self._release()
-
-    def _flush(self) -> None:
-        stage = self._stage
-        assert stage is not None
-        try:
-            _pwrite_all(self._fd, stage[: round_up(self._fill)], self.end)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:  # accepted at open, refused at write: some file
-                raise  # systems do that; carry on through the page cache
-            os.close(self._fd)
-            self._fd = os.open(self.path, os.O_WRONLY)
-            _pwrite_all(self._fd, stage[: self._fill], self.end)
-            self._stage = None
-        self.end += self._fill
-        self._fill = 0
-
-    def _release(self) -> None:
+        """Close, leaving the file as far as it was written."""
+        if self._disk is not None:
+            disk, self._disk = self._disk, None
+            with contextlib.suppress(OSError):
+                disk.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._stage = None
+
+    def _hand_over(self) -> None:
+        assert self._disk is not None and self._stage is not None
+        self._disk.put(self._stage, round_up(self._fill), self.end)
+        self.end += self._fill
+        self._stage, self._fill = None, 0
 
 
 class PositionalFile:
@@ -116,53 +192,47 @@ class PositionalFile:
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)  # also reads back
-        self._direct_fd = -1
-        self._stage: memoryview | None = None
         try:
             os.ftruncate(self._fd, size)
-            if direct_io_wanted():
-                try:
-                    self._direct_fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
-                    self._stage = memoryview(mmap.mmap(-1, STAGE_BYTES))
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise
+            self._disk = _open_direct(path)
         except BaseException:
-            self.close()
+            os.close(self._fd)
             raise
 
     def fileno(self) -> int:
+        """The file, for reading back (after `flush`)."""
         return self._fd
 
     def pwrite(self, data: memoryview, offset: int) -> None:
         """Write `data` (a flat, contiguous buffer) at `offset`."""
         data = data.cast("B")
         start, stop = round_up(offset), offset + len(data) - (offset + len(data)) % BLOCK
-        if self._stage is None or stop <= start:
+        if self._disk is None or stop <= start:
             _pwrite_all(self._fd, data, offset)
             return
         _pwrite_all(self._fd, data[: start - offset], offset)
-        position = start
-        while position < stop and self._stage is not None:
+        for position in range(start, stop, STAGE_BYTES):
             n = min(STAGE_BYTES, stop - position)
-            self._stage[:n] = data[position - offset : position - offset + n]
-            try:
-                _pwrite_all(self._direct_fd, self._stage[:n], position)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                os.close(self._direct_fd)  # refused at write: the page cache from now on
-                self._direct_fd, self._stage = -1, None
-                break
-            position += n
-        _pwrite_all(self._fd, data[position - offset :], position)
+            stage = self._disk.take()
+            stage[:n] = data[position - offset : position - offset + n]
+            self._disk.put(stage, n, position)
+        _pwrite_all(self._fd, data[stop - offset :], stop)
+
+    def flush(self) -> None:
+        """Wait until every write is on the file."""
+        if self._disk is not None:
+            self._disk.flush()
 
     def close(self) -> None:
-        for fd in (self._fd, self._direct_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._direct_fd = -1
-        self._stage = None
+        """Finish the writes and close."""
+        try:
+            if self._disk is not None:
+                disk, self._disk = self._disk, None
+                disk.close()
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

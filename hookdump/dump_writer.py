@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -167,6 +168,7 @@ class PlannedShard:
 
     def close(self, metadata: dict[str, str]) -> None:
         """Write the shard under its final name (compacted if it holds fewer rows)."""
+        self.file.flush()
         if self.filled == self.rows:  # the data is already in place: add the header
             entries, size = {}, 0
             for key, (dtype, shape, _, row_bytes) in self.layout.items():
@@ -200,7 +202,8 @@ class PlannedShard:
         return flat.view(dtype).reshape(self.filled, *shape)
 
     def abort(self) -> None:
-        self.file.close()
+        with contextlib.suppress(OSError):  # already failing: the error was raised before
+            self.file.close()
         self.tmp.unlink(missing_ok=True)
 
 

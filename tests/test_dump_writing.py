@@ -179,10 +179,11 @@ def test_append_file_falls_back_to_the_page_cache_when_o_direct_is_refused(
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT here")
-    real_pwrite = os.pwrite
+    real_pwrite, refused = os.pwrite, []
 
     def refuse_direct(fd: int, data: object, offset: int) -> int:
         if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_pwrite(fd, data, offset)  # type: ignore[arg-type]
 
@@ -192,9 +193,10 @@ def test_append_file_falls_back_to_the_page_cache_when_o_direct_is_refused(
     chunks = [b"a" * 5000, b"b" * 10]
     for chunk in chunks:
         file.write(memoryview(chunk))
-    assert not file.direct
     file.close()
     assert (tmp_path / "f").read_bytes() == b"".join(chunks)
+    if direct_io.direct_io_wanted() and file.path.stat().st_dev:
+        assert refused in ([0], [])  # refused once, then the page cache ([]: no O_DIRECT here)
 
 
 def test_hookdump_direct_io_0_writes_through_the_page_cache(
@@ -237,6 +239,33 @@ def test_positional_file_puts_every_write_in_its_place(
         chunk = bytes([(i * 37 + j) % 256 for j in range(length)])
         file.pwrite(memoryview(chunk), offset)
         expected[offset : offset + length] = chunk
+    file.flush()  # the direct writes are on their way on the disk thread until then
     assert os.pread(file.fileno(), size, 0) == bytes(expected)  # read back through the cache
     file.close()
     assert (tmp_path / "f").read_bytes() == bytes(expected)
+
+
+def test_a_write_error_on_the_disk_thread_reaches_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from hookdump import direct_io
+
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+
+    def full(fd: int, data: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(direct_io, "STAGE_BYTES", direct_io.BLOCK)
+    file = direct_io.AppendFile(tmp_path / "f", start=0)
+    if not file.direct:
+        file.abort()
+        pytest.skip("this file system refuses O_DIRECT")
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left"):
+        for _ in range(8):  # the error surfaces at a later write, or at the latest at close
+            file.write(memoryview(bytes(direct_io.BLOCK)))
+        file.close()
+    file.abort()
