@@ -39,6 +39,9 @@ def median_time(fn: Callable[[], object], reps: int) -> float:
 
 
 def timed(fn: Callable[[], object]) -> float:
+    # the page cache's dirty data of the step before is on disk first: no step pays for the
+    # writeback of another (a 4 GB buffered write leaves seconds of it behind)
+    os.sync()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

@@ -1,12 +1,12 @@
 """Writing shard data with O_DIRECT, past the page cache, on a thread of its own.
 
 Written through the page cache, a 3.8 GiB shard cost the kernel 0.5 to 9 s of CPU time on
-the development machine (a VM: every page-cache page it allocates is a fresh page), on the
-same two cores the forward pass needs. With O_DIRECT the disk reads the data straight from
-a few reused, aligned staging buffers: 0.3 to 0.5 s of CPU, the rest is waiting, done by a
-disk thread while the caller fills the next buffer. Where the file system refuses O_DIRECT
-(tmpfs, macOS; some refuse only the first write) the same classes write through the page
-cache; `HOOKDUMP_DIRECT_IO=0` asks for that everywhere.
+the development machine (a VM), on the same two cores the forward pass needs. With
+O_DIRECT the disk reads the data straight from a few reused, aligned staging buffers: 0.3
+to 0.5 s of CPU, the rest is waiting, done by a disk thread while the caller fills the
+next buffer. Where the file system refuses O_DIRECT (tmpfs, macOS; some refuse only the
+first write) the same classes write through the page cache; `HOOKDUMP_DIRECT_IO=0` asks
+for that everywhere.
 """
 
 from __future__ import annotations
