@@ -22,6 +22,8 @@ from pathlib import Path
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
 STAGE_BYTES = 8 << 20
 STAGES = 3  # one being filled, two on their way to the disk
+# how file systems say no to O_DIRECT (EINVAL on Linux; FUSE and others may say unsupported)
+_REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
 def round_up(n: int, to: int = BLOCK) -> int:
@@ -95,7 +97,7 @@ class _DiskThread:
         try:
             _pwrite_all(self._fd, data, offset)
         except OSError as exc:
-            if exc.errno != errno.EINVAL or not self._direct:
+            if exc.errno not in _REFUSED or not self._direct:
                 raise
             os.close(self._fd)  # accepted at open, refused at write: the page cache from now
             self._fd, self._direct = os.open(self.path, os.O_WRONLY), False
@@ -109,7 +111,7 @@ def _open_direct(path: Path) -> _DiskThread | None:
     try:
         return _DiskThread(path, os.open(path, os.O_WRONLY | os.O_DIRECT))
     except OSError as exc:
-        if exc.errno != errno.EINVAL:
+        if exc.errno not in _REFUSED:
             raise
         return None
 

@@ -269,3 +269,31 @@ def test_a_write_error_on_the_disk_thread_reaches_the_caller(
             file.write(memoryview(bytes(direct_io.BLOCK)))
         file.close()
     file.abort()
+
+
+@pytest.mark.parametrize("code", ["EINVAL", "EOPNOTSUPP"])
+def test_a_file_system_that_refuses_o_direct_at_open_gets_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    import errno
+
+    from hookdump import direct_io
+
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    real_open = os.open
+
+    def refusing_open(path: object, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(getattr(errno, code), "refused")
+        return real_open(path, flags, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    file = direct_io.AppendFile(tmp_path / "f", start=0)
+    assert not file.direct
+    file.write(memoryview(b"abc" * 5000))
+    assert file.close() == 15000 and (tmp_path / "f").read_bytes() == b"abc" * 5000
+    positional = direct_io.PositionalFile(tmp_path / "g", 10)
+    positional.pwrite(memoryview(b"xyz"), 7)
+    positional.close()
+    assert (tmp_path / "g").read_bytes() == bytes(7) + b"xyz"
