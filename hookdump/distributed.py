@@ -78,6 +78,9 @@ def rank_device(device: str, ranks: Ranks | None) -> str:
     return device
 
 
+RANK_MANIFESTS = "manifest-r*.json"
+
+
 def rank_names(ranks: Ranks | None) -> dict[str, str]:
     """A torchrun rank's file names: its shards' prefix and its own manifest."""
     if ranks is None:
@@ -157,5 +160,5 @@ def merge_ranks(
 
 def drop_rank_manifests(out: Path) -> None:
     """Once `manifest.json` lists every rank's shards, the ranks' own are not needed."""
-    for path in out.glob("manifest-r*.json"):
+    for path in out.glob(RANK_MANIFESTS):
         path.unlink(missing_ok=True)

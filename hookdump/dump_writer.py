@@ -168,7 +168,6 @@ class PlannedShard:
 
     def close(self, metadata: dict[str, str]) -> None:
         """Write the shard under its final name (compacted if it holds fewer rows)."""
-        self.file.flush()
         if self.filled == self.rows:  # the data is already in place: add the header
             entries, size = {}, 0
             for key, (dtype, shape, _, row_bytes) in self.layout.items():
@@ -181,6 +180,7 @@ class PlannedShard:
             finally:
                 self.tmp.unlink(missing_ok=True)
             return
+        self.file.flush()  # the rows are read back from the file
         final = ShardFile(self.path, self.reserve)
         try:
             for key in self.layout:
@@ -229,13 +229,11 @@ class DumpWriter:
         overwrite: bool = False,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         shard_prefix: str = "shard-",
-        partial_manifests: bool = True,
         manifest_name: str = MANIFEST,
     ) -> None:
         check_out_dir(out, overwrite)
         self.out = out
         self.shard_prefix = shard_prefix  # "shard-r01-" for a torchrun rank
-        self.partial_manifests = partial_manifests
         self.manifest_name = manifest_name  # a torchrun rank's own, until rank 0 merges them
         self.overwrite = overwrite
         self.shard_bytes = shard_bytes
@@ -277,8 +275,7 @@ class DumpWriter:
             shard.abort()
             raise HookdumpError(f"writing {shard.path} failed: {exc.strerror or exc}") from None
         self.shards.append({"file": shard.path.name, "start": start, "stop": stop})
-        if self.partial_manifests:
-            self.write_manifest(complete=False)
+        self.write_manifest(complete=False)
 
     def describe(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
         """Note a key's manifest entry (first batch), or check it did not change (later)."""
@@ -356,7 +353,7 @@ class DumpWriter:
         writer.tensors, writer.shards = manifest["tensors"], manifest["shards"]
         writer._prepared, writer._created = True, False
         listed = {writer.manifest_name} | {s["file"] for s in writer.shards}
-        mine = writer.shard_prefix if writer.shard_prefix != "shard-" else ""
+        mine = names.get("shard_prefix", "")  # one process: every stray dump file
         for path in out.iterdir():
             if (
                 path.name.startswith(mine)

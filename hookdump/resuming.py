@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from hookdump.distributed import Ranks, rank_names
+from hookdump.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.dump_reader import Dump
-from hookdump.dump_writer import check_out_dir
+from hookdump.dump_writer import MANIFEST, check_out_dir
 from hookdump.errors import HookdumpError
 
 if TYPE_CHECKING:
@@ -31,9 +31,8 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
     out = options.out
     if out is None:
         raise HookdumpError("--resume needs --out: the folder of the interrupted dump")
-    by_ranks = sorted(out.glob("manifest-r*.json")) if out.is_dir() else []
-    manifest_path = out / "manifest.json"
-    if manifest_path.is_file():
+    by_ranks = sorted(out.glob(RANK_MANIFESTS)) if out.is_dir() else []
+    if (out / MANIFEST).is_file():
         manifest = Dump(out).manifest
         if manifest.get("complete"):
             raise HookdumpError(f"--resume: {out} is already complete; nothing to do")
