@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Capture", "Dump", "HookdumpError", "__version__", "capture", "load"]
+__all__ = ["Capture", "Dump", "HookdumpError", "InvalidDump", "__version__", "capture", "load"]
 
 if TYPE_CHECKING:
     from hookdump.capturing import Capture, capture
     from hookdump.dump_reader import Dump, load
-    from hookdump.errors import HookdumpError
+    from hookdump.errors import HookdumpError, InvalidDump
 
 _LAZY = {
     "capture": "hookdump.capturing",
@@ -22,6 +22,7 @@ _LAZY = {
     "load": "hookdump.dump_reader",
     "Dump": "hookdump.dump_reader",
     "HookdumpError": "hookdump.errors",
+    "InvalidDump": "hookdump.errors",
 }
 
 

@@ -98,6 +98,7 @@ class BatchSink:
         self._planned_start = 0
         self._rows_per_shard = 0  # 0: every batch streams into a shard of its own
         self._batch_bytes = 0
+        self._room_checked = False
         self._thread = threading.Thread(target=self._work, name="hookdump-sink", daemon=True)
         self._thread.start()
 
@@ -238,6 +239,16 @@ class BatchSink:
             )
         if self._shard is not None:
             shard, self._shard = self._shard, None
+            if not self._room_checked and self._total is not None:
+                # before the first shard is listed (or an old dump moved aside)
+                self._room_checked = True
+                rows_left = self._total - start
+                needed = self._batch_bytes * rows_left // max(1, stop - start)
+                try:
+                    self.writer.check_room(needed, written=self._batch_bytes)
+                except BaseException:
+                    shard.abort()
+                    raise
             self.writer.commit_shard(shard, start, stop)
             if 2 * self._batch_bytes < self.writer.shard_bytes:
                 # small batches from now on go into planned shards of about --shard-size

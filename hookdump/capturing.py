@@ -87,7 +87,7 @@ def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
 def parse_key(key: str) -> tuple[str, str, str | None, int]:
     """The inverse of `tensor_key`: (module, kind, part, call)."""
     base, at, call = key.rpartition("@")
-    if not (at and call.isdigit()):
+    if not (at and call.isascii() and call.isdigit()):
         base, call = key, "0"
     module, colon, rest = base.partition(":")
     if not colon:

@@ -19,6 +19,8 @@ import queue
 import threading
 from pathlib import Path
 
+from hookdump.dump_folder import create_new, open_existing
+
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
 STAGE_BYTES = 8 << 20
 STAGES = 3  # one being filled, two on their way to the disk
@@ -100,16 +102,17 @@ class _DiskThread:
             if exc.errno not in _REFUSED or not self._direct:
                 raise
             os.close(self._fd)  # accepted at open, refused at write: the page cache from now
-            self._fd, self._direct = os.open(self.path, os.O_WRONLY), False
+            self._fd, self._direct = open_existing(self.path, os.O_WRONLY), False
             _pwrite_all(self._fd, data, offset)
 
 
 def _open_direct(path: Path) -> _DiskThread | None:
-    """A disk thread writing `path` (which exists) with O_DIRECT, or None where refused."""
+    """A disk thread writing `path` (which this run created) with O_DIRECT, or None where
+    refused."""
     if not direct_io_wanted():
         return None
     try:
-        return _DiskThread(path, os.open(path, os.O_WRONLY | os.O_DIRECT))
+        return _DiskThread(path, open_existing(path, os.O_WRONLY | os.O_DIRECT))
     except OSError as exc:
         if exc.errno not in _REFUSED:
             raise
@@ -118,14 +121,15 @@ def _open_direct(path: Path) -> _DiskThread | None:
 
 class AppendFile:
     """A new file whose bytes from `start` (a multiple of BLOCK) on are appended in order;
-    the bytes before `start` are left for the caller to fill in later (a header)."""
+    the bytes before `start` are left for the caller to fill in later (a header). Whatever
+    was at `path` before is removed, never written through."""
 
     def __init__(self, path: Path, start: int) -> None:
         if start % BLOCK:
             raise ValueError(f"start {start} is not a multiple of {BLOCK}")
         self.path = path
         self.end = start  # the file offset the next byte goes to
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self._fd = create_new(path)
         try:
             self._disk = _open_direct(path)
         except BaseException:
@@ -189,11 +193,11 @@ class AppendFile:
 class PositionalFile:
     """A new file of `size` bytes written at any offsets: the whole blocks of each write go
     past the page cache (as in AppendFile), the partial blocks at its ends through it. No
-    block is written both ways, since writes do not overlap."""
+    block is written both ways, since writes do not overlap. Created as AppendFile is."""
 
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)  # also reads back
+        self._fd = create_new(path, os.O_RDWR)  # also reads back
         try:
             os.ftruncate(self._fd, size)
             self._disk = _open_direct(path)

@@ -106,7 +106,6 @@ def merge_ranks(
     ranks: Ranks,
     writer: DumpWriter | None,
     sink: BatchSink,
-    sample_ids: list[Any],
     skipped: list[dict[str, str]],
     skipped_inputs: list[dict[str, str]],
     rows: int,
@@ -118,7 +117,7 @@ def merge_ranks(
         "shards": writer.shards if writer else [],
         "tensors": writer.tensors if writer else {},
         "summaries": sink.summaries,
-        "ids": sample_ids,
+        "ids": list(writer.fields.get("sample_ids", [])[:rows]) if writer else [],
         "skipped": skipped,
         "skipped_inputs": skipped_inputs,
     }
@@ -147,11 +146,11 @@ def merge_ranks(
                 "input; --exclude the modules that differ"
             )
     sink.summaries = summaries
-    sample_ids[:] = [i for p in everyone for i in p["ids"]]
     skipped_inputs[:] = [s for p in everyone for s in p["skipped_inputs"]]
     seen = {s["key"] for s in skipped}
     skipped += [s for p in everyone[1:] for s in p["skipped"] if s["key"] not in seen]
     if writer is not None:
+        writer.fields["sample_ids"] = [i for p in everyone for i in p["ids"]]
         writer.shards = shards
         writer.tensors = with_rows[0]["tensors"] if with_rows else {}
         writer.manifest_name = MANIFEST  # rank 0 writes the dump's one manifest

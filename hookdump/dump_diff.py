@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from hookdump.dump_reader import Dump
 from hookdump.errors import HookdumpError, did_you_mean
@@ -152,11 +151,11 @@ def diff_dumps(
 
     for lo, hi, shard_a, shard_b in _segments(a, b, rows):
         with ExitStack() as stack:
-            fa = stack.enter_context(safe_open(str(a.path / shard_a["file"]), framework="pt"))
-            fb = stack.enter_context(safe_open(str(b.path / shard_b["file"]), framework="pt"))
+            fa = stack.enter_context(a.open_shard(shard_a, compared))
+            fb = stack.enter_context(b.open_shard(shard_b, compared))
             for key in compared:
-                ta = fa.get_slice(key)[lo - shard_a["start"] : hi - shard_a["start"]]
-                tb = fb.get_slice(key)[lo - shard_b["start"] : hi - shard_b["start"]]
+                ta = a.read_rows(fa, shard_a, key, lo, hi)
+                tb = b.read_rows(fb, shard_b, key, lo, hi)
                 _accumulate(results[key], ta, tb, atol, rtol)
 
     for key in compared:

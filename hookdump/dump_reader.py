@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,44 +15,79 @@ import torch
 from safetensors import safe_open
 
 from hookdump.capturing import parse_key
-from hookdump.dump_writer import FORMAT, MANIFEST
-from hookdump.errors import HookdumpError, did_you_mean
+from hookdump.dump_format import FORMAT, MANIFEST, validate_manifest
+from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
+
+MAX_MANIFEST_BYTES = 1 << 30
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Read and check a manifest: a regular file inside its folder (never a FIFO, a device
+    or a link out of the folder), of sane size, holding a valid manifest."""
+    _inside(path, path.parent, "manifest")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InvalidDump(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidDump(f"{path} is not a regular file; refused")
+        if info.st_size > MAX_MANIFEST_BYTES:
+            raise InvalidDump(f"{path} is {info.st_size} bytes, too large for a manifest")
+        data = file.read(MAX_MANIFEST_BYTES + 1)
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidDump(f"{path} is not readable JSON: {str(exc)[:200]}") from None
+    return validate_manifest(parsed, str(path))
+
+
+def _inside(path: Path, folder: Path, what: str) -> str:
+    """`path` resolved, if it stays inside `folder` (symlinks followed); else InvalidDump
+    (naming only the entry, never where it points)."""
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    if not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise InvalidDump(
+            f"{what} {path.name!r} of {folder} resolves outside the dump folder; refused"
+        )
+    return real
 
 
 class Dump:
-    """A dump on disk, read lazily: only the shards a key needs are opened."""
+    """A dump on disk, read lazily: only the shards a key needs are opened.
+
+    The manifest is checked when the dump is opened, and each shard when it is read (a
+    regular file inside the folder whose header agrees with the manifest); anything wrong
+    is an `InvalidDump`.
+    """
 
     def __init__(self, path: str | Path) -> None:
         path = Path(path)
+        self._headers_checked = True
         if path.is_file() and path.suffix == ".safetensors":
+            path = path.resolve()  # the file the user named, wherever a link to it points
             self.path = path.parent
             self.manifest: dict[str, Any] = _manifest_of_file(path)
+            self._headers_checked = False  # the manifest was made from this very header
             return
         self.path = path
-        manifest_path = path / MANIFEST
         if not path.exists():
             raise HookdumpError(f"{path} does not exist; give a dump folder or a .safetensors file")
         if not path.is_dir():
             raise HookdumpError(f"{path} is not a dump folder or a .safetensors file")
-        if not manifest_path.is_file():
+        if not os.path.lexists(path / MANIFEST):
             raise HookdumpError(
                 f"{path} has no {MANIFEST}: not a dump, or its run stopped before its first shard"
             )
-        try:
-            self.manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise HookdumpError(f"{manifest_path} is not readable JSON: {exc}") from None
-        if self.manifest.get("format") != FORMAT:
-            raise HookdumpError(
-                f"{manifest_path} has format {self.manifest.get('format')!r}; this hookdump "
-                f"reads {FORMAT!r}"
-            )
+        self.manifest = read_manifest(path / MANIFEST)
 
     @classmethod
     def of_manifest(cls, folder: Path, manifest: dict[str, Any]) -> Dump:
-        """The dump in `folder` as `manifest` describes it (a torchrun rank's own part)."""
+        """The dump in `folder` as `manifest` (already checked) describes it (a torchrun
+        rank's own part)."""
         dump = cls.__new__(cls)
-        dump.path, dump.manifest = folder, manifest
+        dump.path, dump.manifest, dump._headers_checked = folder, manifest, True
         return dump
 
     @property
@@ -91,8 +129,8 @@ class Dump:
             raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.tensors)}")
         for shard in self.shards:
             if shard["start"] <= index < shard["stop"]:
-                with safe_open(str(self.path / shard["file"]), framework="pt") as f:
-                    return f.get_slice(key)[index - shard["start"]]
+                with self.open_shard(shard, [key]) as f:
+                    return self.read_rows(f, shard, key, index, index + 1)[0]
         raise IndexError(f"sample {index} is not in {self.path} ({self.num_samples} samples)")
 
     @property
@@ -102,14 +140,71 @@ class Dump:
 
     def iter_shards(self, keys: list[str] | None = None) -> Iterator[dict[str, torch.Tensor]]:
         """Each shard's tensors (or only `keys`), in sample order."""
+        wanted = keys or self.keys()
         for shard in self.shards:
-            path = self.path / shard["file"]
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    tensors = {k: f.get_tensor(k) for k in (keys or self.keys())}
-            except (OSError, safetensors.SafetensorError) as exc:
-                raise HookdumpError(f"cannot read shard {path}: {exc}") from None
+            with self.open_shard(shard, wanted) as f:
+                tensors = self._read(shard, lambda f=f: {k: f.get_tensor(k) for k in wanted})
             yield tensors
+
+    def shard_path(self, shard: dict[str, Any]) -> str:
+        """The file of a listed shard, once it is known to be a regular file in the dump."""
+        path = self.path / shard["file"]
+        real = _inside(path, self.path, "shard")
+        try:
+            mode = os.stat(real).st_mode
+        except OSError as exc:
+            raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(mode):
+            raise InvalidDump(f"shard {path} is not a regular file; refused")
+        return real
+
+    @contextlib.contextmanager
+    def open_shard(self, shard: dict[str, Any], keys: list[str]) -> Iterator[Any]:
+        """A listed shard opened with safetensors, its header checked for `keys`: each is
+        there, with the shard's rows and the manifest's per-sample shape and dtype."""
+        path = self.shard_path(shard)
+        try:
+            handle = safe_open(path, framework="pt")
+            opened = handle.__enter__()
+        except (OSError, safetensors.SafetensorError) as exc:
+            where = self.path / shard["file"]
+            raise InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}") from None
+        try:
+            if self._headers_checked:
+                self._check_header(opened, shard, keys)
+            yield opened
+        finally:
+            handle.__exit__(None, None, None)
+
+    def _check_header(self, opened: Any, shard: dict[str, Any], keys: list[str]) -> None:
+        present = set(opened.keys())
+        rows = shard["stop"] - shard["start"]
+        for key in keys:
+            where = f"shard {self.path / shard['file']}"
+            if key not in present:
+                raise InvalidDump(f"{where} has no tensor {key!r}, which the manifest lists")
+            meta, part = self.tensors[key], opened.get_slice(key)
+            want = [rows, *meta["shape"]]
+            shape, dtype = list(part.get_shape()), _DTYPES.get(part.get_dtype())
+            if shape != want or dtype != meta["dtype"]:
+                raise InvalidDump(
+                    f"{where}: {key!r} is {dtype} {shape}, but the manifest says "
+                    f"{meta['dtype']} {want}"
+                )
+
+    def read_rows(
+        self, opened: Any, shard: dict[str, Any], key: str, start: int, stop: int
+    ) -> torch.Tensor:
+        """Rows `start:stop` (dump row numbers) of `key` from a shard `open_shard` opened."""
+        first = shard["start"]
+        return self._read(shard, lambda: opened.get_slice(key)[start - first : stop - first])
+
+    def _read(self, shard: dict[str, Any], read: Any) -> Any:
+        try:
+            return read()
+        except (OSError, safetensors.SafetensorError) as exc:
+            where = self.path / shard["file"]
+            raise InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}") from None
 
     def __repr__(self) -> str:
         state = "" if self.complete else ", incomplete"
@@ -125,13 +220,12 @@ def _manifest_of_file(path: Path) -> dict[str, Any]:
     """A manifest for a lone safetensors file: keys parsed, rows from dim 0."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
             shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
             dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
     except (OSError, safetensors.SafetensorError) as exc:
         raise HookdumpError(f"cannot read {path} as safetensors: {exc}") from None
+    # its metadata's start/stop are another dump's row numbers: a lone file's rows start at 0
     rows = {shape[0] if shape else 0 for shape in shapes.values()}
-    start = int(meta.get("start", 0))
     num_rows = max(rows, default=0)
     tensors = {}
     for key, shape in shapes.items():
@@ -143,14 +237,14 @@ def _manifest_of_file(path: Path) -> dict[str, Any]:
             "call": call,
             "part": part,
             "shape": list(shape[1:]),
-            "dtype": _DTYPES.get(dtypes[key], dtypes[key].lower()),
+            "dtype": _DTYPES.get(dtypes[key], str(dtypes[key]).lower()),
         }
     return {
         "format": FORMAT,
         "complete": True,
         "num_samples": num_rows,
         "tensors": tensors,
-        "shards": [{"file": path.name, "start": start, "stop": start + num_rows}],
+        "shards": [{"file": path.name, "start": 0, "stop": num_rows}],
     }
 
 

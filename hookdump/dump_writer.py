@@ -18,25 +18,22 @@ import torch
 
 from hookdump.capturing import KeyInfo
 from hookdump.direct_io import AppendFile, PositionalFile, round_up
+from hookdump.dump_folder import (
+    DUMP_FILE,
+    check_out_dir,
+    create_new,
+    describe_os_error,
+    make_trash,
+    open_existing,
+    publish,
+    remove_entry,
+    write_durably,
+)
+from hookdump.dump_format import FORMAT, MANIFEST
 from hookdump.errors import HookdumpError
 
-FORMAT = "hookdump/1"
-MANIFEST = "manifest.json"
 DEFAULT_SHARD_BYTES = 1 << 30
-
-
-def _default_file_mode() -> int:
-    umask = os.umask(0)  # reading the umask means setting it; put it straight back
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-_FILE_MODE = _default_file_mode()
-_TRASH = ".hookdump-old-"  # an old dump being deleted (left behind if that was interrupted)
-_DUMP_FILE = re.compile(
-    r"^(manifest(-r\d+)?\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
-    r"|\.hookdump-old-\d+)$"
-)
+__all__ = ["FORMAT", "MANIFEST", "DumpWriter"]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -44,34 +41,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def check_out_dir(out: Path, overwrite: bool, ignore: Path | None = None) -> None:
-    """Refuse an `--out` that cannot take a dump (`ignore`: our own file); touches nothing."""
-    if out.exists() and not out.is_dir():
-        raise HookdumpError(f"--out {out} is a file; give a folder (new or empty)")
-    if not out.is_dir():
-        return
-    present = sorted(p.name for p in out.iterdir() if p != ignore)
-    if not present:
-        return
-    if not overwrite:
-        raise HookdumpError(
-            f"--out {out} exists and is not empty; pass --overwrite to replace the dump in "
-            "it, or choose another folder"
-        )
-    foreign = [name for name in present if not _DUMP_FILE.match(name)]
-    if foreign:
-        raise HookdumpError(
-            f"--out {out} holds files that are not part of a hookdump dump "
-            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); --overwrite "
-            "only replaces dumps, so choose another folder"
-        )
-
-
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON through a temporary file, so a reader never sees half of it."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write JSON durably through a fresh temporary file, so a reader never sees half of it."""
+    write_durably(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 _ST_DTYPES = {
@@ -86,12 +58,14 @@ class ShardFile:
 
     The data goes straight from each tensor's memory to the file (see `direct_io`), after
     `reserve` bytes kept for the header; the header is then padded with spaces to fill them,
-    as the format allows.
+    as the format allows. `close` leaves the finished file under its temporary name,
+    `sealed`: the writer moves it into place.
     """
 
     def __init__(self, path: Path, reserve: int) -> None:
         self.path = path
         self.tmp = path.with_name(path.name + ".tmp")
+        self.sealed: Path | None = None
         self.reserve = round_up(reserve)  # data starts block-aligned (and so 8-byte aligned)
         self.entries: dict[str, dict[str, Any]] = {}
         self.size = 0
@@ -108,35 +82,40 @@ class ShardFile:
         self.size += nbytes
 
     def close(self, metadata: dict[str, str]) -> None:
-        """Write the header, then move the file into place."""
+        """Write the header and sync the file to disk (still under its temporary name)."""
         self.file.close()
-        _seal(self.tmp, self.path, self.reserve, self.entries, metadata)
+        _seal(self.tmp, self.reserve, self.entries, metadata)
+        self.sealed = self.tmp
 
     def abort(self) -> None:
-        """Drop the half-written file."""
+        """Drop the half-written (or sealed but unpublished) file."""
         self.file.abort()
-        self.tmp.unlink(missing_ok=True)
+        remove_entry(self.tmp)
 
 
-def _seal(
-    tmp: Path, path: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str]
-) -> None:
-    """Write the header into the `reserve` bytes before the data, then move `tmp` to `path`."""
+def _seal(tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str]) -> None:
+    """Write the header into the `reserve` bytes before the data and sync the file."""
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     if len(header) + 8 > reserve:  # more keys than reserved for: move the data along once
         grown_reserve = round_up(len(header) + 8 + 4096)
         grown = tmp.with_name(tmp.name + "-grow")  # not .tmp2: a PlannedShard's
-        with tmp.open("rb") as src, grown.open("wb") as dst:
-            src.seek(reserve)
-            dst.seek(grown_reserve)
-            shutil.copyfileobj(src, dst, 1 << 24)
-        os.replace(grown, tmp)
+        try:
+            with (
+                os.fdopen(open_existing(tmp, os.O_RDONLY), "rb") as src,
+                os.fdopen(create_new(grown), "wb") as dst,
+            ):
+                src.seek(reserve)
+                dst.seek(grown_reserve)
+                shutil.copyfileobj(src, dst, 1 << 24)
+            os.replace(grown, tmp)
+        finally:
+            remove_entry(grown)
         reserve = grown_reserve
     room = reserve - 8
-    with tmp.open("r+b") as file:
+    with os.fdopen(open_existing(tmp, os.O_WRONLY), "wb") as file:
         file.write(struct.pack("<Q", room) + header + b" " * (room - len(header)))
-    os.chmod(tmp, _FILE_MODE)
-    os.replace(tmp, path)
+        file.flush()
+        os.fsync(file.fileno())  # the data too: it went to the same file
 
 
 class PlannedShard:
@@ -147,6 +126,7 @@ class PlannedShard:
     def __init__(self, path: Path, layout: list[tuple[str, torch.dtype, list[int]]], rows: int):
         self.path = path
         self.tmp = path.with_name(path.name + ".tmp2")
+        self.sealed: Path | None = None  # the finished file, once closed (as ShardFile)
         self.rows = rows
         self.filled = 0
         self.layout: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
@@ -167,7 +147,8 @@ class PlannedShard:
         self.filled = max(self.filled, row + tensor.shape[0])
 
     def close(self, metadata: dict[str, str]) -> None:
-        """Write the shard under its final name (compacted if it holds fewer rows)."""
+        """Finish the shard (compacted if it holds fewer rows) and sync it, under the
+        temporary name `sealed`."""
         if self.filled == self.rows:  # the data is already in place: add the header
             entries, size = {}, 0
             for key, (dtype, shape, _, row_bytes) in self.layout.items():
@@ -175,10 +156,8 @@ class PlannedShard:
                 entries[key] = _entry(dtype, [self.rows, *shape], size, nbytes)
                 size += nbytes
             self.file.close()
-            try:
-                _seal(self.tmp, self.path, self.reserve, entries, metadata)
-            finally:
-                self.tmp.unlink(missing_ok=True)
+            _seal(self.tmp, self.reserve, entries, metadata)
+            self.sealed = self.tmp
             return
         self.file.flush()  # the rows are read back from the file
         final = ShardFile(self.path, self.reserve)
@@ -191,6 +170,7 @@ class PlannedShard:
             raise
         finally:
             self.abort()
+        self.sealed = final.sealed
 
     def _read_rows(self, key: str) -> torch.Tensor:
         """The rows of `key` written so far (one key in memory at a time)."""
@@ -202,9 +182,12 @@ class PlannedShard:
         return flat.view(dtype).reshape(self.filled, *shape)
 
     def abort(self) -> None:
+        """Drop the file (and a compacted copy that was sealed but not published)."""
         with contextlib.suppress(OSError):  # already failing: the error was raised before
             self.file.close()
-        self.tmp.unlink(missing_ok=True)
+        remove_entry(self.tmp)
+        if self.sealed is not None and self.sealed != self.tmp:
+            remove_entry(self.sealed)
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -218,9 +201,10 @@ def _entry(dtype: torch.dtype, shape: list[int], start: int, nbytes: int) -> dic
 class DumpWriter:
     """The dump folder: shards, each listed in the manifest once complete, the manifest last.
 
-    The folder is prepared (an old dump moved aside and deleted in the background, with
-    `overwrite`) only when the first shard is opened, so a run that fails before its first
-    batch leaves `out` as it was.
+    The caller holds the folder's lock (`dump_folder.locked`). An old dump (with
+    `overwrite`) stays whole and readable until the new dump's first shard is complete on
+    disk; only then is it moved aside and deleted in the background, so a run that fails
+    before that leaves `out` as it was.
     """
 
     def __init__(
@@ -241,7 +225,6 @@ class DumpWriter:
         self.shards: list[dict[str, Any]] = []
         self.fields: dict[str, Any] = {}  # the rest of the manifest: model, command, versions
         self._prepared = False
-        self._created = not out.exists()
         self._cleanup: threading.Thread | None = None
 
     def open_shard(self, keys_expected: int) -> ShardFile:
@@ -250,7 +233,6 @@ class DumpWriter:
         Its temporary file sits beside an old dump until the shard commits, so a run that
         fails in its first batch leaves the old dump as it was.
         """
-        self.out.mkdir(parents=True, exist_ok=True)
         name = f"{self.shard_prefix}{len(self.shards):05d}.safetensors"
         return ShardFile(self.out / name, 4096 + 256 * max(keys_expected, len(self.tensors)))
 
@@ -264,18 +246,37 @@ class DumpWriter:
         return PlannedShard(self.out / name, layout, rows)
 
     def commit_shard(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
-        """Close a shard's file, list it, and rewrite the manifest (still incomplete)."""
+        """Finish a shard's file and sync it; then (first shard) move an old dump aside; then
+        move the shard into place, list it and rewrite the manifest (still incomplete)."""
         if start != (self.shards[-1]["stop"] if self.shards else 0):
             raise ValueError(f"shards out of order: a shard starting at row {start}")
-        self._prepare(keep=shard.tmp)
         meta = {"format": FORMAT, "start": str(start), "stop": str(stop)}
         try:
             shard.close(meta)
-        except OSError as exc:
+            assert shard.sealed is not None
+            self._prepare(keep=shard.sealed.name)
+            publish(shard.sealed, shard.path)
+        except BaseException as exc:
             shard.abort()
-            raise HookdumpError(f"writing {shard.path} failed: {exc.strerror or exc}") from None
+            if isinstance(exc, OSError):
+                raise HookdumpError(
+                    f"writing {shard.path} failed: {describe_os_error(exc)}"
+                ) from None
+            raise
         self.shards.append({"file": shard.path.name, "start": start, "stop": stop})
         self.write_manifest(complete=False)
+
+    def check_room(self, needed: int, written: int) -> None:
+        """Refuse a dump of about `needed` bytes (`written` of them already in the first
+        shard's temporary file) that the disk under `out` cannot hold."""
+        free = shutil.disk_usage(self.out).free + written
+        if self.overwrite and not self._prepared:  # the old dump's bytes will be free
+            free += sum(_size(p) for p in self.out.iterdir())
+        if needed > free:
+            raise HookdumpError(
+                f"the dump needs about {_gb(needed)} but only {_gb(free)} is free under "
+                f"--out {self.out}; make room, lower --num-samples, or choose another folder"
+            )
 
     def describe(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
         """Note a key's manifest entry (first batch), or check it did not change (later)."""
@@ -302,33 +303,38 @@ class DumpWriter:
 
     def prepared_elsewhere(self) -> None:
         """Another process cleared the folder: leave it alone."""
-        self._prepared, self._created = True, False
+        self._prepared = True
 
-    def _prepare(self, keep: Path | None = None) -> None:
+    def _prepare(self, keep: str | None = None) -> None:
         if self._prepared:
             return
-        check_out_dir(self.out, self.overwrite, keep)  # again: it may have changed meanwhile
-        self.out.mkdir(parents=True, exist_ok=True)
-        old = sorted((p for p in self.out.iterdir() if p != keep), key=lambda p: p.name != MANIFEST)
+        kept = {keep} if keep else set()
+        check_out_dir(self.out, self.overwrite, kept)  # again: it may have changed meanwhile
+        old = sorted(
+            (p for p in self.out.iterdir() if p.name not in kept),
+            key=lambda p: p.name != MANIFEST,
+        )
         if old:
             # the manifest goes first, so a half-removed dump never reads as complete; the
             # rest is deleted in the background (unlinking gigabytes takes a while)
-            trash = self.out / f"{_TRASH}{os.getpid()}"
-            trash.mkdir(exist_ok=True)
+            trash = make_trash(self.out)
             for path in old:
-                if path != trash:
-                    os.replace(path, trash / path.name)
+                os.replace(path, trash / path.name)  # moves links themselves, never targets
             self._cleanup = threading.Thread(target=shutil.rmtree, args=(trash, True))
             self._cleanup.start()
         self._prepared = True
 
     def manifest(self, complete: bool) -> dict[str, Any]:
         """The manifest for what has been written so far."""
+        num_samples = self.shards[-1]["stop"] if self.shards else 0
+        fields = dict(self.fields)
+        if "sample_ids" in fields:  # ids of the samples written, not of those still to come
+            fields["sample_ids"] = list(fields["sample_ids"][:num_samples])
         return {
             "format": FORMAT,
             "complete": complete,
-            "num_samples": self.shards[-1]["stop"] if self.shards else 0,
-            **self.fields,
+            "num_samples": num_samples,
+            **fields,
             "tensors": self.tensors,
             "shards": self.shards,
         }
@@ -351,31 +357,37 @@ class DumpWriter:
         A torchrun rank (`names`: its shard prefix and manifest) touches only its own."""
         writer = cls(out, overwrite=True, shard_bytes=shard_bytes, **names)  # type: ignore[arg-type]
         writer.tensors, writer.shards = manifest["tensors"], manifest["shards"]
-        writer._prepared, writer._created = True, False
+        writer._prepared = True
         listed = {writer.manifest_name} | {s["file"] for s in writer.shards}
         mine = names.get("shard_prefix", "")  # one process: every stray dump file
         for path in out.iterdir():
             if (
                 path.name.startswith(mine)
                 and path.name not in listed
-                and _DUMP_FILE.match(path.name)
+                and DUMP_FILE.match(path.name)
             ):
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink()
+                remove_entry(path)
         return writer
-
-    def abandon(self) -> None:
-        """After a failed run: remove the folder if this run made it and left it empty."""
-        if self._created and self.out.is_dir() and not any(self.out.iterdir()):
-            self.out.rmdir()
 
     def finish(self) -> dict[str, Any]:
         """Write the complete manifest, once the old dump's files are gone."""
         if self._cleanup is not None:
             self._cleanup.join()
         return self.write_manifest(complete=True)
+
+
+def _size(path: Path) -> int:
+    """Bytes held by a file of an old dump (a folder of them: their sum), links not followed."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            return path.lstat().st_size
+        return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_dir())
+    except OSError:
+        return 0
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3g} GB"
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)

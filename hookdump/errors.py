@@ -12,6 +12,11 @@ class HookdumpError(Exception):
     exit_code = 2
 
 
+class InvalidDump(HookdumpError):
+    """A dump on disk that cannot be trusted: a malformed manifest, a shard that is missing,
+    not a regular file, outside the dump folder, or unlike what the manifest says; exit 2."""
+
+
 class CheckFailed(HookdumpError):
     """A check the user asked for failed (a diff mismatch, non-finite values); exit code 1."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 from hookdump.errors import HookdumpError
 from hookdump.inputs import Batch, InputSpec
@@ -36,6 +36,7 @@ class FileInput:
     ids: list[Any]
     batches: Callable[[int], Iterator[Batch]]
     skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
+    files: list[Path] = field(default_factory=list)  # every file it reads, for the checks
 
 
 def is_file_input(text: str) -> bool:
@@ -148,8 +149,9 @@ class _Images(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[int, torch.Tensor | None, str | None]:
         try:
             return index, self.transform(open_rgb(self.paths[index])), None
-        except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
-            return index, None, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # an untrusted file: any failure to decode it is its own
+            message = " ".join(str(exc).split())[:200]
+            return index, None, f"{type(exc).__name__}: {message}"
 
 
 def _as_list(items: list[Any]) -> list[Any]:
@@ -163,12 +165,14 @@ def image_input(
     skip_bad: bool,
     workers: int,
     done: list[str] | None = None,
+    files: list[Path] | None = None,
 ) -> FileInput:
     """Images decoded in `workers` processes; undecodable ones stop the run, or are skipped.
 
     `done`: the ids of samples already dumped (when resuming): reading goes on after the
-    last of them.
+    last of them. `files`: every image of the dump (all ranks'), for the resume check.
     """
+    files = paths if files is None else files
     done = done or []
     if done:
         names = [str(p) for p in paths]
@@ -179,6 +183,7 @@ def image_input(
             )
         paths = paths[names.index(done[-1]) + 1 :]
     source = FileInput("images", len(done) + len(paths), list(done), lambda _: iter(()))
+    source.files = list(files)
 
     def batches(batch_size: int) -> Iterator[Batch]:
         loader = torch.utils.data.DataLoader(
@@ -244,7 +249,8 @@ def tensor_input(
             else:
                 yield Batch((), parts, start, stop)
 
-    return FileInput("tensors", total, list(range(offset, offset + total)), batches)
+    ids = list(range(offset, offset + total))
+    return FileInput("tensors", total, ids, batches, files=[path])
 
 
 ReadRows = Callable[[int, int], torch.Tensor]
@@ -270,6 +276,11 @@ def _open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
             return {k: (shape, reader(k)) for k, shape in shapes.items()}
         if suffix == ".npy":
             array = np.load(path, mmap_mode="r", allow_pickle=False)
+            if array.dtype.kind not in "biuf":
+                raise HookdumpError(
+                    f"--input {path} holds {array.dtype} values; a model takes numbers: save "
+                    "a numeric (bool, int or float) array"
+                )
             return {
                 "input": (list(array.shape), lambda a, b: torch.from_numpy(np.array(array[a:b])))
             }
@@ -297,7 +308,7 @@ def _float32(tensor: torch.Tensor) -> torch.Tensor:
 
 def open_input(
     text: str,
-    spec: InputSpec,
+    spec: Callable[[], InputSpec],
     weights_transforms: Any,
     image_size: int | None,
     skip_bad: bool,
@@ -306,17 +317,20 @@ def open_input(
     done: list[Any] | None = None,
     part: tuple[int, int] | None = None,
 ) -> FileInput:
-    """The file input that `--input` names (anything but `random`); `done`: ids of samples
-    already in the dump being resumed; `part` (rank, world): a torchrun rank's slice."""
+    """The file input that `--input` names (anything but `random`); `spec`: the model's
+    input spec, asked for only by images; `done`: ids of samples already in the dump being
+    resumed; `part` (rank, world): a torchrun rank's slice."""
     path = Path(text)
     if path.suffix in TENSOR_SUFFIXES:
         if not path.is_file():
             raise HookdumpError(f"--input {text}: no such file")
         return tensor_input(path, limit, len(done or []), part)
     paths = image_paths(text)
-    transform = image_transform(spec, weights_transforms, image_size)
+    image_spec = spec()
+    transform = image_transform(image_spec, weights_transforms, image_size)
     paths = paths[:limit] if limit else paths
+    mine = paths
     if part is not None:
         rank, world = part
-        paths = paths[rank * len(paths) // world : (rank + 1) * len(paths) // world]
-    return image_input(paths, spec, transform, skip_bad, workers, done)
+        mine = paths[rank * len(paths) // world : (rank + 1) * len(paths) // world]
+    return image_input(mine, image_spec, transform, skip_bad, workers, done, files=paths)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from hookdump.capturing import KeyInfo
+from hookdump.dump_folder import leftovers
 from hookdump.dump_reader import Dump
 from hookdump.stats import KeySummary
 
@@ -51,9 +52,12 @@ def inspect_dump(path: str | Path) -> Inspection:
             f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
             f"({len(dump.shards)} complete shards); finish it with the same command and --resume"
         )
-    leftovers = sorted(p.name for p in dump.path.glob("*.tmp")) if Path(path).is_dir() else []
-    if leftovers:
-        problems.append(f"half-written files from an interrupted run: {', '.join(leftovers)}")
+    stray = leftovers(dump.path) if Path(path).is_dir() else []
+    if stray:
+        problems.append(
+            f"half-written files or an old dump's remains from an interrupted run: "
+            f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
+        )
     readable = []
     for shard in dump.shards:
         if not (dump.path / shard["file"]).is_file():

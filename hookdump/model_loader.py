@@ -43,6 +43,7 @@ class LoadedModel:
     transforms: Any = None  # the torchvision weights' preprocessing, when they have one
     input_shape: tuple[int, ...] | None = None  # per sample, when the model file records it
     weights_file: Path | None = None
+    model_file: Path | None = None  # MODEL, when it is a file
     warnings: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
@@ -127,11 +128,13 @@ def load_model(
     """Build the model that `spec` names (seeded by `seed`), then load `weights` into it."""
     kwargs = model_args or {}
     torch.manual_seed(seed)
-    if _is_model_file(spec):
+    if is_model_file(spec):
         if kwargs:
             raise HookdumpError(f"MODEL {spec} is a file; it takes no --model-arg")
         module, shape = _load_model_file(Path(spec), unsafe_pickle)
-        loaded = LoadedModel(module, spec, weights, "custom", input_shape=shape)
+        loaded = LoadedModel(
+            module, spec, weights, "custom", input_shape=shape, model_file=Path(spec)
+        )
     elif ":" in spec:
         module = _build(_import_attribute(spec), spec, kwargs)
         loaded = LoadedModel(module, spec, weights, "custom")
@@ -179,7 +182,8 @@ def _with_checkpoint(loaded: LoadedModel, path: Path, strict: bool) -> LoadedMod
     return loaded
 
 
-def _is_model_file(spec: str) -> bool:
+def is_model_file(spec: str) -> bool:
+    """True when MODEL names a file (an export archive or a pickled module)."""
     path = Path(spec)
     return path.suffix in (".pt2", ".pt", ".pth", ".bin") or (":" not in spec and path.is_file())
 

@@ -1,16 +1,26 @@
-"""Resuming an interrupted dump: what it was made with, and where it stopped."""
+"""Resuming an interrupted dump: what it was made with, and where it stopped.
+
+A resumed dump must be the dump an uninterrupted run would have made, so `--resume` checks
+the options that shape it (`recipe`) and the files it was made from (`sources`): the
+SHA-256 of the model and weights files, and the path, size and modification time of every
+input file.
+"""
 
 from __future__ import annotations
 
-import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookdump.distributed import RANK_MANIFESTS, Ranks, rank_names
-from hookdump.dump_reader import Dump
-from hookdump.dump_writer import MANIFEST, check_out_dir
+from hookdump.dump_reader import Dump, read_manifest
+from hookdump.dump_writer import MANIFEST
 from hookdump.errors import HookdumpError
+from hookdump.weights import sha256
 
 if TYPE_CHECKING:
+    from hookdump.input_files import FileInput
+    from hookdump.model_loader import LoadedModel
     from hookdump.runner import RunOptions
 
 RECIPE = (
@@ -25,6 +35,67 @@ def recipe(options: RunOptions) -> dict[str, Any]:
     return {name: getattr(options, name) for name in RECIPE}
 
 
+def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]:
+    """The files a dump is made from, as the manifest records them."""
+    found: dict[str, Any] = {}
+    for name, path in (("model", loaded.model_file), ("weights", loaded.weights_file)):
+        if path is not None:
+            found[name] = {"path": str(path), "sha256": sha256(path)}
+    if file_input is not None:
+        found["input"] = [_stat(path) for path in file_input.files]
+    return found
+
+
+def _stat(path: Path) -> list[Any]:
+    info = os.stat(path)
+    return [str(path), info.st_size, info.st_mtime_ns]
+
+
+_FLAGS = {"model": "MODEL", "weights": "--weights"}
+
+
+def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
+    """Refuse to resume when a file the dump was made from has changed (one line naming it).
+    A dump from a hookdump that did not record its sources is taken as it is."""
+    if not isinstance(before, dict):
+        return
+    fix = "restore it, or start anew with --overwrite"
+    for name, flag in _FLAGS.items():
+        old, new = before.get(name), now.get(name)
+        if old != new:
+            what = (new or old or {}).get("path", "?")
+            raise HookdumpError(
+                f"--resume: {flag} {what} is not the file the dump in {out} was made from "
+                f"(SHA-256 {_short(old)}, now {_short(new)}); {fix}"
+            )
+    if "input" not in before and "input" not in now:
+        return
+    old_files = {row[0]: row[1:] for row in before.get("input") or [] if isinstance(row, list)}
+    new_files = {row[0]: row[1:] for row in now.get("input") or []}
+    for path, (size, mtime) in new_files.items():
+        if path not in old_files:
+            change = "was added"
+        elif old_files[path] != [size, mtime]:
+            change = "changed (size or modification time)"
+        else:
+            continue
+        raise HookdumpError(
+            f"--resume: --input file {path} {change} since the dump in {out} began; {fix}"
+        )
+    gone = [path for path in old_files if path not in new_files]
+    if gone:
+        raise HookdumpError(
+            f"--resume: --input file {gone[0]} is no longer among the inputs of the dump in "
+            f"{out}; {fix}"
+        )
+
+
+def _short(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "none"
+    return str(entry.get("sha256", "?"))[:12]
+
+
 def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, Any] | None:
     """The incomplete dump that --resume carries on (None: nothing there yet, start anew).
     Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
@@ -32,7 +103,7 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
     if out is None:
         raise HookdumpError("--resume needs --out: the folder of the interrupted dump")
     by_ranks = sorted(out.glob(RANK_MANIFESTS)) if out.is_dir() else []
-    if (out / MANIFEST).is_file():
+    if (out / MANIFEST).exists():
         manifest = Dump(out).manifest
         if manifest.get("complete"):
             raise HookdumpError(f"--resume: {out} is already complete; nothing to do")
@@ -42,7 +113,7 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
                 "torchrun"
             )
     elif ranks is None and by_ranks:
-        world = json.loads(by_ranks[0].read_text()).get("processes", "several")
+        world = read_manifest(by_ranks[0]).get("processes", "several")
         raise HookdumpError(
             f"--resume: the dump in {out} was started under torchrun; resume it with "
             f"torchrun --nproc-per-node {world}"
@@ -51,7 +122,7 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
         mine = out / rank_names(ranks)["manifest_name"]
         if not mine.is_file():  # this rank had finished no shard: it starts its part anew
             return {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
-        manifest = json.loads(mine.read_text())
+        manifest = read_manifest(mine)
         if manifest.get("processes") != ranks.world:
             raise HookdumpError(
                 f"--resume: the dump in {out} was started by {manifest.get('processes')} "
@@ -59,10 +130,13 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
                 f"{manifest.get('processes')}"
             )
     else:
-        if out.is_dir() and any(out.glob("shard-*")):
-            check_out_dir(out, overwrite=True)  # only half-written shards: start anew
-        return None
-    before = manifest.get("recipe", {})
+        return None  # no shard was finished: the run starts anew (no work is lost)
+    if len(manifest.get("sample_ids") or []) < manifest["num_samples"]:
+        raise HookdumpError(
+            f"--resume: the manifest in {out} does not list its samples' ids, so the dump "
+            "cannot be carried on; start anew with --overwrite"
+        )
+    before = manifest.get("recipe") or {}
     for name, value in recipe(options).items():
         if before.get(name) != value:
             flag = "MODEL" if name == "model" else f"--{name.replace('_', '-')}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
 import sys
 import time
@@ -25,16 +26,18 @@ from hookdump.distributed import (
     rank_names,
     rank_writer,
 )
+from hookdump.dump_folder import check_out_dir, locked, refuse_reads_inside
 from hookdump.dump_reader import Dump
-from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter, check_out_dir
+from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter
 from hookdump.errors import HookdumpError, Interrupted
 from hookdump.gradients import backward, inputs_requiring_grad, parse_grad_target
-from hookdump.input_files import open_input
+from hookdump.input_files import FileInput, open_input
 from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
 from hookdump.inspection import summarize
-from hookdump.model_loader import LoadedModel, load_model, parse_model_args
-from hookdump.resuming import previous_dump, recipe
+from hookdump.model_loader import LoadedModel, is_model_file, load_model, parse_model_args
+from hookdump.resuming import check_sources, previous_dump, recipe, sources
 from hookdump.stats import KeySummary
+from hookdump.weights import is_checkpoint_path
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -72,6 +75,7 @@ class RunOptions:
     early_stop: bool = True
     shard_bytes: int = DEFAULT_SHARD_BYTES
     command: list[str] = field(default_factory=lambda: list(sys.argv))
+    config: Path | None = None  # the file the options came from: never read from --out
 
 
 @dataclass
@@ -114,11 +118,17 @@ class RunResult:
 
 @dataclass
 class Prepared:
-    """A model on its device with its input spec: what `run` and `layers` both start from."""
+    """A model on its device: what `run` and `layers` both start from."""
 
     loaded: LoadedModel
-    spec: InputSpec
     device: torch.device
+    shape: tuple[int, ...] | None = None  # --input-shape
+
+    @functools.cached_property
+    def spec(self) -> InputSpec:
+        """The random-input spec, worked out only when asked for: a model fed from a tensor
+        file needs none, and may have no layer to guess one from."""
+        return input_spec(self.loaded, self.shape)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -168,7 +178,7 @@ def prepare(
     loaded = load_model(model, weights, kwargs, seed, strict, unsafe_pickle)
     loaded.module.train(train)
     loaded.module.to(target)
-    return Prepared(loaded, input_spec(loaded, shape), target)
+    return Prepared(loaded, target, shape)
 
 
 def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> Any:
@@ -180,6 +190,8 @@ def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> 
     except (KeyboardInterrupt, HookdumpError):
         raise
     except Exception as exc:
+        if out_of_memory(exc):
+            raise
         message = " ".join(str(exc).split()) or "(no message)"
         if len(message) > 300:
             message = message[:300] + "..."
@@ -196,6 +208,24 @@ def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> 
         ) from None
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed (on the CPU or the GPU)."""
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text
+    )
+
+
+def _out_of_memory_error(options: RunOptions) -> HookdumpError:
+    shape = f" or --input-shape (now {options.input_shape})" if options.input_shape else ""
+    return HookdumpError(
+        f"ran out of memory at --batch-size {options.batch_size}; lower --batch-size{shape}, "
+        "or --layers fewer modules"
+    )
+
+
 def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
     if dtype == torch.float32:
         return contextlib.nullcontext()
@@ -204,7 +234,10 @@ def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCo
 
 def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = None) -> RunResult:
     """Dump what the selected modules produce for the input; `on_batch(samples done, total,
-    bytes captured)` reports progress."""
+    bytes captured)` reports progress.
+
+    `--out` is locked for the whole run (under torchrun, by rank 0 for all), before anything
+    in it is looked at."""
     started = time.perf_counter()
     if options.batch_size < 1:
         raise HookdumpError(f"--batch-size {options.batch_size} must be at least 1")
@@ -213,13 +246,49 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
         raise HookdumpError(f"--num-samples {num_samples} must be at least 1")
     if options.image_size is not None and options.image_size < 1:
         raise HookdumpError(f"--image-size {options.image_size} must be at least 1")
+    resolve_dtype(options.dtype, "--dtype")
+    if options.save_dtype:
+        resolve_dtype(options.save_dtype, "--save-dtype")
+    parse_grad_target(options.grad_target)
+    _refuse_reading_the_output(options)
+    ranks = from_environment(options.device)  # set when run under torchrun
+    with locked(options.out if ranks is None or ranks.main else None):
+        try:
+            return _run(options, ranks, num_samples, started, on_batch)
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise _out_of_memory_error(options) from None
+            raise
+
+
+def _refuse_reading_the_output(options: RunOptions) -> None:
+    """Every file the options name that the run reads must lie outside `--out`."""
+    named: list[tuple[str, str | Path | None]] = [
+        ("MODEL", options.model if is_model_file(options.model) else None),
+        ("--weights", options.weights if is_checkpoint_path(options.weights) else None),
+        ("--input", options.input if options.input not in ("random", "-") else None),
+        ("--config", options.config),
+    ]
+    for what, path in named:
+        if path is not None:
+            refuse_reads_inside(options.out, what, [Path(path)])
+
+
+def _run(
+    options: RunOptions,
+    ranks: Any,
+    num_samples: int,
+    started: float,
+    on_batch: Callable[[int, int, int], None] | None,
+) -> RunResult:
     forward_dtype = resolve_dtype(options.dtype, "--dtype")
     grad_target = parse_grad_target(options.grad_target)
     save_dtype = resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None
-    ranks = from_environment(options.device)  # set when run under torchrun
     previous = previous_dump(options, ranks) if options.resume else None
+    # --resume with nothing to carry on (or only a first shard cut short): start anew
+    overwrite = options.overwrite or (options.resume and previous is None)
     if options.out is not None and previous is None:
-        check_out_dir(options.out, options.overwrite)  # fail before the slow part
+        check_out_dir(options.out, overwrite)  # fail before the slow part
 
     prepared = prepare(
         options.model,
@@ -239,7 +308,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
         reduce=options.reduce,
     )  # fmt: skip
     done_ids: list[Any] = previous["sample_ids"][: previous["num_samples"]] if previous else []
-    source = None
+    source: FileInput | None = None
     part = (ranks.rank, ranks.world) if ranks else None
     first, stop = ranks.span(num_samples) if ranks else (0, num_samples)
     if options.input == "random":
@@ -249,7 +318,7 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
     else:
         source = open_input(
             options.input,
-            prepared.spec,
+            lambda: prepared.spec,
             prepared.loaded.transforms,
             options.image_size,
             options.skip_bad_inputs,
@@ -258,22 +327,26 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
             done_ids,
             part,
         )
+        refuse_reads_inside(options.out, "--input", source.files)
         batches = source.batches(options.batch_size)
+    made_from = sources(prepared.loaded, source)
+    if previous is not None:
+        check_sources(options.out, previous.get("sources"), made_from)
 
     writer = None
     if previous is not None:  # previous_dump() made sure --out is given
         writer = DumpWriter.resume(options.out, previous, options.shard_bytes, **rank_names(ranks))
     elif options.out is not None and ranks is not None:
-        writer = rank_writer(options.out, options.overwrite, options.shard_bytes, ranks)
+        writer = rank_writer(options.out, overwrite, options.shard_bytes, ranks)
     elif options.out is not None:
-        writer = DumpWriter(options.out, options.overwrite, options.shard_bytes)
-    sample_ids: list[Any] = list(range(first, stop)) if source is None else source.ids
+        writer = DumpWriter(options.out, overwrite, options.shard_bytes)
+    sample_ids: Any = range(first, stop) if source is None else source.ids
     skipped_inputs = source.skipped if source else []
     skipped_before = len(previous.get("skipped_inputs", [])) if previous else 0
     if previous:
         skipped_inputs[:0] = previous.get("skipped_inputs", [])
     if writer:
-        writer.fields = _manifest_fields(options, prepared, cap, sample_ids)
+        writer.fields = _manifest_fields(options, prepared, cap, sample_ids, source, made_from)
         writer.fields["skipped_inputs"] = skipped_inputs  # live: partial manifests keep it
         if ranks is not None:
             writer.fields["processes"] = ranks.world
@@ -313,19 +386,15 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
                 f"{rows} samples are safe in {writer.out}; run the same command with --resume "
                 "to finish the dump"
             ) from None
-        if writer:
-            writer.abandon()
         raise Interrupted("nothing was written") from None
     except BaseException:
         sink.abort()
-        if writer:
-            writer.abandon()
         raise
     looped_at = time.perf_counter()
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
     skipped += list(sink.unbatched.values())
     if ranks is not None:
-        done = merge_ranks(ranks, writer, sink, sample_ids, skipped, skipped_inputs, done)
+        done = merge_ranks(ranks, writer, sink, skipped, skipped_inputs, done)
     if done == 0:
         raise HookdumpError(f"--input {options.input}: no sample could be read")
     if previous is not None:
@@ -382,18 +451,26 @@ def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch
 
 
 def _manifest_fields(
-    options: RunOptions, prepared: Prepared, cap: Capture, sample_ids: list[Any]
+    options: RunOptions,
+    prepared: Prepared,
+    cap: Capture,
+    sample_ids: Any,
+    file_input: FileInput | None,
+    made_from: dict[str, Any],
 ) -> dict[str, Any]:
-    """Everything but the shards and tensors: what reproduces the dump. `sample_ids` is the
-    live list that file inputs fill batch by batch."""
+    """Everything but the shards and tensors: what reproduces the dump. `sample_ids` is a
+    range for random input, else the live list that file inputs fill batch by batch."""
     import safetensors
     import torchvision
 
     loaded = prepared.loaded
-    source: dict[str, Any] = {"source": options.input, "layout": prepared.spec.layout}
-    if options.input == "random":
-        source["shape"] = list(prepared.spec.shape)
+    source: dict[str, Any] = {"source": options.input}
+    if file_input is None:
+        source.update(layout=prepared.spec.layout, shape=list(prepared.spec.shape))
+    elif file_input.kind == "tensors":
+        source["layout"] = "tensors"
     else:
+        source["layout"] = prepared.spec.layout
         source["image_size"] = options.image_size
         source["preprocessing"] = (
             "weights"
@@ -404,6 +481,7 @@ def _manifest_fields(
         "model": loaded.describe(),
         "command": options.command,
         "recipe": recipe(options),
+        "sources": made_from,
         "selection": {
             "layers": options.layers,
             "exclude": options.exclude,

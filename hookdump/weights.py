@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
 import socket
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -29,9 +31,16 @@ def is_checkpoint_path(value: str) -> bool:
 
 
 def sha256(path: Path) -> str:
-    """The file's SHA-256, for the manifest."""
+    """The file's SHA-256, for the manifest (computed once per run for a file that does not
+    change meanwhile)."""
+    info = path.stat()
+    return _sha256(str(path.resolve()), info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -40,17 +49,25 @@ def sha256(path: Path) -> str:
 def torch_load_safely(path: Path, what: str) -> Any:
     """`torch.load(weights_only=True)`: a pickle that would run code is refused, not run."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's notes on pickle protocols: noise here
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
         raise HookdumpError(
             f"{what} {path} holds pickled objects that would run code when loaded, so it was "
-            f"refused and nothing in it was executed ({first[:160]}); save a state dict "
-            "(`torch.save(model.state_dict(), ...)`) or .safetensors instead"
+            f"refused and nothing in it was executed ({_unpickler_reason(str(exc))}); save a "
+            "state dict (`torch.save(model.state_dict(), ...)`) or .safetensors instead"
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
         message = " ".join(str(exc).split())[:200]
         raise HookdumpError(f"{what} {path} is not a readable torch file: {message}") from None
+
+
+def _unpickler_reason(text: str) -> str:
+    """The part of torch's weights-only refusal that names what was refused."""
+    _, marker, rest = text.partition("WeightsUnpickler error:")
+    reason = rest.split("Check the documentation")[0] if marker else text
+    return " ".join(reason.split())[:160] or "refused by torch's weights-only loader"
 
 
 def load_checkpoint(path: Path) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import hookdump
+from hookdump.dump_folder import publish
 from hookdump.dump_writer import ShardFile
 
 
@@ -32,6 +33,8 @@ def test_a_shard_file_is_plain_safetensors_for_every_dtype(tmp_path: Path) -> No
     for key, value in tensors.items():
         shard.write(key, value)
     shard.close({"start": "0", "stop": "3"})
+    assert shard.sealed is not None
+    publish(shard.sealed, shard.path)
     loaded = load_file(tmp_path / "s.safetensors")
     assert loaded.keys() == tensors.keys()
     for key, value in tensors.items():

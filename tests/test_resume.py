@@ -144,7 +144,8 @@ def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
         previous_dump(options, Ranks(rank=1, world=2, local_rank=1))
 
     (out / "manifest.json").unlink()  # as if two torchrun processes had started it
-    mine = {"processes": 2, "recipe": {}, "tensors": {}, "shards": [], "num_samples": 0}
+    mine = {"format": "hookdump/1", "complete": False, "processes": 2, "recipe": {},
+            "tensors": {}, "shards": [], "num_samples": 0}  # fmt: skip
     (out / "manifest-r01.json").write_text(json.dumps(mine))
     with pytest.raises(hookdump.HookdumpError, match="started by 2 torchrun processes, now 3"):
         previous_dump(options, Ranks(rank=1, world=3, local_rank=1))

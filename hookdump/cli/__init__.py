@@ -5,10 +5,12 @@ Nothing here imports torch at import time, so `hookdump --help` stays instant.
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
 from hookdump.cli import diff, inspect, layers, models, run, show
-from hookdump.cli._errors import HookdumpGroup
+from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
 
 app = typer.Typer(
     cls=HookdumpGroup,
@@ -30,4 +32,11 @@ app.command("show")(show.show)
 
 def main() -> None:
     """Console-script entry point."""
-    app(prog_name="hookdump")
+    try:
+        app(prog_name="hookdump")
+    except SystemExit as exc:
+        if exc.code == EXIT_INTERRUPTED:
+            # a second Ctrl-C while the interpreter shuts down (joining worker processes and
+            # threads) would print a traceback from an atexit callback: the first one counts
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise

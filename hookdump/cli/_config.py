@@ -10,6 +10,8 @@ import typer
 
 from hookdump.errors import HookdumpError, did_you_mean
 
+CONFIG_META = "hookdump.config"
+
 
 def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> None:
     """Eager callback: turn the TOML table into the command's defaults (`ctx.default_map`)."""
@@ -19,6 +21,8 @@ def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | No
         table = tomllib.loads(value.read_text())
     except OSError as exc:
         raise HookdumpError(f"--config {value}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise HookdumpError(f"--config {value} is not a text file; give a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise HookdumpError(f"--config {value} is not valid TOML: {exc}") from None
     by_key = _params_by_key(ctx)
@@ -34,6 +38,22 @@ def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | No
             setting = [setting]
         defaults[target.name] = [str(s) for s in setting] if isinstance(setting, list) else setting
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    # for the error handler: a bad value from the file names the file and key, not the flag
+    ctx.meta[CONFIG_META] = (value, {by_key[key].name: key for key in table})
+
+
+def config_value_error(exc: typer.BadParameter) -> str | None:
+    """The one-line message for a bad value that came from `--config`, else None."""
+    ctx, param = exc.ctx, exc.param
+    if ctx is None or param is None or CONFIG_META not in ctx.meta or param.name is None:
+        return None
+    source = ctx.get_parameter_source(param.name)
+    if source is None or source.name != "DEFAULT_MAP":
+        return None
+    path, keys = ctx.meta[CONFIG_META]
+    key = keys.get(param.name, param.name)
+    value = (ctx.default_map or {}).get(param.name)
+    return f"--config {path}: {key} = {value!r} is not valid ({exc.message})"
 
 
 def _params_by_key(ctx: typer.Context) -> dict[str, Any]:

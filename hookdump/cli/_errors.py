@@ -7,6 +7,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from hookdump.cli._config import config_value_error
 from hookdump.errors import HookdumpError, Interrupted
 
 EXIT_INTERRUPTED = 130
@@ -26,6 +27,12 @@ class HookdumpGroup(TyperGroup):
         except HookdumpError as exc:
             typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except typer.BadParameter as exc:
+            message = config_value_error(exc)
+            if message is None:
+                raise  # a value typed on the command line: Click's own usage error
+            typer.echo(f"Error: {message}", err=True)
+            raise typer.Exit(2) from None
         except Interrupted as exc:
             typer.echo(f"Interrupted: {exc}", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -207,6 +207,7 @@ def run(
         early_stop=not no_early_stop,
         shard_bytes=parse_size(shard_size),
         command=ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]]),
+        config=config,
     )
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports
         quiet, json_output = True, False
@@ -244,6 +245,8 @@ class _progress:
         return self.update if self.enabled else None
 
     def update(self, done: int, total: int, nbytes: int) -> None:
+        if not self.enabled:
+            return
         if self.bar is None:
             if done >= total:
                 return
@@ -255,13 +258,17 @@ class _progress:
                 TimeRemainingColumn,
             )
 
+            console = _output.stderr()
+            if not console.is_terminal:  # a log gets no bar, only rich's closing blank line
+                self.enabled = False
+                return
             self.bar = Progress(
                 TextColumn("samples"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]}"),
                 TimeRemainingColumn(),
-                console=_output.stderr(),
+                console=console,
                 transient=True,
             )
             self.bar.start()

@@ -1,0 +1,226 @@
+"""The `--out` folder: one run at a time, nothing outside it touched, nothing lost.
+
+- The folder is resolved once (it may be a symlink) and locked with `flock` on its own file
+  descriptor for the whole run, so a second run on it is refused and no lock file is left
+  behind to be mistaken for part of a dump.
+- Every file hookdump writes is created fresh (`O_CREAT | O_EXCL | O_NOFOLLOW`): an entry
+  already there under that name (a leftover temporary file, or a planted symlink) is
+  removed, never opened, so nothing is ever written through a link.
+- A file becomes visible under its final name only once its bytes are on disk: written,
+  fsynced, renamed, and the folder entry fsynced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from hookdump.errors import HookdumpError
+
+TRASH_PREFIX = ".hookdump-old-"  # an old dump being deleted (left behind if that was cut short)
+# every name a dump (or an interrupted run) leaves in its folder
+DUMP_FILE = re.compile(
+    r"^(manifest(-r\d+)?\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
+    r"|\.hookdump-old-[\w-]+)$"
+)
+# the names that are never part of a finished dump: half-written files and old dumps' trash
+LEFTOVER = re.compile(r"(\.tmp(2|-grow)?$)|^\.hookdump-old-")
+_FILE_MODE = 0o666  # less the umask, as for any file a program creates
+
+
+def check_out_dir(out: Path, overwrite: bool, ignore: Iterable[str] = ()) -> None:
+    """Refuse an `--out` that cannot take a dump (`ignore`: names of our own files)."""
+    if out.exists() and not out.is_dir():
+        raise HookdumpError(f"--out {out} is a file; give a folder (new or empty)")
+    if not out.is_dir():
+        return
+    skip = set(ignore)
+    present = sorted(p.name for p in out.iterdir() if p.name not in skip)
+    if not present:
+        return
+    if not overwrite:
+        raise HookdumpError(
+            f"--out {out} exists and is not empty; pass --overwrite to replace the dump in "
+            "it, or choose another folder"
+        )
+    foreign = [name for name in present if not DUMP_FILE.match(name)]
+    if foreign:
+        raise HookdumpError(
+            f"--out {out} holds files that are not part of a hookdump dump "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); --overwrite "
+            "only replaces dumps, so choose another folder"
+        )
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Half-written files and old dumps' trash that a run cut short left in `folder`."""
+    with contextlib.suppress(OSError):
+        return sorted(p.name for p in folder.iterdir() if LEFTOVER.search(p.name))
+    return []
+
+
+class FolderLock:
+    """An exclusive lock on the `--out` folder, held from before anything in it is looked at
+    until the run ends; the folder is made here if it does not exist yet."""
+
+    def __init__(self, out: Path) -> None:
+        self.created = False
+        self._fd = -1
+        try:
+            out.mkdir(parents=True)
+            self.created = True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise HookdumpError(f"--out {out}: {describe_os_error(exc)}") from None
+        if not out.is_dir():
+            raise HookdumpError(f"--out {out} is a file; give a folder (new or empty)")
+        self.path = out.resolve()  # resolved once: later entries are never followed
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = -1
+            raise HookdumpError(
+                f"--out {out} is being written by another hookdump run; wait for it to "
+                "finish, or choose another folder"
+            ) from None
+
+    def release(self, failed: bool) -> None:
+        """Unlock; after a failed run, remove the folder if this run made it and it is empty."""
+        if self._fd < 0:
+            return
+        if failed and self.created:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()  # only if empty
+        os.close(self._fd)
+        self._fd = -1
+
+
+@contextlib.contextmanager
+def locked(out: Path | None) -> Iterator[FolderLock | None]:
+    """Hold the lock on `out` (nothing when there is no `--out`) for the `with` block."""
+    if out is None:
+        yield None
+        return
+    lock = FolderLock(out)
+    failed = True
+    try:
+        yield lock
+        failed = False
+    finally:
+        lock.release(failed)
+
+
+def describe_os_error(exc: OSError) -> str:
+    """What an OSError means for a dump folder, and what to do about it."""
+    code = exc.errno
+    reason = exc.strerror or str(exc)
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{reason}; make room (or raise the file-size limit)"
+    if code == errno.EROFS:
+        return f"{reason}; choose a folder on a writable disk"
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return f"{reason}: part of the path is a file, not a folder; choose another folder"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"{reason}; choose a folder you can write to"
+    return reason
+
+
+def create_new(path: Path, flags: int = os.O_WRONLY) -> int:
+    """A new file at `path`, open with `flags`; whatever was there under that name (a
+    leftover temporary file, a symlink) is removed first, never opened or followed."""
+    flags |= os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, _FILE_MODE)
+    except FileExistsError:
+        remove_entry(path)
+        return os.open(path, flags, _FILE_MODE)
+
+
+def open_existing(path: Path, flags: int) -> int:
+    """Open a file this run created, never through a symlink put in its place."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def remove_entry(path: Path) -> None:
+    """Remove what is at `path`: a link itself (not its target), a file, or a folder."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def make_trash(folder: Path) -> Path:
+    """A fresh, uniquely named folder inside `folder` to move an old dump into."""
+    return Path(tempfile.mkdtemp(prefix=f"{TRASH_PREFIX}{os.getpid()}-", dir=folder))
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the folder's entries (a rename, a new file) durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Rename the finished (and fsynced) `tmp` to `path` and make the rename durable."""
+    os.replace(tmp, path)  # renames the entry itself: a symlink at `path` is replaced, not followed
+    sync_folder(path.parent)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a fresh temporary file: a reader sees the old file or
+    the new one, never half of it, and a crash after this returns keeps the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = create_new(tmp)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        remove_entry(tmp)
+        raise
+    os.close(fd)
+    publish(tmp, path)
+
+
+def refuse_reads_inside(out: Path | None, what: str, paths: Iterable[Path]) -> None:
+    """Refuse a run that would read one of `paths` (`what`: the option naming them) from
+    inside `out`, where `--overwrite` or a new shard could delete or replace it."""
+    if out is None:
+        return
+    root = os.path.realpath(out)
+    parents: dict[str, str] = {}
+    for path in paths:
+        parent = str(path.parent)
+        if parent not in parents:
+            parents[parent] = os.path.realpath(parent)
+        real = (
+            os.path.realpath(path)
+            if os.path.islink(path)
+            else os.path.join(parents[parent], path.name)
+        )
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            raise HookdumpError(
+                f"{what} {path} lies inside --out {out}, which this run writes (and "
+                "--overwrite clears); move it out, or choose another --out"
+            )
