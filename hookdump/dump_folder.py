@@ -72,13 +72,15 @@ class FolderLock:
     until the run ends; the folder is made here if it does not exist yet."""
 
     def __init__(self, out: Path) -> None:
-        self.created = False
+        self.created: list[Path] = []  # the folders this run made, innermost last
         self._fd = -1
+        missing = [p for p in (out, *out.parents) if not os.path.lexists(p)]
         try:
-            out.mkdir(parents=True)
-            self.created = True
+            for folder in reversed(missing):
+                folder.mkdir()
+                self.created.append(folder)
         except FileExistsError:
-            pass
+            pass  # made meanwhile, by another run: the lock decides
         except OSError as exc:
             raise HookdumpError(f"--out {out}: {describe_os_error(exc)}") from None
         if not out.is_dir():
@@ -96,12 +98,13 @@ class FolderLock:
             ) from None
 
     def release(self, failed: bool) -> None:
-        """Unlock; after a failed run, remove the folder if this run made it and it is empty."""
+        """Unlock; after a failed run, remove the folders this run made, where still empty."""
         if self._fd < 0:
             return
-        if failed and self.created:
-            with contextlib.suppress(OSError):
-                self.path.rmdir()  # only if empty
+        if failed:
+            for folder in reversed(self.created):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if empty
         os.close(self._fd)
         self._fd = -1
 

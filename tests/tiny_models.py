@@ -276,3 +276,48 @@ class Tokens(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)  # [B, T, 6]
         return self.conv(h.transpose(1, 2))  # [B, 3, T]
+
+
+class Slow(nn.Module):
+    """TwoLinear that sleeps $HOOKDUMP_TEST_SLOW seconds (default 0.3) in every forward, so
+    two runs started together are both still writing when the other starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = TwoLinear()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        import os
+        import time
+
+        time.sleep(float(os.environ.get("HOOKDUMP_TEST_SLOW", "0.3")))
+        return self.inner(x)
+
+
+class NoGuess(nn.Module):
+    """No Linear, Conv or Embedding to guess a random input from: it takes whatever it is fed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x * 2)
+
+
+class NoGuessPair(nn.Module):
+    """NoGuess with two keyword inputs and a structured output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = PairMaker()
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> Pair:
+        return self.pair(a - b)
+
+
+def no_guess_factory(scale: float = 1.0) -> NoGuess:
+    """A --model-arg factory for a model with nothing to guess an input from."""
+    model = NoGuess()
+    model.scale = scale
+    return model

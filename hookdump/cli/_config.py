@@ -13,10 +13,11 @@ from hookdump.errors import HookdumpError, did_you_mean
 CONFIG_META = "hookdump.config"
 
 
-def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> None:
-    """Eager callback: turn the TOML table into the command's defaults (`ctx.default_map`)."""
+def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """Eager callback: turn the TOML table into the command's defaults (`ctx.default_map`);
+    the path is kept as the option's value (a run refuses to read it from inside --out)."""
     if value is None:
-        return
+        return None
     try:
         table = tomllib.loads(value.read_text())
     except OSError as exc:
@@ -40,6 +41,7 @@ def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | No
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     # for the error handler: a bad value from the file names the file and key, not the flag
     ctx.meta[CONFIG_META] = (value, {by_key[key].name: key for key in table})
+    return value
 
 
 def config_value_error(exc: typer.BadParameter) -> str | None:

@@ -1,0 +1,317 @@
+"""The output folder: nothing outside it is written, an old dump is never lost, one run at a
+time, a run never reads from it, and what the manifest lists is on disk first.
+
+Each test plants the fault it is about (a symlink, a file-size limit, a second run, an
+input inside --out) and checks the folder and a marker file outside it afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import assert_usage_error, invoke
+from safetensors.torch import save_file
+
+import hookdump
+from hookdump.dump_folder import describe_os_error
+
+TESTS = Path(__file__).parent
+MARKER = "MARKER-outside-the-dump-7f3a"
+RUN = ["run", "tiny_models:TwoLinear", "-n", "6", "-b", "2", "-q"]
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+
+
+def hookdump_process(
+    *args: str, env: dict[str, str] | None = None, limit_bytes: int | None = None
+) -> subprocess.Popen[str]:
+    """`python -m hookdump ARGS` from tests/, optionally under a file-size limit."""
+
+    def limit() -> None:
+        if limit_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "hookdump", *args],
+        cwd=TESTS,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit,
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    stdout, stderr = process.communicate(timeout=120)
+    return process.returncode, stdout, stderr
+
+
+def fingerprint(folder: Path) -> dict[str, str]:
+    """Every entry of a folder: a file's SHA-256, a link's target."""
+    found = {}
+    for path in sorted(folder.iterdir()):
+        if path.is_symlink():
+            found[path.name] = "-> " + os.readlink(path)
+        elif path.is_file():
+            found[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            found[path.name] = "dir"
+    return found
+
+
+def marker_file(tmp_path: Path) -> Path:
+    victim = tmp_path / "outside" / "victim.txt"
+    victim.parent.mkdir()
+    victim.write_text(MARKER)
+    return victim
+
+
+# --- writing through a planted symlink ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "shard-00000.safetensors.tmp",  # the first shard, streamed
+        "shard-00001.safetensors.tmp2",  # a gathered (planned) shard
+        "shard-00001.safetensors.tmp",  # a planned shard compacted at the end
+        "manifest.json.tmp",
+        "shard-00000.safetensors",  # the final name: replaced, not written through
+        "manifest.json",
+    ],
+)
+def test_overwrite_never_writes_through_a_planted_symlink(tmp_path: Path, planted: str) -> None:
+    out, victim = tmp_path / "d", marker_file(tmp_path)
+    assert invoke(*RUN, "-o", str(out)).exit_code == 0
+    (out / planted).unlink(missing_ok=True)
+    (out / planted).symlink_to(victim)
+    # 7 samples in batches of 2: a streamed first shard, then a planned one compacted to 5 rows
+    result = invoke(*RUN[:-3], "-n", "7", "-b", "2", "-q", "-o", str(out), "--overwrite")
+    assert result.exit_code == 0, result.stderr
+    assert victim.read_text() == MARKER
+    assert not any(p.is_symlink() for p in out.iterdir())
+    assert hookdump.load(out).complete and hookdump.load(out).num_samples == 7
+
+
+def test_resume_removes_planted_links_and_leftovers_without_following_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, victim = tmp_path / "d", marker_file(tmp_path)
+    args = ["run", "tiny_models:CtrlC", "-n", "10", "-b", "2", "--shard-size", "1", "-q"]
+    monkeypatch.setenv("HOOKDUMP_TEST_CTRL_C_AT", "3")
+    assert invoke(*args, "-o", str(out)).exit_code == 130
+    monkeypatch.delenv("HOOKDUMP_TEST_CTRL_C_AT")
+    (out / "shard-00002.safetensors.tmp").symlink_to(victim)
+    (out / ".hookdump-old-1-x").symlink_to(victim.parent, target_is_directory=True)
+    result = invoke(*args, "-o", str(out), "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert victim.read_text() == MARKER and victim.parent.is_dir()
+    assert not any(p.is_symlink() for p in out.iterdir())
+
+
+def test_out_may_itself_be_a_symlink(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    assert invoke(*RUN, "-o", str(tmp_path / "link")).exit_code == 0
+    assert invoke(*RUN, "-o", str(tmp_path / "link"), "--overwrite").exit_code == 0
+    assert (tmp_path / "link").is_symlink() and hookdump.load(real).complete
+
+
+# --- a failed --overwrite keeps the old dump ----------------------------------------------
+
+
+@pytest.mark.parametrize("direct_io", ["1", "0"], ids=["o_direct", "page_cache"])
+def test_a_failed_overwrite_leaves_the_old_dump_whole(tmp_path: Path, direct_io: str) -> None:
+    out = tmp_path / "d"
+    args = ["run", "tiny_models:ConvNet", "--input-shape", "3,32,32", "-n", "4", "-b", "4", "-q"]
+    assert invoke(*args, "-o", str(out)).exit_code == 0
+    before = fingerprint(out)
+    # a first shard of ~500 KB against a 64 KiB file-size limit: its first write past the
+    # limit fails (EFBIG; Python ignores SIGXFSZ), with O_DIRECT only when the file is closed
+    process = hookdump_process(
+        *args, "-o", str(out), "--overwrite",
+        env={"HOOKDUMP_DIRECT_IO": direct_io}, limit_bytes=64 << 10,
+    )  # fmt: skip
+    code, stdout, stderr = finish(process)
+    assert code == 2, stderr
+    assert stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "File too large" in lines[0]
+    assert fingerprint(out) == before  # the old dump, and no stray temporary file
+    assert hookdump.load(out).complete
+
+
+def test_a_run_that_fails_in_its_first_batch_leaves_a_new_folder_absent(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "d"
+    result = invoke("run", "tiny_models:FailsMidway", "-n", "4", "-b", "2", "-o", str(out))
+    assert result.exit_code == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- two runs on one --out ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "fresh"])
+def test_two_runs_on_one_out_leave_one_complete_dump(tmp_path: Path, overwrite: bool) -> None:
+    out = tmp_path / "d"
+    if overwrite:
+        assert invoke(*RUN, "-o", str(out)).exit_code == 0
+    args = ["run", "tiny_models:Slow", "-n", "12", "-b", "2", "--shard-size", "1", "-q",
+            "-o", str(out)] + (["--overwrite"] if overwrite else [])  # fmt: skip
+    env = {"HOOKDUMP_TEST_SLOW": "0.4"}  # six batches: about 2.5 s of writing each
+    first = hookdump_process(*args, env=env)
+    # the second starts once the first is writing its shards, so the two really overlap
+    deadline = time.monotonic() + 60
+    while not list(out.glob("shard-*.tmp*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second = hookdump_process(*args, env=env)
+    results = [finish(first), finish(second)]
+    assert first.returncode == 0, results[0]
+    code, stdout, stderr = results[1]
+    assert code == 2 and stdout == ""
+    assert stderr.strip().splitlines() == [
+        f"Error: --out {out} is being written by another hookdump run; wait for it to "
+        "finish, or choose another folder"
+    ]
+    dump = hookdump.load(out)
+    assert dump.complete and dump.num_samples == 12
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + [
+        f"shard-{i:05d}.safetensors" for i in range(6)
+    ]
+
+
+def test_two_runs_started_at_once_leave_one_complete_dump(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    args = ["run", "tiny_models:Slow", "-n", "6", "-b", "2", "-q", "-o", str(out), "--overwrite"]
+    runs = [hookdump_process(*args, env={"HOOKDUMP_TEST_SLOW": "0.5"}) for _ in range(2)]
+    results = sorted(finish(run) for run in runs)
+    assert [code for code, _, _ in results] == [0, 2], results
+    assert "being written by another hookdump run" in results[1][2]
+    assert hookdump.load(out).complete
+    assert invoke("inspect", str(out)).exit_code == 0
+
+
+# --- a run never reads from --out ---------------------------------------------------------
+
+
+def _dump_with_files(out: Path) -> None:
+    assert invoke(*RUN, "-o", str(out)).exit_code == 0
+    model = __import__("tiny_models").TwoLinear()
+    save_file(model.state_dict(), out / "shard-00099.safetensors")  # named like a shard
+    save_file({"x": torch.zeros(4, 2)}, out / "shard-00098.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("option", "name"),
+    [
+        ("--input", "shard-00098.safetensors"),
+        ("--weights", "shard-00099.safetensors"),
+        ("MODEL", "shard-00000.safetensors"),
+        ("--config", "manifest.json.tmp"),
+    ],
+)
+def test_a_file_the_run_reads_inside_out_is_refused(tmp_path: Path, option: str, name: str) -> None:
+    out = tmp_path / "d"
+    _dump_with_files(out)
+    (out / "manifest.json.tmp").write_text("batch_size = 2\n")
+    before = fingerprint(out)
+    path = str(out / name)
+    args = {
+        "--input": [*RUN, "--input", path],
+        "--weights": [*RUN, "--weights", path],
+        "MODEL": ["run", path, "-q"],
+        "--config": [*RUN, "--config", path],
+    }[option]
+    result = invoke(*args, "-o", str(out), "--overwrite")
+    assert_usage_error(result, f"{option} {path} lies inside --out {out}")
+    assert fingerprint(out) == before
+
+
+def test_inputs_reached_through_links_or_lists_are_refused_too(tmp_path: Path) -> None:
+    from PIL import Image
+
+    out = tmp_path / "d"
+    assert invoke(*RUN, "-o", str(out)).exit_code == 0
+    # an image named like a leftover of ours (a list may name any file): --overwrite would
+    # remove it, so reading it is refused
+    Image.new("RGB", (8, 8)).save(out / "shard-00007.safetensors.tmp2", format="PNG")
+    (tmp_path / "link.safetensors").symlink_to(out / "shard-00000.safetensors")
+    listing = tmp_path / "images.txt"
+    listing.write_text(f"{out / 'shard-00007.safetensors.tmp2'}\n")
+    before = fingerprint(out)
+    result = invoke(*RUN, "--input", str(tmp_path / "link.safetensors"), "-o", str(out),
+                    "--overwrite")  # fmt: skip
+    assert_usage_error(result, "lies inside --out")
+    result = invoke("run", "resnet18", "--input", str(listing), "-q", "-o", str(out),
+                    "--overwrite")  # fmt: skip
+    assert_usage_error(result, "--input", "shard-00007.safetensors.tmp2 lies inside --out")
+    assert fingerprint(out) == before
+
+
+# --- durability ---------------------------------------------------------------------------
+
+
+def test_each_shard_is_on_disk_before_the_manifest_lists_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "d"
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        events.append(f"fsync {'DIR' if os.path.isdir(f'/proc/self/fd/{fd}') else name}")
+        real_fsync(fd)
+
+    def replace(src: str | Path, dst: str | Path, **kw: object) -> None:
+        events.append(f"rename {Path(src).name} {Path(dst).name}")
+        real_replace(src, dst, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    args = ["run", "tiny_models:TwoLinear", "-n", "4", "-b", "2", "--shard-size", "1", "-q"]
+    assert invoke(*args, "-o", str(out)).exit_code == 0
+    durable = [
+        "fsync shard-00000.safetensors.tmp",
+        "rename shard-00000.safetensors.tmp shard-00000.safetensors",
+        "fsync DIR",
+        "fsync manifest.json.tmp",
+        "rename manifest.json.tmp manifest.json",
+        "fsync DIR",
+    ]
+    second = [e.replace("00000", "00001") for e in durable[:3]] + durable[3:]
+    assert events == durable + second + durable[3:]  # the last: the complete manifest
+
+
+# --- error messages that name the real cause ----------------------------------------------
+
+
+def test_out_under_a_file_names_the_cause(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    result = invoke(*RUN, "-o", str(tmp_path / "file" / "d"))
+    assert_usage_error(result, "part of the path is a file, not a folder")
+
+
+def test_os_errors_get_the_advice_that_fits() -> None:
+    import errno
+
+    assert "make room" in describe_os_error(OSError(errno.ENOSPC, "No space left on device"))
+    assert "writable disk" in describe_os_error(OSError(errno.EROFS, "Read-only file system"))
+    assert "make room" not in describe_os_error(OSError(errno.EROFS, "Read-only file system"))
+    assert "can write to" in describe_os_error(OSError(errno.EACCES, "Permission denied"))
+
+
+def test_a_dump_that_cannot_fit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    result = invoke(*RUN[:2], "-n", str(10**20), "-b", "2", "-o", str(out))
+    assert_usage_error(result, "the dump needs about", "GB is free under --out")
+    assert not out.exists()
