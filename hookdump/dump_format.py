@@ -94,8 +94,8 @@ def _check_shards(shards: list[Any], bad: Any) -> int:
         name = shard.get("file")
         if not isinstance(name, str) or not _SHARD_NAME.match(name) or name in names:
             raise bad(
-                f"shard {index} has 'file' {str(name)[:80]!r}: a shard must be a plain file "
-                "name inside the dump folder, listed once"
+                f"shard {index} has a 'file' that is {_name_problem(name, names)}: a shard "
+                "must be a plain file name inside the dump folder, listed once"
             )
         names.add(name)
         start = _count(shard.get("start"), f"shard {name!r} 'start'", bad)
@@ -107,6 +107,19 @@ def _check_shards(shards: list[Any], bad: Any) -> int:
             )
         rows = stop
     return rows
+
+
+def _name_problem(name: Any, seen: set[str]) -> str:
+    """What is wrong with a shard's file name, without echoing a path that leads elsewhere."""
+    if not isinstance(name, str):
+        return _kind(name)
+    if name in seen:
+        return f"listed twice ({name!r})"
+    if name.startswith(("/", "\\")):
+        return "an absolute path"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "a path, not a file name"
+    return "not a plain file name (letters, digits, '_', '.', '+', '-')"
 
 
 def _count(value: Any, what: str, bad: Any) -> int:

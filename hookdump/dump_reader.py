@@ -160,8 +160,9 @@ class Dump:
 
     @contextlib.contextmanager
     def open_shard(self, shard: dict[str, Any], keys: list[str]) -> Iterator[Any]:
-        """A listed shard opened with safetensors, its header checked for `keys`: each is
-        there, with the shard's rows and the manifest's per-sample shape and dtype."""
+        """A listed shard opened with safetensors (to read `keys`), its header checked
+        first: every key of the manifest is there, with the shard's rows and the manifest's
+        per-sample shape and dtype."""
         path = self.shard_path(shard)
         try:
             handle = safe_open(path, framework="pt")
@@ -171,7 +172,10 @@ class Dump:
             raise InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}") from None
         try:
             if self._headers_checked:
-                self._check_header(opened, shard, keys)
+                self._check_header(opened, shard, self.keys())
+            unknown = [key for key in keys if key not in self.tensors]
+            if unknown:
+                raise KeyError(f"{unknown[0]!r} is not in {self.path}")
             yield opened
         finally:
             handle.__exit__(None, None, None)

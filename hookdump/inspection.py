@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ def inspect_dump(path: str | Path) -> Inspection:
         )
     readable = []
     for shard in dump.shards:
-        if not (dump.path / shard["file"]).is_file():
+        # missing is a problem to report; anything else wrong is refused when it is read
+        if not os.path.lexists(dump.path / shard["file"]):
             problems.append(
                 f"{shard['file']} (samples {shard['start']}:{shard['stop']}) is missing"
             )

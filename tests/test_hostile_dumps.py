@@ -1,0 +1,302 @@
+"""Dumps are untrusted input: a table of hostile dumps fed to `inspect`, `diff`, `show` and
+`hookdump.load()`.
+
+Each must end in exit 2 with one `Error:` line (the API: one `InvalidDump`), no traceback,
+no hang, and nothing outside the dump read or written: the files outside hold a marker
+string and the value 7777, and neither may ever show up in any output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from clitools import ENV, invoke
+from safetensors.torch import save_file
+from typer.testing import Result
+
+import hookdump
+
+MARKER = "MARKER-outside-the-dump-51c9"
+OUTSIDE_VALUE = 7777.0
+KEYS = ["linear_1", "relu", "linear_2", "relu6"]
+TIMEOUT = 20.0
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A good dump of two shards (rows 0:2 and 2:4)."""
+    root = tmp_path_factory.mktemp("base")
+    old = Path.cwd()
+    os.chdir(Path(__file__).parent)
+    try:
+        result = invoke("run", "tiny_models:TwoLinear", "-n", "4", "-b", "2",
+                        "--shard-size", "1", "-q", "-o", str(root / "dump"))  # fmt: skip
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 0, result.stderr
+    return root / "dump"
+
+
+def _outside(root: Path) -> Path:
+    """Files outside the dump that a hostile manifest points at."""
+    outside = root / "outside"
+    outside.mkdir()
+    save_file({k: torch.full((2, 2), OUTSIDE_VALUE) for k in KEYS}, outside / "evil.safetensors")
+    (outside / "secret.txt").write_text(MARKER)
+    return outside
+
+
+def _manifest(dump: Path) -> dict[str, Any]:
+    return json.loads((dump / "manifest.json").read_text())
+
+
+def _edit(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path, Path], None]:
+    def apply(dump: Path, outside: Path) -> None:
+        manifest = _manifest(dump)
+        replaced = change(manifest)
+        data = manifest if replaced is None else replaced
+        (dump / "manifest.json").write_text(json.dumps(data))
+
+    return apply
+
+
+def _set(path: str, value: Any) -> Callable[[Path, Path], None]:
+    def change(manifest: dict[str, Any]) -> None:
+        *parents, last = path.split("/")
+        node: Any = manifest
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(last) if isinstance(node, list) else last] = value
+
+    return _edit(change)
+
+
+def _replace_shard(make: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    def apply(dump: Path, outside: Path) -> None:
+        shard = dump / "shard-00000.safetensors"
+        shard.unlink()
+        make(shard, outside)
+
+    return apply
+
+
+def _write_manifest(data: bytes) -> Callable[[Path, Path], None]:
+    def apply(dump: Path, outside: Path) -> None:
+        (dump / "manifest.json").write_bytes(data)
+
+    return apply
+
+
+def _manifest_link(dump: Path, outside: Path) -> None:
+    copy = outside / "manifest.json"
+    shutil.copy(dump / "manifest.json", copy)
+    (dump / "manifest.json").unlink()
+    (dump / "manifest.json").symlink_to(copy)
+
+
+def _truncated(shard: Path, outside: Path) -> None:
+    save_file({k: torch.zeros(2, 2) for k in KEYS}, shard)
+    shard.write_bytes(shard.read_bytes()[:-20])
+
+
+def _huge_header(shard: Path, outside: Path) -> None:
+    shard.write_bytes((1 << 60).to_bytes(8, "little") + b"{}")
+
+
+def _missing_key(shard: Path, outside: Path) -> None:
+    save_file({k: torch.zeros(2, 2) for k in KEYS[:-1]}, shard)
+
+
+def _wrong_shape(shard: Path, outside: Path) -> None:
+    save_file({k: torch.zeros(2, 3) for k in KEYS}, shard)
+
+
+def _fifo_manifest(dump: Path, outside: Path) -> None:
+    (dump / "manifest.json").unlink()
+    os.mkfifo(dump / "manifest.json")
+
+
+def _more_rows(manifest: dict[str, Any]) -> None:
+    manifest["shards"][1]["stop"] = manifest["num_samples"] = 40
+
+
+HOSTILE: dict[str, Callable[[Path, Path], None]] = {
+    "absolute shard path": lambda d, o: _set("shards/0/file", str(o / "evil.safetensors"))(d, o),
+    "shard path with ..": _set("shards/0/file", "../outside/evil.safetensors"),
+    "shard in a subfolder": _set("shards/0/file", "sub/shard-00000.safetensors"),
+    "shard name with a NUL": _set("shards/0/file", "shard\x00.safetensors"),
+    "shard named ..": _set("shards/0/file", ".."),
+    "one shard listed twice": _set("shards/1/file", "shard-00000.safetensors"),
+    "shard symlink out of the dump": _replace_shard(
+        lambda s, o: s.symlink_to(o / "evil.safetensors")
+    ),
+    "dangling shard symlink": _replace_shard(lambda s, o: s.symlink_to(o / "nothing")),
+    "shard is a FIFO": _replace_shard(lambda s, o: os.mkfifo(s)),
+    "shard is a folder": _replace_shard(lambda s, o: s.mkdir()),
+    "shard is not safetensors": _replace_shard(lambda s, o: s.write_bytes(b"\x00" * 64)),
+    "shard cut short": _replace_shard(_truncated),
+    "shard header of 2**60 bytes": _replace_shard(_huge_header),
+    "shard lacks a listed key": _replace_shard(_missing_key),
+    "shard shape unlike the manifest": _replace_shard(_wrong_shape),
+    "manifest symlink out of the dump": _manifest_link,
+    "manifest is a FIFO": _fifo_manifest,
+    "manifest is not JSON": _write_manifest(b"{not json"),
+    "manifest is binary": _write_manifest(bytes(range(256)) * 4),
+    "manifest is empty": _write_manifest(b""),
+    "manifest nested 100000 deep": _write_manifest(b"[" * 100_000 + b"]" * 100_000),
+    "manifest is an array": _edit(lambda m: [m]),
+    "manifest of another format": _set("format", "hookdump/99"),
+    "shards is a string": _set("shards", "shard-00000.safetensors"),
+    "shards is missing": _edit(lambda m: {k: v for k, v in m.items() if k != "shards"}),
+    "num_samples is a string": _set("num_samples", "4"),
+    "num_samples beyond the shards": _set("num_samples", 400),
+    "num_samples is negative": _set("num_samples", -1),
+    "complete is a string": _set("complete", "yes"),
+    "tensors is a list": _set("tensors", KEYS),
+    "a tensor entry is a string": _set("tensors/relu", "relu"),
+    "a shape is a string": _set("tensors/relu/shape", "2"),
+    "a shape holds -1": _set("tensors/relu/shape", [-1]),
+    "a dtype that is not one": _set("tensors/relu/dtype", "nn"),
+    "a kind that is not one": _set("tensors/relu/kind", "weights"),
+    "start after stop": _edit(lambda m: m["shards"][1].update(start=3, stop=2)),
+    "overlapping shards": _set("shards/1/start", 1),
+    "shard rows beyond its file": _edit(_more_rows),
+    "sample_ids is a string": _set("sample_ids", "0123"),
+}  # fmt: skip
+
+
+@pytest.fixture(params=sorted(HOSTILE))
+def hostile(request: pytest.FixtureRequest, base: Path, tmp_path: Path) -> Path:
+    outside = _outside(tmp_path)
+    dump = tmp_path / "dump"
+    shutil.copytree(base, dump)
+    HOSTILE[request.param](dump, outside)
+    request.addfinalizer(lambda: _outside_untouched(outside))
+    return dump
+
+
+def _outside_untouched(outside: Path) -> None:
+    assert sorted(p.name for p in outside.iterdir()) in (
+        ["evil.safetensors", "secret.txt"],
+        ["evil.safetensors", "manifest.json", "secret.txt"],
+    )
+    assert (outside / "secret.txt").read_text() == MARKER
+    assert torch.equal(
+        hookdump.load(outside / "evil.safetensors")["relu"], torch.full((2, 2), OUTSIDE_VALUE)
+    )
+
+
+def _within_timeout(call: Callable[[], Any], dump: Path) -> Any:
+    """`call()` on a daemon thread: a hang fails the test instead of stalling the suite."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(TIMEOUT)
+    if thread.is_alive():
+        for fifo in dump.iterdir():  # let the stuck reader go
+            if fifo.is_fifo():
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+        pytest.fail(f"hung for more than {TIMEOUT} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _one_error_line(result: Result) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    _never_shows_outside(result.stderr)
+
+
+def _never_shows_outside(text: str) -> None:
+    assert MARKER not in text
+    assert "7777" not in text
+    assert "outside/evil" not in text and "outside/manifest" not in text
+
+
+def test_inspect_refuses_it(hostile: Path) -> None:
+    _one_error_line(_within_timeout(lambda: invoke("inspect", str(hostile)), hostile))
+    _one_error_line(_within_timeout(lambda: invoke("inspect", str(hostile), "--json"), hostile))
+
+
+def test_diff_refuses_it_on_either_side(hostile: Path, base: Path) -> None:
+    for a, b in ((base, hostile), (hostile, base)):
+        _one_error_line(_within_timeout(lambda a=a, b=b: invoke("diff", str(a), str(b)), hostile))
+
+
+def test_show_refuses_it(hostile: Path, tmp_path: Path) -> None:
+    """A row is read from its own shard only: a row of the good shard may still be drawn,
+    but the hostile one is refused, and nothing is drawn from it."""
+    refused = 0
+    for key in ("relu", "linear_1"):
+        for sample in ("0", "3"):
+            png = tmp_path / f"{key}-{sample}.png"
+            result = _within_timeout(
+                lambda key=key, sample=sample, png=png: invoke(
+                    "show", str(hostile), key, "--out", str(png), "-s", sample
+                ),
+                hostile,
+            )
+            _never_shows_outside(result.stdout + result.stderr)
+            if result.exit_code == 0:
+                continue
+            _one_error_line(result)
+            assert not png.exists()
+            refused += 1
+    assert refused >= 2
+
+
+def test_load_raises_one_error_type(hostile: Path) -> None:
+    def read_everything() -> None:
+        dump = hookdump.load(hostile)
+        for key in dump:
+            dump[key]
+            dump.row(key, dump.num_samples - 1)
+
+    with pytest.raises(hookdump.InvalidDump) as caught:
+        _within_timeout(read_everything, hostile)
+    _never_shows_outside(str(caught.value))
+    assert isinstance(caught.value, hookdump.HookdumpError)
+
+
+def test_the_good_dump_reads_and_a_lone_shard_too(base: Path, tmp_path: Path) -> None:
+    assert invoke("inspect", str(base)).exit_code == 0
+    dump = hookdump.load(base)
+    assert dump.complete and dump["relu"].shape == (4, 2)
+    # a lone shard's own rows count from 0, whatever rows of its dump it held
+    lone = hookdump.load(base / "shard-00001.safetensors")
+    assert lone.num_samples == 2 and torch.equal(lone["relu"], dump["relu"][2:])
+    assert invoke("show", str(base / "shard-00001.safetensors"), "relu", "-o",
+                  str(tmp_path / "x.png"), "-s", "1").exit_code == 0  # fmt: skip
+
+
+def test_leftovers_of_an_interrupted_run_are_reported(base: Path, tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    shutil.copytree(base, dump)
+    (dump / "shard-00002.safetensors.tmp2").write_bytes(b"half")
+    (dump / ".hookdump-old-12-ab").mkdir()
+    result = invoke("inspect", str(dump))
+    assert result.exit_code == 0
+    assert "warning:" in result.stderr
+    assert ".hookdump-old-12-ab, shard-00002.safetensors.tmp2" in result.stderr
+
+
+assert ENV  # the shared CLI environment is what `invoke` uses
