@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hookdump.capturing import KeyInfo
+from hookdump.dump_folder import describe_os_error
 from hookdump.dump_writer import DumpWriter, PlannedShard, ShardFile, dtype_name
 from hookdump.errors import HookdumpError
 from hookdump.stats import KeySummary
@@ -157,9 +158,13 @@ class BatchSink:
             step(*args)
         except OSError as exc:  # a full disk, say: the shards written so far stay usable
             where = self.writer.out if self.writer else "the dump"
+            then = (
+                "the complete shards are kept: then run the same command with --resume"
+                if self.writer is not None and self.writer.shards
+                else "the folder is as it was"
+            )
             self._error = HookdumpError(
-                f"writing to {where} failed: {exc.strerror or exc}; the complete shards are "
-                "kept: make room, then run the same command with --resume"
+                f"writing to {where} failed: {describe_os_error(exc)}; {then}"
             )
             self._drop_open_shards()
         except BaseException as exc:  # handed to the main thread, which raises it

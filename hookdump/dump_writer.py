@@ -22,7 +22,6 @@ from hookdump.dump_folder import (
     DUMP_FILE,
     check_out_dir,
     create_new,
-    describe_os_error,
     make_trash,
     open_existing,
     publish,
@@ -256,12 +255,8 @@ class DumpWriter:
             assert shard.sealed is not None
             self._prepare(keep=shard.sealed.name)
             publish(shard.sealed, shard.path)
-        except BaseException as exc:
+        except BaseException:
             shard.abort()
-            if isinstance(exc, OSError):
-                raise HookdumpError(
-                    f"writing {shard.path} failed: {describe_os_error(exc)}"
-                ) from None
             raise
         self.shards.append({"file": shard.path.name, "start": start, "stop": stop})
         self.write_manifest(complete=False)

@@ -97,6 +97,16 @@ def test_resume_an_image_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
     assert invoke(*args, "-o", str(out)).exit_code == 130
     monkeypatch.setattr(runner, "forward", real_forward)
+    # an image changed meanwhile (one already dumped): the rows would no longer match it
+    import os
+
+    stamp = (folder / "1.png").stat()
+    os.utime(folder / "1.png", ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+    assert_usage_error(
+        invoke(*args, "-o", str(out), "--resume"),
+        f"--input file {folder / '1.png'} changed (size or modification time)",
+    )
+    os.utime(folder / "1.png", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     assert invoke(*args, "-o", str(out), "--resume").exit_code == 0
     a, b = hookdump.load(whole), hookdump.load(out)
     assert a.manifest["sample_ids"] == b.manifest["sample_ids"]
@@ -152,3 +162,80 @@ def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
     # a rank that had written nothing starts its part anew
     fresh = previous_dump(options, Ranks(rank=2, world=3, local_rank=0))
     assert fresh is not None and (fresh["shards"], fresh["num_samples"]) == ([], 0)
+
+
+# --- --resume proves it is the same run ---------------------------------------------------
+
+
+def test_resume_refuses_weights_that_changed_behind_the_same_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import save_file
+    from tiny_models import CtrlC
+
+    weights, out = tmp_path / "w.safetensors", tmp_path / "d"
+    save_file(CtrlC().state_dict(), weights)
+    interrupted(out, monkeypatch, 3, "--weights", str(weights))
+    changed = {k: v + 1 for k, v in CtrlC().state_dict().items()}
+    save_file(changed, weights)
+    line = assert_usage_error(
+        invoke(*RUN, "-o", str(out), "--resume", "--weights", str(weights)),
+        f"--resume: --weights {weights} is not the file the dump in {out} was made from",
+    )
+    assert "SHA-256" in line and "--overwrite" in line
+    save_file(CtrlC().state_dict(), weights)  # the same bytes again: it goes on
+    assert invoke(*RUN, "-o", str(out), "--resume", "--weights", str(weights)).exit_code == 0
+
+
+def test_resume_refuses_an_input_file_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from safetensors.torch import save_file
+
+    data, out = tmp_path / "x.safetensors", tmp_path / "d"
+    save_file({"x": torch.randn(10, 2)}, data)
+    interrupted(out, monkeypatch, 3, "--input", str(data))
+    save_file({"x": torch.randn(10, 2)}, data)  # same size, other values
+    os.utime(data, ns=(1, 1))
+    assert_usage_error(
+        invoke(*RUN, "-o", str(out), "--resume", "--input", str(data)),
+        f"--resume: --input file {data} changed (size or modification time)",
+    )
+
+
+def test_resume_names_each_kind_of_change_to_its_sources(tmp_path: Path) -> None:
+    from hookdump.resuming import check_sources
+
+    before = {"input": [["a.png", 10, 1], ["b.png", 10, 1]], "model": {"path": "m.pt2",
+              "sha256": "ab" * 32}}  # fmt: skip
+    out = tmp_path
+    check_sources(out, before, dict(before))
+    cases = {
+        "--input file c.png was added": {**before, "input": [*before["input"], ["c.png", 1, 1]]},
+        "--input file b.png changed": {**before, "input": [["a.png", 10, 1], ["b.png", 11, 1]]},
+        "--input file b.png is no longer among": {**before, "input": [["a.png", 10, 1]]},
+        "MODEL m.pt2 is not the file": {**before, "model": {"path": "m.pt2", "sha256": "cd"}},
+    }
+    for fragment, now in cases.items():
+        with pytest.raises(hookdump.HookdumpError, match=fragment):
+            check_sources(out, before, now)
+    check_sources(out, None, before)  # a dump from before sources were recorded
+
+
+def test_a_kill_before_the_first_shard_resumes_from_scratch(tmp_path: Path) -> None:
+    out, whole = tmp_path / "d", tmp_path / "whole"
+    out.mkdir()
+    (out / "shard-00000.safetensors.tmp").write_bytes(b"the first shard, cut short by kill -9")
+    result = invoke(*RUN, "-o", str(out), "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert invoke(*RUN, "-o", str(whole)).exit_code == 0
+    assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
+    assert not list(out.glob("*.tmp*")) and hookdump.load(out).complete
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    assert_usage_error(
+        invoke(*RUN, "-o", str(tmp_path / "foreign"), "--resume"),
+        "not part of a hookdump dump",
+    )
