@@ -1,7 +1,8 @@
 """hookdump's speed and memory against the floor: a bare forward pass plus writing the bytes.
 
     python benchmarks/run.py            # all five, 5 repetitions each after a warm-up
-    python benchmarks/run.py --reps 3 --only overhead,early  # of overhead,memory,early,reuse,peers
+    python benchmarks/run.py --reps 3 --only overhead,early  # of overhead,memory,early,
+                                                            # durability,reuse,peers
 
 Every timing is a median over repetitions that interleave hookdump and its references in
 one process (the model built once, outside the timings). Printed as ratios; lower is better.
@@ -149,6 +150,40 @@ def bench_overhead(job: Job, reps: int) -> dict[str, float]:
     }
 
 
+def bench_durability(job: Job, reps: int) -> dict[str, float]:
+    """What fsyncing each shard (and the manifest, and the folder) before it is listed costs:
+    the overhead job as it is, against the same with `os.fsync` made a no-op; with O_DIRECT
+    (the default) and through the page cache (HOOKDUMP_DIRECT_IO=0)."""
+    real_fsync = os.fsync
+
+    def dump(sync: bool, direct: bool) -> Callable[[], None]:
+        def step() -> None:
+            os.environ["HOOKDUMP_DIRECT_IO"] = "1" if direct else "0"
+            os.fsync = real_fsync if sync else (lambda fd: None)  # type: ignore[assignment]
+            try:
+                job.hookdump([])
+            finally:
+                os.fsync = real_fsync
+                os.environ.pop("HOOKDUMP_DIRECT_IO", None)
+
+        return step
+
+    t = interleaved(
+        {
+            "direct_fsync": dump(True, True),
+            "direct_no_fsync": dump(False, True),
+            "page_cache_fsync": dump(True, False),
+            "page_cache_no_fsync": dump(False, False),
+        },
+        reps,
+    )
+    return {
+        **{f"{name}_s": value for name, value in t.items()},
+        "ratio_direct": t["direct_fsync"] / t["direct_no_fsync"],
+        "ratio_page_cache": t["page_cache_fsync"] / t["page_cache_no_fsync"],
+    }
+
+
 def bench_early(job: Job, reps: int) -> dict[str, float]:
     pipeline: list[float] = []
 
@@ -278,6 +313,7 @@ BENCHMARKS = {
     "overhead": bench_overhead,
     "memory": bench_memory,
     "early": bench_early,
+    "durability": bench_durability,
     "reuse": bench_reuse,
     "peers": bench_peers,
 }
