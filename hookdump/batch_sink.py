@@ -159,7 +159,8 @@ class BatchSink:
         except OSError as exc:  # a full disk, say: the shards written so far stay usable
             where = self.writer.out if self.writer else "the dump"
             then = (
-                "the complete shards are kept: then run the same command with --resume"
+                "the complete shards are kept: once that is fixed, run the same command "
+                "with --resume"
                 if self.writer is not None and self.writer.shards
                 else "the folder is as it was"
             )

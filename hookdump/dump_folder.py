@@ -85,7 +85,7 @@ class FolderLock:
             raise HookdumpError(f"--out {out}: {describe_os_error(exc)}") from None
         if not out.is_dir():
             raise HookdumpError(f"--out {out} is a file; give a folder (new or empty)")
-        self.path = out.resolve()  # resolved once: later entries are never followed
+        self.path = out.resolve()
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -206,6 +206,11 @@ def write_durably(path: Path, data: bytes) -> None:
     publish(tmp, path)
 
 
+def inside(real: str, root: str) -> bool:
+    """Whether the resolved path `real` lies below the resolved folder `root`."""
+    return real.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def refuse_reads_inside(out: Path | None, what: str, paths: Iterable[Path]) -> None:
     """Refuse a run that would read one of `paths` (`what`: the option naming them) from
     inside `out`, where `--overwrite` or a new shard could delete or replace it."""
@@ -222,7 +227,7 @@ def refuse_reads_inside(out: Path | None, what: str, paths: Iterable[Path]) -> N
             if os.path.islink(path)
             else os.path.join(parents[parent], path.name)
         )
-        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+        if real == root or inside(real, root):
             raise HookdumpError(
                 f"{what} {path} lies inside --out {out}, which this run writes (and "
                 "--overwrite clears); move it out, or choose another --out"

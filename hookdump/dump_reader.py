@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from hookdump.capturing import parse_key
+from hookdump.dump_folder import inside
 from hookdump.dump_format import FORMAT, MANIFEST, validate_manifest
 from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
 
@@ -46,8 +47,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
 def _inside(path: Path, folder: Path, what: str) -> str:
     """`path` resolved, if it stays inside `folder` (symlinks followed); else InvalidDump
     (naming only the entry, never where it points)."""
-    real, root = os.path.realpath(path), os.path.realpath(folder)
-    if not real.startswith(root.rstrip(os.sep) + os.sep):
+    real = os.path.realpath(path)
+    if not inside(real, os.path.realpath(folder)):
         raise InvalidDump(
             f"{what} {path.name!r} of {folder} resolves outside the dump folder; refused"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import platform
 import sys
@@ -19,6 +20,7 @@ import hookdump
 from hookdump.batch_sink import BatchSink
 from hookdump.capturing import Capture, StopForward
 from hookdump.distributed import (
+    Ranks,
     drop_rank_manifests,
     from_environment,
     merge_ranks,
@@ -246,15 +248,19 @@ def run(options: RunOptions, on_batch: Callable[[int, int, int], None] | None = 
         raise HookdumpError(f"--num-samples {num_samples} must be at least 1")
     if options.image_size is not None and options.image_size < 1:
         raise HookdumpError(f"--image-size {options.image_size} must be at least 1")
-    resolve_dtype(options.dtype, "--dtype")
-    if options.save_dtype:
-        resolve_dtype(options.save_dtype, "--save-dtype")
-    parse_grad_target(options.grad_target)
+    checked = _Checked(
+        num_samples,
+        resolve_dtype(options.dtype, "--dtype"),
+        resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None,
+        parse_grad_target(options.grad_target),
+    )
     _refuse_reading_the_output(options)
+    if options.out is not None:  # a link is followed once, here: entries never are
+        options = dataclasses.replace(options, out=options.out.resolve())
     ranks = from_environment(options.device)  # set when run under torchrun
     with locked(options.out if ranks is None or ranks.main else None):
         try:
-            return _run(options, ranks, num_samples, started, on_batch)
+            return _run(options, checked, ranks, started, on_batch)
         except Exception as exc:
             if out_of_memory(exc):
                 raise _out_of_memory_error(options) from None
@@ -274,16 +280,25 @@ def _refuse_reading_the_output(options: RunOptions) -> None:
             refuse_reads_inside(options.out, what, [Path(path)])
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """The options checked and turned into values before `--out` is touched."""
+
+    num_samples: int
+    forward_dtype: torch.dtype
+    save_dtype: torch.dtype | None
+    grad_target: str | int
+
+
 def _run(
     options: RunOptions,
-    ranks: Any,
-    num_samples: int,
+    checked: _Checked,
+    ranks: Ranks | None,
     started: float,
     on_batch: Callable[[int, int, int], None] | None,
 ) -> RunResult:
-    forward_dtype = resolve_dtype(options.dtype, "--dtype")
-    grad_target = parse_grad_target(options.grad_target)
-    save_dtype = resolve_dtype(options.save_dtype, "--save-dtype") if options.save_dtype else None
+    num_samples, forward_dtype = checked.num_samples, checked.forward_dtype
+    save_dtype, grad_target = checked.save_dtype, checked.grad_target
     previous = previous_dump(options, ranks) if options.resume else None
     # --resume with nothing to carry on (or only a first shard cut short): start anew
     overwrite = options.overwrite or (options.resume and previous is None)

@@ -182,3 +182,13 @@ def test_a_second_ctrl_c_while_exiting_prints_no_traceback(tmp_path: Path) -> No
     result = _python(code, TESTS)
     assert result.returncode == 130, result.stderr
     assert result.stderr.strip().splitlines() == ["Interrupted: nothing was written"]
+
+
+def test_an_error_after_the_progress_bar_starts_is_the_first_line_of_stderr(
+    tmp_path: Path,
+) -> None:
+    # stderr is not a terminal here (a CI log): no bar, and no blank line left by one
+    result = invoke("run", "tiny_models:Growing", "-n", "6", "-b", "2", "--no-early-stop",
+                    "-o", str(tmp_path / "d"))  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
