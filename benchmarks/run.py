@@ -28,9 +28,9 @@ import torchvision
 from safetensors.torch import save_file
 
 import hookdump
-from hookdump.direct_io import AppendFile
-from hookdump.runner import RunOptions, run
-from hookdump.selection import select_modules
+from hookdump.dump.direct_io import AppendFile
+from hookdump.hooks.selection import select_modules
+from hookdump.run.runner import RunOptions, run
 
 MODEL, BATCH = "resnet50", 32
 

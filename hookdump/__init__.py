@@ -12,15 +12,15 @@ __version__ = "0.1.0"
 __all__ = ["Capture", "Dump", "HookdumpError", "InvalidDump", "__version__", "capture", "load"]
 
 if TYPE_CHECKING:
-    from hookdump.capturing import Capture, capture
-    from hookdump.dump_reader import Dump, load
+    from hookdump.dump.reader import Dump, load
     from hookdump.errors import HookdumpError, InvalidDump
+    from hookdump.hooks.capture import Capture, capture
 
 _LAZY = {
-    "capture": "hookdump.capturing",
-    "Capture": "hookdump.capturing",
-    "load": "hookdump.dump_reader",
-    "Dump": "hookdump.dump_reader",
+    "capture": "hookdump.hooks.capture",
+    "Capture": "hookdump.hooks.capture",
+    "load": "hookdump.dump.reader",
+    "Dump": "hookdump.dump.reader",
     "HookdumpError": "hookdump.errors",
     "InvalidDump": "hookdump.errors",
 }

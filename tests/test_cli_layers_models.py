@@ -79,8 +79,8 @@ def test_models_glob_matching_nothing_is_an_error() -> None:
     ],
 )
 def test_default_input_shapes_follow_the_model(model: str, shape: list[int]) -> None:
-    from hookdump.inputs import input_spec
-    from hookdump.model_loader import load_model
+    from hookdump.inputs.spec import input_spec
+    from hookdump.model.loading import load_model
 
     assert list(input_spec(load_model(model)).shape) == shape
 
@@ -95,6 +95,6 @@ def test_models_with_backbones_build_without_downloading(
         raise AssertionError(f"tried to download {url}")
 
     monkeypatch.setattr(api, "load_state_dict_from_url", no_download)
-    from hookdump.model_loader import load_model
+    from hookdump.model.loading import load_model
 
     assert load_model(model).family in ("segmentation", "detection")

@@ -14,8 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import hookdump
-from hookdump.dump_folder import publish
-from hookdump.dump_writer import ShardFile
+from hookdump.dump.folder import publish
+from hookdump.dump.writer import ShardFile
 
 
 def test_a_shard_file_is_plain_safetensors_for_every_dtype(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_a_planned_shard_that_ends_short_is_compacted(tmp_path: Path) -> None:
 
 
 def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
-    from hookdump.batch_sink import BufferPool
+    from hookdump.dump.sink import BufferPool
 
     pool = BufferPool(min_bytes=0)
     lent = pool.copy(torch.ones(2, 3))
@@ -125,7 +125,7 @@ def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
 
 
 def test_the_buffer_pool_leaves_small_copies_to_malloc() -> None:
-    from hookdump.batch_sink import BufferPool
+    from hookdump.dump.sink import BufferPool
 
     pool = BufferPool(min_bytes=4 * 6)
     small, large = torch.ones(5), torch.ones(6)
@@ -138,7 +138,7 @@ def test_the_buffer_pool_leaves_small_copies_to_malloc() -> None:
 
 @pytest.mark.usefixtures("in_tests_dir")
 def test_reduced_runs_do_not_pile_up_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hookdump.batch_sink as batch_sink
+    import hookdump.dump.sink as batch_sink
 
     pools = []
     real_init = batch_sink.BatchSink.__init__
@@ -160,7 +160,7 @@ def test_reduced_runs_do_not_pile_up_buffers(monkeypatch: pytest.MonkeyPatch) ->
 def test_append_file_stages_in_aligned_blocks_and_ends_at_the_last_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookdump import direct_io
+    from hookdump.dump import direct_io
 
     monkeypatch.setattr(direct_io, "STAGE_BYTES", 2 * direct_io.BLOCK)  # many flushes
     chunks = [bytes([i % 251]) * size for i, size in enumerate([1, 5000, 8192, 3, 20000, 77])]
@@ -178,7 +178,7 @@ def test_append_file_falls_back_to_the_page_cache_when_o_direct_is_refused(
 ) -> None:
     import errno
 
-    from hookdump import direct_io
+    from hookdump.dump import direct_io
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT here")
@@ -205,7 +205,7 @@ def test_append_file_falls_back_to_the_page_cache_when_o_direct_is_refused(
 def test_hookdump_direct_io_0_writes_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookdump import direct_io
+    from hookdump.dump import direct_io
 
     monkeypatch.setenv("HOOKDUMP_DIRECT_IO", "0")
     file = direct_io.AppendFile(tmp_path / "f", start=0)
@@ -220,7 +220,7 @@ def test_positional_file_puts_every_write_in_its_place(
 ) -> None:
     import errno
 
-    from hookdump import direct_io
+    from hookdump.dump import direct_io
 
     block = direct_io.BLOCK
     monkeypatch.setattr(direct_io, "STAGE_BYTES", 2 * block)
@@ -253,7 +253,7 @@ def test_a_write_error_on_the_disk_thread_reaches_the_caller(
 ) -> None:
     import errno
 
-    from hookdump import direct_io
+    from hookdump.dump import direct_io
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT here")
@@ -280,7 +280,7 @@ def test_a_file_system_that_refuses_o_direct_at_open_gets_the_page_cache(
 ) -> None:
     import errno
 
-    from hookdump import direct_io
+    from hookdump.dump import direct_io
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT here")

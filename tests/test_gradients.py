@@ -11,7 +11,7 @@ from clitools import assert_usage_error, invoke
 from tiny_models import ConvNet, TwoLinear
 
 import hookdump
-from hookdump.gradients import backward
+from hookdump.hooks.gradients import backward
 
 
 def reference_grads(model: ConvNet, x: torch.Tensor, target: int | None) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ from clitools import assert_usage_error, invoke
 from safetensors.torch import save_file
 
 import hookdump
-from hookdump.weights import cached_weights_file
+from hookdump.model.weights import cached_weights_file
 
 SMALL = ["--input-shape", "3,32,32", "-n", "2", "-q"]
 

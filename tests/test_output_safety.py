@@ -21,7 +21,7 @@ from clitools import assert_usage_error, invoke
 from safetensors.torch import save_file
 
 import hookdump
-from hookdump.dump_folder import describe_os_error
+from hookdump.dump.folder import describe_os_error
 
 TESTS = Path(__file__).parent
 MARKER = "MARKER-outside-the-dump-7f3a"

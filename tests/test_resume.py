@@ -82,7 +82,7 @@ def test_resume_an_image_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     out, whole = tmp_path / "resumed", tmp_path / "whole"
     assert invoke(*args, "-o", str(whole)).exit_code == 0
     # Ctrl-C in the third batch of images
-    import hookdump.runner as runner
+    import hookdump.run.runner as runner
 
     calls = {"n": 0}
     real_forward = runner.forward
@@ -119,7 +119,7 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
 ) -> None:
     import errno
 
-    from hookdump.dump_writer import ShardFile
+    from hookdump.dump.writer import ShardFile
 
     out = tmp_path / "d"
     real_write = ShardFile.write
@@ -143,9 +143,9 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
 def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookdump.distributed import Ranks
-    from hookdump.resuming import previous_dump
-    from hookdump.runner import RunOptions
+    from hookdump.run.distributed import Ranks
+    from hookdump.run.resume import previous_dump
+    from hookdump.run.runner import RunOptions
 
     out = tmp_path / "d"
     interrupted(out, monkeypatch, at=3)  # one process: manifest.json, incomplete
@@ -206,7 +206,7 @@ def test_resume_refuses_an_input_file_that_changed(
 
 
 def test_resume_names_each_kind_of_change_to_its_sources(tmp_path: Path) -> None:
-    from hookdump.resuming import check_sources
+    from hookdump.run.resume import check_sources
 
     before = {"input": [["a.png", 10, 1], ["b.png", 10, 1]], "model": {"path": "m.pt2",
               "sha256": "ab" * 32}}  # fmt: skip

@@ -7,7 +7,7 @@ import torchvision
 from tiny_models import ConvNet, TwoLinear
 
 from hookdump.errors import HookdumpError
-from hookdump.selection import select_modules
+from hookdump.hooks.selection import select_modules
 
 
 def test_default_is_every_leaf_in_registration_order() -> None:

@@ -11,7 +11,7 @@ import torch
 from clitools import assert_usage_error, invoke
 from PIL import Image
 
-from hookdump.tensor_image import MIN_TILE, PAD, SEPARATOR
+from hookdump.tools.image import MIN_TILE, PAD, SEPARATOR
 
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
 

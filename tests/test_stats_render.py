@@ -8,8 +8,8 @@ import math
 import torch
 from rich.console import Console
 
-from hookdump.render import can_draw_sparklines, format_bytes, sparkline
-from hookdump.stats import HIST_BINS, TensorStats
+from hookdump.cli.render import can_draw_sparklines, format_bytes, sparkline
+from hookdump.dump.stats import HIST_BINS, TensorStats
 
 
 def test_stats_over_batches_equal_stats_of_the_whole() -> None:

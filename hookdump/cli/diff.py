@@ -31,8 +31,8 @@ def diff(
     quiet: QuietOpt = False,
 ) -> None:
     """Compare two dumps key by key; exit 1 if any key differs, naming the first."""
-    from hookdump.dump_diff import diff_dumps
-    from hookdump.render import print_diff
+    from hookdump.cli.render import print_diff
+    from hookdump.tools.diff import diff_dumps
 
     result = diff_dumps(a, b, atol, rtol, list(keys or []))
     if json_output:

@@ -21,8 +21,8 @@ def inspect(
     json_output: JsonOpt = False,
 ) -> None:
     """Summarise an existing dump (or one .safetensors file) and say what is missing."""
-    from hookdump.inspection import inspect_dump
-    from hookdump.render import print_inspection
+    from hookdump.cli.render import print_inspection
+    from hookdump.tools.inspect import inspect_dump
 
     found = inspect_dump(path)
     if json_output:

@@ -44,9 +44,9 @@ def layers(
     json_output: JsonOpt = False,
 ) -> None:
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""
-    from hookdump.layer_listing import list_layers
-    from hookdump.render import layers_table
-    from hookdump.runner import prepare
+    from hookdump.cli.render import layers_table
+    from hookdump.run.runner import prepare
+    from hookdump.tools.layers import list_layers
 
     prepared = prepare(
         model, weights, as_list(model_arg), input_shape, seed, device, train, not no_strict,

@@ -20,7 +20,7 @@ def models(
     json_output: JsonOpt = False,
 ) -> None:
     """List the torchvision model names that MODEL accepts, one a line."""
-    from hookdump.model_loader import list_models
+    from hookdump.model.loading import list_models
 
     found = list_models(pattern)
     if json_output:

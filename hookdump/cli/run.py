@@ -172,10 +172,10 @@ def run(
     config: ConfigOpt = None,
 ) -> None:
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
-    from hookdump.dump_writer import parse_size
-    from hookdump.render import print_summary
-    from hookdump.runner import RunOptions
-    from hookdump.runner import run as run_dump
+    from hookdump.cli.render import print_summary
+    from hookdump.dump.writer import parse_size
+    from hookdump.run.runner import RunOptions
+    from hookdump.run.runner import run as run_dump
 
     options = RunOptions(
         model=model,

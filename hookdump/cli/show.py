@@ -24,6 +24,6 @@ def show(
     ] = 0,
 ) -> None:
     """Render one captured tensor as a PNG: feature-map grid for [C,H,W], else a histogram."""
-    from hookdump.tensor_image import render
+    from hookdump.tools.image import render
 
     print(render(path, key, out, sample).describe(key, sample))

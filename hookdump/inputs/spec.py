@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError
-from hookdump.model_loader import LoadedModel
+from hookdump.model.loading import LoadedModel
 
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_FRAMES = 16

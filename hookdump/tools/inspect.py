@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from hookdump.capturing import KeyInfo
-from hookdump.dump_folder import leftovers
-from hookdump.dump_reader import Dump
-from hookdump.stats import KeySummary
+from hookdump.dump.folder import leftovers
+from hookdump.dump.reader import Dump
+from hookdump.dump.stats import KeySummary
+from hookdump.hooks.capture import KeyInfo
 
 
 @dataclass

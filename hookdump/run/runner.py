@@ -17,9 +17,19 @@ from typing import Any
 import torch
 
 import hookdump
-from hookdump.batch_sink import BatchSink
-from hookdump.capturing import Capture, StopForward
-from hookdump.distributed import (
+from hookdump.dump.folder import check_out_dir, locked, refuse_reads_inside
+from hookdump.dump.reader import Dump
+from hookdump.dump.sink import BatchSink
+from hookdump.dump.stats import KeySummary
+from hookdump.dump.writer import DEFAULT_SHARD_BYTES, DumpWriter
+from hookdump.errors import HookdumpError, Interrupted
+from hookdump.hooks.capture import Capture, StopForward
+from hookdump.hooks.gradients import backward, inputs_requiring_grad, parse_grad_target
+from hookdump.inputs.files import FileInput, open_input
+from hookdump.inputs.spec import Batch, InputSpec, input_spec, parse_shape, random_batches
+from hookdump.model.loading import LoadedModel, is_model_file, load_model, parse_model_args
+from hookdump.model.weights import is_checkpoint_path
+from hookdump.run.distributed import (
     Ranks,
     drop_rank_manifests,
     from_environment,
@@ -28,18 +38,8 @@ from hookdump.distributed import (
     rank_names,
     rank_writer,
 )
-from hookdump.dump_folder import check_out_dir, locked, refuse_reads_inside
-from hookdump.dump_reader import Dump
-from hookdump.dump_writer import DEFAULT_SHARD_BYTES, DumpWriter
-from hookdump.errors import HookdumpError, Interrupted
-from hookdump.gradients import backward, inputs_requiring_grad, parse_grad_target
-from hookdump.input_files import FileInput, open_input
-from hookdump.inputs import Batch, InputSpec, input_spec, parse_shape, random_batches
-from hookdump.inspection import summarize
-from hookdump.model_loader import LoadedModel, is_model_file, load_model, parse_model_args
-from hookdump.resuming import check_sources, previous_dump, recipe, sources
-from hookdump.stats import KeySummary
-from hookdump.weights import is_checkpoint_path
+from hookdump.run.resume import check_sources, previous_dump, recipe, sources
+from hookdump.tools.inspect import summarize
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

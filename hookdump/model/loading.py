@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, did_you_mean
-from hookdump.selection import TYPE_ATTRIBUTE
-from hookdump.weights import (
+from hookdump.hooks.selection import TYPE_ATTRIBUTE
+from hookdump.model.weights import (
     apply_state_dict,
     ensure_cached,
     is_checkpoint_path,

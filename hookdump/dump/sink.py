@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from hookdump.capturing import KeyInfo
-from hookdump.dump_folder import describe_os_error
-from hookdump.dump_writer import DumpWriter, PlannedShard, ShardFile, dtype_name
+from hookdump.dump.folder import describe_os_error
+from hookdump.dump.stats import KeySummary
+from hookdump.dump.writer import DumpWriter, PlannedShard, ShardFile, dtype_name
 from hookdump.errors import HookdumpError
-from hookdump.stats import KeySummary
+from hookdump.hooks.capture import KeyInfo
 
 # glibc's largest dynamic mmap threshold: a freed block above it always goes back to the OS
 # and is faulted in again when allocated, while smaller ones are recycled by malloc itself

@@ -11,11 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from hookdump.dump_diff import DiffResult
-    from hookdump.inspection import Inspection
-    from hookdump.layer_listing import LayerRow
-    from hookdump.runner import RunResult
-    from hookdump.stats import KeySummary
+    from hookdump.dump.stats import KeySummary
+    from hookdump.run.runner import RunResult
+    from hookdump.tools.diff import DiffResult
+    from hookdump.tools.inspect import Inspection
+    from hookdump.tools.layers import LayerRow
 
 TIMES = "\u00d7"
 

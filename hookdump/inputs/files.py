@@ -18,7 +18,7 @@ import torch
 from PIL import Image, ImageOps
 
 from hookdump.errors import HookdumpError
-from hookdump.inputs import Batch, InputSpec
+from hookdump.inputs.spec import Batch, InputSpec
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 TENSOR_SUFFIXES = (".safetensors", ".pt", ".npy")
@@ -284,7 +284,7 @@ def _open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
             return {
                 "input": (list(array.shape), lambda a, b: torch.from_numpy(np.array(array[a:b])))
             }
-        from hookdump.weights import torch_load_safely
+        from hookdump.model.weights import torch_load_safely
 
         content = torch_load_safely(path, "--input")
     except HookdumpError:

@@ -19,7 +19,7 @@ import queue
 import threading
 from pathlib import Path
 
-from hookdump.dump_folder import create_new, open_existing
+from hookdump.dump.folder import create_new, open_existing
 
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
 STAGE_BYTES = 8 << 20

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hookdump.dump_reader import Dump
+from hookdump.dump.reader import Dump
 from hookdump.errors import HookdumpError, did_you_mean
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torchvision.utils import make_grid
 
-from hookdump.dump_reader import Dump
+from hookdump.dump.reader import Dump
 from hookdump.errors import HookdumpError, did_you_mean
 
 MIN_TILE = 48  # feature maps smaller than this are enlarged (nearest) to stay legible

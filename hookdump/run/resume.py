@@ -12,16 +12,16 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookdump.distributed import RANK_MANIFESTS, Ranks, rank_names
-from hookdump.dump_reader import Dump, read_manifest
-from hookdump.dump_writer import MANIFEST
+from hookdump.dump.reader import Dump, read_manifest
+from hookdump.dump.writer import MANIFEST
 from hookdump.errors import HookdumpError
-from hookdump.weights import sha256
+from hookdump.model.weights import sha256
+from hookdump.run.distributed import RANK_MANIFESTS, Ranks, rank_names
 
 if TYPE_CHECKING:
-    from hookdump.input_files import FileInput
-    from hookdump.model_loader import LoadedModel
-    from hookdump.runner import RunOptions
+    from hookdump.inputs.files import FileInput
+    from hookdump.model.loading import LoadedModel
+    from hookdump.run.runner import RunOptions
 
 RECIPE = (
     "model", "weights", "model_args", "layers", "exclude", "types", "capture", "reduce",

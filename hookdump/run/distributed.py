@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from hookdump.batch_sink import BatchSink
-from hookdump.dump_writer import MANIFEST, DumpWriter
+from hookdump.dump.sink import BatchSink
+from hookdump.dump.stats import KeySummary
+from hookdump.dump.writer import MANIFEST, DumpWriter
 from hookdump.errors import HookdumpError
-from hookdump.stats import KeySummary
 
 
 @dataclass(frozen=True)

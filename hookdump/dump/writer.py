@@ -16,9 +16,8 @@ from typing import Any
 
 import torch
 
-from hookdump.capturing import KeyInfo
-from hookdump.direct_io import AppendFile, PositionalFile, round_up
-from hookdump.dump_folder import (
+from hookdump.dump.direct_io import AppendFile, PositionalFile, round_up
+from hookdump.dump.folder import (
     DUMP_FILE,
     check_out_dir,
     create_new,
@@ -28,8 +27,9 @@ from hookdump.dump_folder import (
     remove_entry,
     write_durably,
 )
-from hookdump.dump_format import FORMAT, MANIFEST
 from hookdump.errors import HookdumpError
+from hookdump.format import FORMAT, MANIFEST
+from hookdump.hooks.capture import KeyInfo
 
 DEFAULT_SHARD_BYTES = 1 << 30
 __all__ = ["FORMAT", "MANIFEST", "DumpWriter"]

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from hookdump.capturing import Capture
-from hookdump.inputs import random_batches
-from hookdump.runner import Prepared, forward
-from hookdump.selection import module_type_name
+from hookdump.hooks.capture import Capture
+from hookdump.hooks.selection import module_type_name
+from hookdump.inputs.spec import random_batches
+from hookdump.run.runner import Prepared, forward
 
 
 @dataclass

@@ -14,10 +14,10 @@ import safetensors
 import torch
 from safetensors import safe_open
 
-from hookdump.capturing import parse_key
-from hookdump.dump_folder import inside
-from hookdump.dump_format import FORMAT, MANIFEST, validate_manifest
+from hookdump.dump.folder import inside
 from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
+from hookdump.format import FORMAT, MANIFEST, validate_manifest
+from hookdump.hooks.capture import parse_key
 
 MAX_MANIFEST_BYTES = 1 << 30
 

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookdump.capturing import flatten
 from hookdump.errors import HookdumpError
+from hookdump.hooks.capture import flatten
 
 
 def parse_grad_target(text: str) -> str | int:

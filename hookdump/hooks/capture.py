@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookdump.errors import HookdumpError
-from hookdump.selection import module_type_name, select_modules
+from hookdump.hooks.selection import module_type_name, select_modules
 
 CAPTURE_KINDS = ("output", "input", "grad")
 

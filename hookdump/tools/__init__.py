@@ -1,0 +1,1 @@
+"""Tools over models and dumps: listing layers, inspecting, comparing and drawing dumps."""
