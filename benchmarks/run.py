@@ -30,7 +30,8 @@ from safetensors.torch import save_file
 import hookdump
 from hookdump.dump.direct_io import AppendFile
 from hookdump.hooks.selection import select_modules
-from hookdump.run.runner import RunOptions, run
+from hookdump.run.options import RunOptions
+from hookdump.run.runner import run
 
 MODEL, BATCH = "resnet50", 32
 

@@ -1,15 +1,64 @@
-"""The errors hookdump knows how to explain: each becomes one `Error: ...` line and an exit code."""
+"""The errors hookdump knows how to explain: each becomes one `Error: ...` line and an exit code.
+
+Messages name options with `opt(name)`: the library's own argument name (`batch_size`,
+`overwrite=True`) when the error is printed as it is, the command line's flag
+(`--batch-size`, `--overwrite`) when the CLI renders it (`HookdumpError.render`). One
+message, two audiences, and the mapping lives at the edge, in the CLI.
+"""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
+
+_OPTION = re.compile("\x00([A-Za-z_]+)(?:\x01([^\x00]*))?\x00")
+
+
+def opt(name: str, value: object = None) -> str:
+    """An option named in a message: `name` (or `name=value`) for the library's callers, the
+    flag for the CLI's. `value` is what the library argument takes to mean the flag, as
+    `opt("overwrite", True)` for `--overwrite`, `opt("strict", False)` for `--no-strict`."""
+    return f"\x00{name}\x00" if value is None else f"\x00{name}\x01{value}\x00"
+
+
+def library_name(name: str, value: str | None) -> str:
+    """How the library names an option: its argument (with the value that sets it)."""
+    return name if value is None else f"{name}={value}"
+
+
+def render(message: str, name: Callable[[str, str | None], str] = library_name) -> str:
+    """`message` with each option marked by `opt` named by `name(option, value)`."""
+    return _OPTION.sub(lambda m: name(m.group(1), m.group(2)), message)
+
+
+class Message(str):
+    """A message that is not an error (a warning): reads with the library's names, and keeps
+    the marked text (`raw`) for the CLI to render with flags."""
+
+    raw: str
+
+    def __new__(cls, raw: str) -> Message:
+        message = super().__new__(cls, render(raw))
+        message.raw = raw
+        return message
 
 
 class HookdumpError(Exception):
-    """Bad usage or bad input: the message names the value and the fix; exit code 2."""
+    """Bad usage or bad input: the message names the value and the fix; exit code 2.
+
+    With HOOKDUMP_DEBUG=1 the CLI also prints the traceback of the error's cause (a model's
+    own exception, say), kept as `__cause__`.
+    """
 
     exit_code = 2
+
+    def __str__(self) -> str:
+        return self.render(library_name)
+
+    def render(self, name: Callable[[str, str | None], str]) -> str:
+        """The message with each option named by `name(option, value)`."""
+        return render(super().__str__(), name)
 
 
 class InvalidDump(HookdumpError):
@@ -23,7 +72,7 @@ class CheckFailed(HookdumpError):
     exit_code = 1
 
 
-class Interrupted(Exception):
+class Interrupted(HookdumpError):
     """Ctrl-C during a run: the message says what was kept and how to go on; exit code 130."""
 
     exit_code = 130

@@ -1,22 +1,75 @@
-"""The dump format: its names, and the one check every manifest read from disk goes through.
+"""What every layer shares: tensor keys and where they came from, the dump format's names and
+dtypes, and the one check every manifest read from disk goes through.
 
 Dumps get shared, downloaded and attached to bug reports, so a manifest is untrusted input:
 `validate_manifest` checks its types, names and row ranges once, and every reader relies on
 what it checked. A problem is an `InvalidDump` naming the field and what is wrong with it.
+
+No torch at import time: the CLI's `--help` imports this.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from hookdump.errors import InvalidDump
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
 KINDS = ("output", "input", "grad_output", "grad_input", "tokens")
-DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-          "uint8", "bool")  # fmt: skip
+# dtype names as the manifest writes them (torch's, less "torch.") -> safetensors' names
+SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}  # fmt: skip
+DTYPES = tuple(SAFETENSORS_DTYPES)
+DTYPE_OF_SAFETENSORS = {st: name for name, st in SAFETENSORS_DTYPES.items()}
+# set on a module to show this class name instead of its own (unflattened export modules)
+TYPE_ATTRIBUTE = "_hookdump_type"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> `float32`."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """Where a captured tensor came from."""
+
+    key: str
+    module: str
+    module_type: str
+    kind: str
+    call: int
+    part: str | None
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
+    """The contract's key: `M`, `M:output.0`, `M:input.x`, with `@n` for the n-th extra call."""
+    key = module if kind == "output" and part is None else f"{module}:{kind}.{part}"
+    return f"{key}@{call}" if call else key
+
+
+def parse_key(key: str) -> tuple[str, str, str | None, int]:
+    """The inverse of `tensor_key`: (module, kind, part, call)."""
+    base, at, call = key.rpartition("@")
+    if not (at and call.isascii() and call.isdigit()):
+        base, call = key, "0"
+    module, colon, rest = base.partition(":")
+    if not colon:
+        return module, "output", None, int(call)
+    kind, _, part = rest.partition(".")
+    return module, kind, part or None, int(call)
+
+
 # a shard is a plain file name inside the dump folder: no folders, no '..', no hidden tricks
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 # optional fields that the readers and --resume use, with the type each must have

@@ -209,5 +209,5 @@ def test_inference_mode_and_autograd_both_work() -> None:
 
 @pytest.mark.parametrize("capture", ["grads", "outputs", ""])
 def test_bad_capture_kinds_are_refused(capture: str) -> None:
-    with pytest.raises(HookdumpError, match="--capture"):
+    with pytest.raises(HookdumpError, match="capture"):
         hookdump.capture(TwoLinear(), capture=capture)

@@ -144,8 +144,8 @@ def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hookdump.run.distributed import Ranks
+    from hookdump.run.options import RunOptions
     from hookdump.run.resume import previous_dump
-    from hookdump.run.runner import RunOptions
 
     out = tmp_path / "d"
     interrupted(out, monkeypatch, at=3)  # one process: manifest.json, incomplete
@@ -213,10 +213,10 @@ def test_resume_names_each_kind_of_change_to_its_sources(tmp_path: Path) -> None
     out = tmp_path
     check_sources(out, before, dict(before))
     cases = {
-        "--input file c.png was added": {**before, "input": [*before["input"], ["c.png", 1, 1]]},
-        "--input file b.png changed": {**before, "input": [["a.png", 10, 1], ["b.png", 11, 1]]},
-        "--input file b.png is no longer among": {**before, "input": [["a.png", 10, 1]]},
-        "MODEL m.pt2 is not the file": {**before, "model": {"path": "m.pt2", "sha256": "cd"}},
+        "input file c.png was added": {**before, "input": [*before["input"], ["c.png", 1, 1]]},
+        "input file b.png changed": {**before, "input": [["a.png", 10, 1], ["b.png", 11, 1]]},
+        "input file b.png is no longer among": {**before, "input": [["a.png", 10, 1]]},
+        "model m.pt2 is not the file": {**before, "model": {"path": "m.pt2", "sha256": "cd"}},
     }
     for fragment, now in cases.items():
         with pytest.raises(hookdump.HookdumpError, match=fragment):

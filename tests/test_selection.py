@@ -43,9 +43,9 @@ def test_patterns_are_case_sensitive() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"layers": ["layer1.0.conv9"]}, r"--layers 'layer1.0.conv9'.*nearest: .*layer1.0.conv1"),
-        ({"exclude": ["layer9.*"]}, r"--exclude 'layer9.\*' matches no module"),
-        ({"types": ["Conv2D"]}, r"--type 'Conv2D'.*nearest: Conv2d"),
+        ({"layers": ["layer1.0.conv9"]}, r"layers 'layer1.0.conv9'.*nearest: .*layer1.0.conv1"),
+        ({"exclude": ["layer9.*"]}, r"exclude 'layer9.\*' matches no module"),
+        ({"types": ["Conv2D"]}, r"types 'Conv2D'.*nearest: Conv2d"),
         ({"layers": ["fc"], "exclude": ["f*"]}, r"the selection is empty"),
     ],
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import traceback
 from typing import Any
 
 import typer
@@ -24,8 +26,14 @@ class HookdumpGroup(TyperGroup):
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except Interrupted as exc:
+            typer.echo(f"Interrupted: {exc.render(flag)}", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except HookdumpError as exc:
-            typer.echo(f"Error: {exc}", err=True)
+            typer.echo(f"Error: {exc.render(flag)}", err=True)
+            if os.environ.get("HOOKDUMP_DEBUG") == "1" and exc.__cause__ is not None:
+                cause = exc.__cause__
+                typer.echo("".join(traceback.format_exception(cause)).rstrip(), err=True)
             raise typer.Exit(exc.exit_code) from None
         except typer.BadParameter as exc:
             message = config_value_error(exc)
@@ -33,9 +41,25 @@ class HookdumpGroup(TyperGroup):
                 raise  # a value typed on the command line: Click's own usage error
             typer.echo(f"Error: {message}", err=True)
             raise typer.Exit(2) from None
-        except Interrupted as exc:
-            typer.echo(f"Interrupted: {exc}", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
         except KeyboardInterrupt:
             typer.echo("Interrupted.", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+# library argument names whose flag is not `--` + the name with - for _
+_FLAGS = {
+    "model": "MODEL",
+    "types": "--type",
+    "model_args": "--model-arg",
+    "shard_bytes": "--shard-size",
+    "path": "PATH",
+    "key": "KEY",
+}
+_NEGATED = {"strict": "--no-strict", "early_stop": "--no-early-stop"}
+
+
+def flag(name: str, value: str | None) -> str:
+    """The command-line flag for a library argument named in an error message."""
+    if name in _NEGATED and value == "False":
+        return _NEGATED[name]
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))

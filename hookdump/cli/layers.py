@@ -45,15 +45,30 @@ def layers(
 ) -> None:
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""
     from hookdump.cli.render import layers_table
-    from hookdump.run.runner import prepare
+    from hookdump.inputs.spec import input_spec, parse_shape
+    from hookdump.model.prepare import ModelOptions, prepare
     from hookdump.tools.layers import list_layers
 
-    prepared = prepare(
-        model, weights, as_list(model_arg), input_shape, seed, device, train, not no_strict,
-        unsafe_pickle,
-    )  # fmt: skip
+    shape = parse_shape(input_shape) if input_shape else None
+    loaded = prepare(
+        ModelOptions(
+            model=model,
+            weights=weights,
+            model_args=as_list(model_arg),
+            seed=seed,
+            device=device,
+            train=train,
+            strict=not no_strict,
+            unsafe_pickle=unsafe_pickle,
+        )
+    )
     rows = list_layers(
-        prepared, as_list(layers), as_list(exclude), as_list(types), seed, label=model
+        loaded,
+        input_spec(loaded, shape),
+        layers=as_list(layers),
+        exclude=as_list(exclude),
+        types=as_list(types),
+        seed=seed,
     )
     if json_output:
         _output.print_json([row.as_dict() for row in rows])

@@ -12,7 +12,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from hookdump.dump.stats import KeySummary
-    from hookdump.run.runner import RunResult
+    from hookdump.run.options import RunResult
     from hookdump.tools.diff import DiffResult
     from hookdump.tools.inspect import Inspection
     from hookdump.tools.layers import LayerRow

@@ -13,6 +13,7 @@ import typer
 
 from hookdump.cli import _output
 from hookdump.cli._config import ConfigOpt
+from hookdump.cli._errors import flag
 from hookdump.cli._options import (
     DeviceOpt,
     ExcludeOpt,
@@ -30,7 +31,7 @@ from hookdump.cli._options import (
     WeightsOpt,
     as_list,
 )
-from hookdump.errors import CheckFailed
+from hookdump.errors import CheckFailed, render
 
 
 def run(
@@ -174,7 +175,7 @@ def run(
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
     from hookdump.cli.render import print_summary
     from hookdump.dump.writer import parse_size
-    from hookdump.run.runner import RunOptions
+    from hookdump.run.options import RunOptions
     from hookdump.run.runner import run as run_dump
 
     options = RunOptions(
@@ -216,7 +217,7 @@ def run(
         result = run_dump(options, on_batch=on_batch)
     if not quiet:
         for warning in result.warnings:
-            typer.echo(f"warning: {warning}", err=True)
+            typer.echo(f"warning: {render(getattr(warning, 'raw', warning), flag)}", err=True)
     if json_output:
         _output.print_json(result.as_dict())
     elif not quiet:

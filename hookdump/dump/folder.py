@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, opt
 
 TRASH_PREFIX = ".hookdump-old-"  # an old dump being deleted (left behind if that was cut short)
 # every name a dump (or an interrupted run) leaves in its folder
@@ -39,7 +39,7 @@ _FILE_MODE = 0o666  # less the umask, as for any file a program creates
 def check_out_dir(out: Path, overwrite: bool, ignore: Iterable[str] = ()) -> None:
     """Refuse an `--out` that cannot take a dump (`ignore`: names of our own files)."""
     if out.exists() and not out.is_dir():
-        raise HookdumpError(f"--out {out} is a file; give a folder (new or empty)")
+        raise HookdumpError(f"{opt('out')} {out} is a file; give a folder (new or empty)")
     if not out.is_dir():
         return
     skip = set(ignore)
@@ -48,14 +48,16 @@ def check_out_dir(out: Path, overwrite: bool, ignore: Iterable[str] = ()) -> Non
         return
     if not overwrite:
         raise HookdumpError(
-            f"--out {out} exists and is not empty; pass --overwrite to replace the dump in "
+            f"{opt('out')} {out} exists and is not empty; pass {opt('overwrite', True)} to "
+            "replace the dump in "
             "it, or choose another folder"
         )
     foreign = [name for name in present if not DUMP_FILE.match(name)]
     if foreign:
         raise HookdumpError(
-            f"--out {out} holds files that are not part of a hookdump dump "
-            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); --overwrite "
+            f"{opt('out')} {out} holds files that are not part of a hookdump dump "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+            f"{opt('overwrite', True)} "
             "only replaces dumps, so choose another folder"
         )
 
@@ -82,9 +84,9 @@ class FolderLock:
         except FileExistsError:
             pass  # made meanwhile, by another run: the lock decides
         except OSError as exc:
-            raise HookdumpError(f"--out {out}: {describe_os_error(exc)}") from None
+            raise HookdumpError(f"{opt('out')} {out}: {describe_os_error(exc)}") from None
         if not out.is_dir():
-            raise HookdumpError(f"--out {out} is a file; give a folder (new or empty)")
+            raise HookdumpError(f"{opt('out')} {out} is a file; give a folder (new or empty)")
         self.path = out.resolve()
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -93,7 +95,7 @@ class FolderLock:
             os.close(self._fd)
             self._fd = -1
             raise HookdumpError(
-                f"--out {out} is being written by another hookdump run; wait for it to "
+                f"{opt('out')} {out} is being written by another hookdump run; wait for it to "
                 "finish, or choose another folder"
             ) from None
 
@@ -229,6 +231,6 @@ def refuse_reads_inside(out: Path | None, what: str, paths: Iterable[Path]) -> N
         )
         if real == root or inside(real, root):
             raise HookdumpError(
-                f"{what} {path} lies inside --out {out}, which this run writes (and "
-                "--overwrite clears); move it out, or choose another --out"
+                f"{what} {path} lies inside {opt('out')} {out}, which this run writes (and "
+                f"{opt('overwrite', True)} clears); move it out, or choose another {opt('out')}"
             )

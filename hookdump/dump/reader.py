@@ -16,8 +16,13 @@ from safetensors import safe_open
 
 from hookdump.dump.folder import inside
 from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
-from hookdump.format import FORMAT, MANIFEST, validate_manifest
-from hookdump.hooks.capture import parse_key
+from hookdump.format import (
+    DTYPE_OF_SAFETENSORS,
+    FORMAT,
+    MANIFEST,
+    parse_key,
+    validate_manifest,
+)
 
 MAX_MANIFEST_BYTES = 1 << 30
 
@@ -190,7 +195,7 @@ class Dump:
                 raise InvalidDump(f"{where} has no tensor {key!r}, which the manifest lists")
             meta, part = self.tensors[key], opened.get_slice(key)
             want = [rows, *meta["shape"]]
-            shape, dtype = list(part.get_shape()), _DTYPES.get(part.get_dtype())
+            shape, dtype = list(part.get_shape()), DTYPE_OF_SAFETENSORS.get(part.get_dtype())
             if shape != want or dtype != meta["dtype"]:
                 raise InvalidDump(
                     f"{where}: {key!r} is {dtype} {shape}, but the manifest says "
@@ -242,7 +247,7 @@ def _manifest_of_file(path: Path) -> dict[str, Any]:
             "call": call,
             "part": part,
             "shape": list(shape[1:]),
-            "dtype": _DTYPES.get(dtypes[key], str(dtypes[key]).lower()),
+            "dtype": DTYPE_OF_SAFETENSORS.get(dtypes[key], str(dtypes[key]).lower()),
         }
     return {
         "format": FORMAT,
@@ -251,8 +256,3 @@ def _manifest_of_file(path: Path) -> dict[str, Any]:
         "tensors": tensors,
         "shards": [{"file": path.name, "start": 0, "stop": num_rows}],
     }
-
-
-_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-           "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-           "BOOL": "bool"}  # fmt: skip

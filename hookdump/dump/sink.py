@@ -22,9 +22,9 @@ import torch
 
 from hookdump.dump.folder import describe_os_error
 from hookdump.dump.stats import KeySummary
-from hookdump.dump.writer import DumpWriter, PlannedShard, ShardFile, dtype_name
-from hookdump.errors import HookdumpError
-from hookdump.hooks.capture import KeyInfo
+from hookdump.dump.writer import DumpWriter, PlannedShard, ShardFile
+from hookdump.errors import HookdumpError, opt
+from hookdump.format import KeyInfo, dtype_name
 
 # glibc's largest dynamic mmap threshold: a freed block above it always goes back to the OS
 # and is faulted in again when allocated, while smaller ones are recycled by malloc itself
@@ -112,10 +112,19 @@ class BatchSink:
         self._raise_if_failed()
         self._queue.put(("begin", start, stop, keys_expected))
 
-    def put(self, key: str, tensor: torch.Tensor, info: KeyInfo, ready: Any = None) -> None:
-        """One captured tensor of the current batch (a copy nobody else will change);
-        `ready`: a CUDA event to wait on before reading it (an asynchronous copy)."""
-        self._queue.put(("tensor", key, tensor, info, ready))
+    def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
+        """One captured tensor of the current batch, as a hook hands it over (a `Receiver`):
+        copied now unless `fresh`, so no later in-place op can change it."""
+        if tensor.is_cuda:
+            # straight to pinned host memory, queued on the stream before any later in-place
+            # op; the worker waits on the event, never a synchronize() per module
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            self._queue.put(("tensor", key, host, info, ready))
+            return
+        self._queue.put(("tensor", key, tensor if fresh else self.pool.copy(tensor), info, None))
 
     def end(self) -> None:
         """The current batch is complete."""
@@ -160,7 +169,7 @@ class BatchSink:
             where = self.writer.out if self.writer else "the dump"
             then = (
                 "the complete shards are kept: once that is fixed, run the same command "
-                "with --resume"
+                f"with {opt('resume', True)}"
                 if self.writer is not None and self.writer.shards
                 else "the folder is as it was"
             )
@@ -241,7 +250,7 @@ class BatchSink:
             new = sorted(set(self._keys) - set(known))
             raise HookdumpError(
                 f"the keys changed at sample {start} (missing: {missing[:3]}, new: {new[:3]}): "
-                "the model's control flow depends on its input; --exclude those modules"
+                f"the model's control flow depends on its input; {opt('exclude')} those modules"
             )
         if self._shard is not None:
             shard, self._shard = self._shard, None

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hookdump.hooks.capture import KeyInfo
+from hookdump.format import KeyInfo
+
+if TYPE_CHECKING:
+    from hookdump.dump.reader import Dump
 
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram
@@ -143,3 +146,30 @@ class KeySummary:
             "bytes": self.nbytes,
             **self.stats.as_dict(),
         }
+
+
+def summarize(dump: Dump) -> dict[str, KeySummary]:
+    """Every key's size and statistics, read shard by shard."""
+    summaries = {
+        key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
+        for key, meta in dump.tensors.items()
+    }
+    for tensors in dump.iter_shards():
+        for key, tensor in tensors.items():
+            summaries[key].nbytes += tensor.numel() * tensor.element_size()
+            summaries[key].stats.update(tensor)
+    return summaries
+
+
+def _key_info(key: str, meta: dict[str, Any]) -> KeyInfo:
+    dtype = getattr(torch, meta["dtype"], torch.float32)
+    return KeyInfo(
+        key,
+        meta["module"],
+        meta.get("module_type") or "-",
+        meta["kind"],
+        int(meta.get("call", 0)),
+        meta.get("part"),
+        tuple(meta["shape"]),
+        dtype,
+    )

@@ -10,7 +10,7 @@ import re
 import shutil
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +27,16 @@ from hookdump.dump.folder import (
     remove_entry,
     write_durably,
 )
-from hookdump.errors import HookdumpError
-from hookdump.format import FORMAT, MANIFEST
-from hookdump.hooks.capture import KeyInfo
+from hookdump.errors import HookdumpError, opt
+from hookdump.format import FORMAT, MANIFEST, SAFETENSORS_DTYPES, KeyInfo, dtype_name
 
 DEFAULT_SHARD_BYTES = 1 << 30
 __all__ = ["FORMAT", "MANIFEST", "DumpWriter"]
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.float32` -> `float32`."""
-    return str(dtype).removeprefix("torch.")
-
-
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON durably through a fresh temporary file, so a reader never sees half of it."""
     write_durably(path, (json.dumps(data, indent=2) + "\n").encode())
-
-
-_ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}  # fmt: skip
 
 
 class ShardFile:
@@ -72,7 +59,7 @@ class ShardFile:
 
     def write(self, key: str, tensor: torch.Tensor) -> None:
         """Append one tensor (contiguous, on the CPU) under `key`."""
-        if tensor.dtype not in _ST_DTYPES:
+        if dtype_name(tensor.dtype) not in SAFETENSORS_DTYPES:
             raise HookdumpError(f"{key!r} has dtype {tensor.dtype}, which safetensors cannot hold")
         if tensor.numel():
             self.file.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
@@ -194,7 +181,8 @@ def _element_size(dtype: torch.dtype) -> int:
 
 
 def _entry(dtype: torch.dtype, shape: list[int], start: int, nbytes: int) -> dict[str, Any]:
-    return {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [start, start + nbytes]}
+    st_dtype = SAFETENSORS_DTYPES[dtype_name(dtype)]
+    return {"dtype": st_dtype, "shape": shape, "data_offsets": [start, start + nbytes]}
 
 
 class DumpWriter:
@@ -209,10 +197,12 @@ class DumpWriter:
     def __init__(
         self,
         out: Path,
+        *,
         overwrite: bool = False,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         shard_prefix: str = "shard-",
         manifest_name: str = MANIFEST,
+        fields: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         check_out_dir(out, overwrite)
         self.out = out
@@ -222,7 +212,8 @@ class DumpWriter:
         self.shard_bytes = shard_bytes
         self.tensors: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
-        self.fields: dict[str, Any] = {}  # the rest of the manifest: model, command, versions
+        # the rest of the manifest (model, command, sample ids...), built anew for each write
+        self.fields = fields
         self._prepared = False
         self._cleanup: threading.Thread | None = None
 
@@ -270,7 +261,8 @@ class DumpWriter:
         if needed > free:
             raise HookdumpError(
                 f"the dump needs about {_gb(needed)} but only {_gb(free)} is free under "
-                f"--out {self.out}; make room, lower --num-samples, or choose another folder"
+                f"{opt('out')} {self.out}; make room, lower {opt('num_samples')}, or choose "
+                "another folder"
             )
 
     def describe(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
@@ -289,7 +281,7 @@ class DumpWriter:
         elif key in self.tensors and shape != self.tensors[key]["shape"]:
             raise HookdumpError(
                 f"{key!r} changed its per-sample shape from {self.tensors[key]['shape']} to "
-                f"{shape} at sample {start}; --exclude that module"
+                f"{shape} at sample {start}; {opt('exclude')} that module"
             )
 
     def prepare(self) -> None:
@@ -319,10 +311,10 @@ class DumpWriter:
             self._cleanup.start()
         self._prepared = True
 
-    def manifest(self, complete: bool) -> dict[str, Any]:
-        """The manifest for what has been written so far."""
+    def manifest(self, complete: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The manifest for what has been written so far (`extra`: fields to add or replace)."""
         num_samples = self.shards[-1]["stop"] if self.shards else 0
-        fields = dict(self.fields)
+        fields = {**self.fields(), **(extra or {})}
         if "sample_ids" in fields:  # ids of the samples written, not of those still to come
             fields["sample_ids"] = list(fields["sample_ids"][:num_samples])
         return {
@@ -334,27 +326,47 @@ class DumpWriter:
             "shards": self.shards,
         }
 
-    def write_manifest(self, complete: bool) -> dict[str, Any]:
+    def write_manifest(self, complete: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write `manifest.json` (after every shard it lists is on disk) and return it.
 
         Incomplete manifests (`complete: false`) list the shards finished so far.
         """
         self._prepare()
-        manifest = self.manifest(complete)
+        manifest = self.manifest(complete, extra)
         write_json(self.out / self.manifest_name, manifest)
         return manifest
 
+    def take_over(self, shards: list[dict[str, Any]], tensors: dict[str, dict[str, Any]]) -> None:
+        """Become the writer of the whole dump (torchrun's rank 0, once every rank is done):
+        list every rank's shards and write the one `manifest.json`."""
+        self.shards, self.tensors, self.manifest_name = shards, tensors, MANIFEST
+
     @classmethod
     def resume(
-        cls, out: Path, manifest: dict[str, Any], shard_bytes: int, **names: str
+        cls,
+        out: Path,
+        manifest: dict[str, Any],
+        *,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        shard_prefix: str = "shard-",
+        manifest_name: str = MANIFEST,
+        fields: Callable[[], dict[str, Any]] = dict,
     ) -> DumpWriter:
         """Carry on an incomplete dump: keep its listed shards, drop half-written files.
-        A torchrun rank (`names`: its shard prefix and manifest) touches only its own."""
-        writer = cls(out, overwrite=True, shard_bytes=shard_bytes, **names)  # type: ignore[arg-type]
-        writer.tensors, writer.shards = manifest["tensors"], manifest["shards"]
+        A torchrun rank (its own shard prefix and manifest) touches only its own files."""
+        writer = cls(
+            out,
+            overwrite=True,
+            shard_bytes=shard_bytes,
+            shard_prefix=shard_prefix,
+            manifest_name=manifest_name,
+            fields=fields,
+        )
+        writer.tensors, writer.shards = dict(manifest["tensors"]), list(manifest["shards"])
         writer._prepared = True
         listed = {writer.manifest_name} | {s["file"] for s in writer.shards}
-        mine = names.get("shard_prefix", "")  # one process: every stray dump file
+        # one process: every stray dump file; a torchrun rank: its own
+        mine = shard_prefix if manifest_name != MANIFEST else ""
         for path in out.iterdir():
             if (
                 path.name.startswith(mine)
@@ -364,11 +376,11 @@ class DumpWriter:
                 remove_entry(path)
         return writer
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the complete manifest, once the old dump's files are gone."""
         if self._cleanup is not None:
             self._cleanup.join()
-        return self.write_manifest(complete=True)
+        return self.write_manifest(complete=True, extra=extra)
 
 
 def _size(path: Path) -> int:
@@ -393,11 +405,11 @@ def parse_size(text: str) -> int:
     """'2GB' -> 2e9 bytes, '512MiB' -> 512 * 2**20, '1000' -> 1000."""
     match = _SIZE.match(text)
     if not match:
-        raise HookdumpError(f"--shard-size {text!r} is not a size; write e.g. 2GB or 512MiB")
+        raise HookdumpError(f"{opt('shard_size')} {text!r} is not a size; write e.g. 2GB or 512MiB")
     number, unit = float(match.group(1)), (match.group(2) or "").lower()
     prefix = unit[:1] if unit[:1] in "kmgt" else ""
     scale = 1024 ** "kmgt".index(prefix) * 1024 if "i" in unit and prefix else _UNITS[prefix]
     size = int(number * scale)
     if size < 1:
-        raise HookdumpError(f"--shard-size {text!r} must be at least one byte")
+        raise HookdumpError(f"{opt('shard_size')} {text!r} must be at least one byte")
     return size

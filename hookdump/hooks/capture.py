@@ -12,33 +12,21 @@ Correctness rules (where hand-written hooks usually go wrong):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, opt
+from hookdump.format import KeyInfo, tensor_key
 from hookdump.hooks.selection import module_type_name, select_modules
 
 CAPTURE_KINDS = ("output", "input", "grad")
-
-
-@dataclass(frozen=True)
-class KeyInfo:
-    """Where a captured tensor came from."""
-
-    key: str
-    module: str
-    module_type: str
-    kind: str
-    call: int
-    part: str | None
-    shape: tuple[int, ...]
-    dtype: torch.dtype
 
 
 @dataclass(frozen=True)
@@ -78,24 +66,6 @@ def reduce_tensor(tensor: torch.Tensor, how: str, channels_first: bool = False) 
     return tensor.amax(dim=dims)
 
 
-def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
-    """The contract's key: `M`, `M:output.0`, `M:input.x`, with `@n` for the n-th extra call."""
-    key = module if kind == "output" and part is None else f"{module}:{kind}.{part}"
-    return f"{key}@{call}" if call else key
-
-
-def parse_key(key: str) -> tuple[str, str, str | None, int]:
-    """The inverse of `tensor_key`: (module, kind, part, call)."""
-    base, at, call = key.rpartition("@")
-    if not (at and call.isascii() and call.isdigit()):
-        base, call = key, "0"
-    module, colon, rest = base.partition(":")
-    if not colon:
-        return module, "output", None, int(call)
-    kind, _, part = rest.partition(".")
-    return module, kind, part or None, int(call)
-
-
 def flatten(value: Any, prefix: str | None = None) -> Iterator[tuple[str | None, Any]]:
     """The leaves of a structured value, each with its dotted path (None for a bare tensor)."""
 
@@ -127,11 +97,30 @@ def parse_capture(capture: str | Sequence[str]) -> tuple[str, ...]:
     for kind in kinds:
         if kind not in CAPTURE_KINDS:
             raise HookdumpError(
-                f"--capture {kind!r} is not a capture kind; use any of output,input,grad"
+                f"{opt('capture')} {kind!r} is not a capture kind; use any of output,input,grad"
             )
     if not kinds:
-        raise HookdumpError("--capture is empty; use any of output,input,grad")
+        raise HookdumpError(f"{opt('capture')} is empty; use any of output,input,grad")
     return kinds
+
+
+class Receiver(Protocol):
+    """Where captured values go: `Capture.tensors` by default, the runner's writer thread in a
+    run (`dump.sink.BatchSink`)."""
+
+    def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
+        """One captured value. Unless `fresh` (a new tensor nothing else holds), it may still
+        be changed by a later in-place op: copy it before returning."""
+
+
+class _Tensors:
+    """The default receiver: copies kept in a dict, in the order the hooks fired."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
+        self.tensors[key] = tensor if fresh else tensor.clone()
 
 
 class Capture:
@@ -141,6 +130,14 @@ class Capture:
     Calls are counted from entering the block or the last `clear()`/`take()`: call the model
     once per block (or `take()` after each forward) so that `@n` means "the n-th extra call
     in one forward".
+
+    Args:
+        model: the model to hook.
+        layers, exclude, types: which modules (see `hooks.selection.select_modules`).
+        capture: any of `output`, `input`, `grad` (a comma list or a sequence).
+        train: set the model's mode inside the block (None: leave it), restored on exit.
+        reduce: `none`, `mean`, `max` or `flatten` (see `reduce_tensor`).
+        receiver: where values go instead of `tensors` (a `Receiver`).
     """
 
     def __init__(
@@ -152,21 +149,19 @@ class Capture:
         capture: str | Sequence[str] = ("output",),
         *,
         train: bool | None = None,
-        store: bool = True,
         reduce: str = "none",
+        receiver: Receiver | None = None,
     ) -> None:
         if reduce not in REDUCTIONS:
-            raise HookdumpError(f"--reduce {reduce!r} is not one of {', '.join(REDUCTIONS)}")
+            raise HookdumpError(f"{opt('reduce')} {reduce!r} is not one of {', '.join(REDUCTIONS)}")
         self.reduce = reduce
         self.model = model
         self.modules = select_modules(model, _as_list(layers), _as_list(exclude), _as_list(types))
         self.kinds = parse_capture(capture)
         self.train = train
-        self.store = store
-        # where copies go: `tensors` by default, or this callable (the runner's writer thread)
-        self.sink: Callable[[str, torch.Tensor, KeyInfo, Any], None] | None = None
-        self.copy: Callable[[torch.Tensor], torch.Tensor] = torch.clone  # the sink's pool
-        self.tensors: dict[str, torch.Tensor] = {}
+        self._own = _Tensors()
+        self._receiver: Receiver = receiver or self._own
+        self._store = True  # off while only counting calls (see `counting_only`)
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
         self.calls: dict[str, int] = {}
@@ -178,6 +173,20 @@ class Capture:
         self._to_come = 0
         self._handles: list[RemovableHandle] = []
         self._modes: list[tuple[nn.Module, bool]] = []
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """key -> captured copy, in the order the hooks fired (empty with a `receiver`)."""
+        return self._own.tensors
+
+    @contextlib.contextmanager
+    def counting_only(self) -> Iterator[None]:
+        """Inside: hooks count calls and note keys, but keep no values."""
+        self._store = False
+        try:
+            yield
+        finally:
+            self._store = True
 
     def __enter__(self) -> Capture:
         self._modes = [(m, m.training) for m in self.model.modules()]
@@ -214,7 +223,7 @@ class Capture:
 
     def clear(self) -> None:
         """Forget what was captured and start counting calls afresh."""
-        self.tensors = {}
+        self._own.tensors = {}
         self.calls.clear()
         self.finished.clear()
         self.running.clear()
@@ -228,7 +237,7 @@ class Capture:
 
     def take(self) -> dict[str, torch.Tensor]:
         """The tensors captured since the last clear, then clear."""
-        tensors = self.tensors
+        tensors = self._own.tensors
         self.clear()
         return tensors
 
@@ -274,9 +283,9 @@ class Capture:
             if not isinstance(leaf, torch.Tensor):
                 self.skipped.setdefault(key, Skipped(key, type(leaf).__name__))
                 continue
-            self._store(key, name, module_type, kind, call, part, leaf)
+            self._keep(key, name, module_type, kind, call, part, leaf)
 
-    def _store(
+    def _keep(
         self,
         key: str,
         name: str,
@@ -291,29 +300,16 @@ class Capture:
             self.info[key] = KeyInfo(
                 key, name, module_type, kind, call, part, tuple(tensor.shape), tensor.dtype
             )
-        if not self.store:
+        if not self._store:
             return
         value = tensor.detach()
         reduced = reduce_tensor(
             value, self.reduce, isinstance(self.modules[name], _CHANNELS_FIRST_1D)
         )
-        if self.sink is not None and reduced.is_cuda:
-            # straight to pinned host memory, queued on the stream before any later in-place
-            # op; the writer thread waits on the event, never a synchronize() per module
-            host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
-            host.copy_(reduced, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-            self.sink(key, host, self.info[key], ready)
-            return
         # a mean or max is a new tensor already; the rest (views included) must be copied
         # before an in-place op can change it
-        shares = reduced.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
-        copy = self.copy(reduced) if shares else reduced
-        if self.sink is not None:
-            self.sink(key, copy, self.info[key], None)
-        else:
-            self.tensors[key] = copy
+        fresh = reduced.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()
+        self._receiver.keep(key, reduced, self.info[key], fresh)
 
     def _hook_grads(
         self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int
@@ -328,7 +324,7 @@ class Capture:
     ) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             if self._handles:  # else the block was left before the backward pass
-                self._store(key, name, module_type, kind, call, part, grad)
+                self._keep(key, name, module_type, kind, call, part, grad)
 
         return hook
 

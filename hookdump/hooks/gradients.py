@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import flatten
 
 
@@ -19,7 +19,8 @@ def parse_grad_target(text: str) -> str | int:
         return int(text)
     except ValueError:
         raise HookdumpError(
-            f"--grad-target {text!r} is neither 'sum' nor an integer index (e.g. a class: 207)"
+            f"{opt('grad_target')} {text!r} is neither 'sum' nor an integer index (e.g. a class: "
+            "207)"
         ) from None
 
 
@@ -31,14 +32,15 @@ def objective(output: Any, target: str | int) -> torch.Tensor:
     )
     if first is None or not first.requires_grad:
         raise HookdumpError(
-            "--capture grad needs a model output that depends on its parameters or input; "
+            f"{opt('capture')} grad needs a model output that depends on its parameters or input; "
             "this model's first tensor output does not"
         )
     if target == "sum":
         return first.sum()
     if first.dim() < 2 or not -first.shape[1] <= target < first.shape[1]:
         raise HookdumpError(
-            f"--grad-target {target} is out of range for the output's shape {list(first.shape)} "
+            f"{opt('grad_target')} {target} is out of range for the output's shape "
+            f"{list(first.shape)} "
             f"(it indexes dim 1)"
         )
     return first[:, target].sum()
@@ -49,7 +51,9 @@ def backward(model: nn.Module, output: Any, target: str | int, inputs: list[torc
     wrt = [p for p in model.parameters() if p.requires_grad]
     wrt += [t for t in inputs if t.requires_grad]
     if not wrt:
-        raise HookdumpError("--capture grad: the model has no parameter or input to differentiate")
+        raise HookdumpError(
+            f"{opt('capture')} grad: the model has no parameter or input to differentiate"
+        )
     torch.autograd.grad(objective(output, target), wrt, allow_unused=True)
 
 

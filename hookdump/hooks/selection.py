@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
-from hookdump.errors import HookdumpError, nearest
+from hookdump.errors import HookdumpError, nearest, opt
+from hookdump.format import TYPE_ATTRIBUTE
 
 if TYPE_CHECKING:
     from torch import nn
 
 ROOT = "__root__"
-TYPE_ATTRIBUTE = "_hookdump_type"  # a class name to show instead of the module's own
 
 
 def module_type_name(module: nn.Module) -> str:
@@ -47,12 +47,14 @@ def select_modules(
 
     for pattern in [*layers, *exclude]:
         if not any(fnmatchcase(name, pattern) for name in names):
-            flag = "--layers" if pattern in layers else "--exclude"
+            flag = opt("layers") if pattern in layers else opt("exclude")
             raise HookdumpError(_no_match(f"{flag} {pattern!r}", pattern, names))
     present_types = {module_type_name(m) for m in modules.values()}
     for type_name in types:
         if type_name not in present_types:
-            raise HookdumpError(_no_match(f"--type {type_name!r}", type_name, present_types))
+            raise HookdumpError(
+                _no_match(f"{opt('types')} {type_name!r}", type_name, present_types)
+            )
 
     if layers:
         chosen = [n for n in names if any(fnmatchcase(n, p) for p in layers)]
@@ -66,7 +68,8 @@ def select_modules(
     if not chosen:
         raise HookdumpError(
             "the selection is empty: every module matched by the includes was removed by "
-            "--exclude or --type; loosen them (`hookdump layers MODEL` lists the names)"
+            f"{opt('exclude')} or {opt('types')}; loosen them (`hookdump layers MODEL` lists the "
+            "names)"
         )
     return {n: modules[n] for n in chosen}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import glob
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,30 +16,14 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from hookdump.errors import HookdumpError
-from hookdump.inputs.spec import Batch, InputSpec
+from hookdump.errors import HookdumpError, opt
+from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, part_of
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 TENSOR_SUFFIXES = (".safetensors", ".pt", ".npy")
 LIST_SUFFIXES = (".txt", ".lst", ".list", "")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-@dataclass
-class FileInput:
-    """Samples from files: their ids (paths or row indices) and how to batch them."""
-
-    kind: str  # images or tensors
-    total: int  # samples to read (images that fail to decode may make it fewer)
-    ids: list[Any]
-    batches: Callable[[int], Iterator[Batch]]
-    skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
-    files: list[Path] = field(default_factory=list)  # every file it reads, for the checks
-
-
-def is_file_input(text: str) -> bool:
-    return text != "random"
 
 
 def image_paths(text: str, stdin: Any = None) -> list[Path]:
@@ -52,7 +35,8 @@ def image_paths(text: str, stdin: Any = None) -> list[Path]:
         found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not found:
             raise HookdumpError(
-                f"--input {text}: no images in this folder (looked for {', '.join(IMAGE_SUFFIXES)})"
+                f"{opt('input')} {text}: no images in this folder (looked for "
+                f"{', '.join(IMAGE_SUFFIXES)})"
             )
         return found
     if path.is_file():
@@ -60,7 +44,7 @@ def image_paths(text: str, stdin: Any = None) -> list[Path]:
             return [path]
         if path.suffix.lower() not in LIST_SUFFIXES:
             raise HookdumpError(
-                f"--input {text}: not an image ({', '.join(IMAGE_SUFFIXES)}), a tensor file "
+                f"{opt('input')} {text}: not an image ({', '.join(IMAGE_SUFFIXES)}), a tensor file "
                 f"({', '.join(TENSOR_SUFFIXES)}) or a list of image paths "
                 f"({', '.join(s for s in LIST_SUFFIXES if s)} or no suffix)"
             )
@@ -68,17 +52,18 @@ def image_paths(text: str, stdin: Any = None) -> list[Path]:
             lines = path.read_text().splitlines()
         except (UnicodeDecodeError, OSError) as exc:
             raise HookdumpError(
-                f"--input {text} is neither an image, a tensor file nor a text list of image "
+                f"{opt('input')} {text} is neither an image, a tensor file nor a text list of "
+                "image "
                 f"paths ({exc})"
             ) from None
         return _listed(lines, str(path))
     if any(c in text for c in "*?["):
         found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
         if not found:
-            raise HookdumpError(f"--input {text!r}: the glob matches no file")
+            raise HookdumpError(f"{opt('input')} {text!r}: the glob matches no file")
         return found
     raise HookdumpError(
-        f"--input {text}: no such file or folder; give random, an image, a folder, a glob, "
+        f"{opt('input')} {text}: no such file or folder; give random, an image, a folder, a glob, "
         "a list file, -, or a tensor file"
     )
 
@@ -86,11 +71,11 @@ def image_paths(text: str, stdin: Any = None) -> list[Path]:
 def _listed(lines: list[str], source: str) -> list[Path]:
     paths = [Path(line.strip()) for line in lines if line.strip() and not line.startswith("#")]
     if not paths:
-        raise HookdumpError(f"--input: {source} lists no image paths")
+        raise HookdumpError(f"{opt('input')}: {source} lists no image paths")
     missing = [p for p in paths if not p.is_file()]
     if missing:
         raise HookdumpError(
-            f"--input: {source} lists {len(missing)} path(s) that are not files, first "
+            f"{opt('input')}: {source} lists {len(missing)} path(s) that are not files, first "
             f"{missing[0]} (relative paths are relative to the current folder)"
         )
     return paths
@@ -120,7 +105,7 @@ def image_transform(
         return TF.to_tensor  # detection models resize and normalise inside
     if spec.layout != "image" or len(spec.shape) != 3:
         raise HookdumpError(
-            f"--input: images need a model that takes [3, H, W] images; this one takes "
+            f"{opt('input')}: images need a model that takes [3, H, W] images; this one takes "
             f"{spec.layout} input of shape {list(spec.shape)} per sample (use random input "
             "or a tensor file)"
         )
@@ -162,11 +147,12 @@ def image_input(
     paths: list[Path],
     spec: InputSpec,
     transform: Callable[[Image.Image], torch.Tensor],
+    *,
     skip_bad: bool,
     workers: int,
     done: list[str] | None = None,
     files: list[Path] | None = None,
-) -> FileInput:
+) -> Feed:
     """Images decoded in `workers` processes; undecodable ones stop the run, or are skipped.
 
     `done`: the ids of samples already dumped (when resuming): reading goes on after the
@@ -178,11 +164,12 @@ def image_input(
         names = [str(p) for p in paths]
         if done[-1] not in names:
             raise HookdumpError(
-                f"--resume: the dump's last image {done[-1]} is no longer among the inputs; "
-                "make the dump again without --resume"
+                f"{opt('resume', True)}: the dump's last image {done[-1]} is no longer among the "
+                "inputs; "
+                f"make the dump again without {opt('resume', True)}"
             )
         paths = paths[names.index(done[-1]) + 1 :]
-    source = FileInput("images", len(done) + len(paths), list(done), lambda _: iter(()))
+    source = Feed("images", len(done) + len(paths), list(done), lambda _: iter(()))
     source.files = list(files)
 
     def batches(batch_size: int) -> Iterator[Batch]:
@@ -202,8 +189,9 @@ def image_input(
                     source.skipped.append({"path": str(paths[index]), "error": error})
                 else:
                     raise HookdumpError(
-                        f"--input: cannot decode {paths[index]} ({error}); remove it or pass "
-                        "--skip-bad-inputs"
+                        f"{opt('input')}: cannot decode {paths[index]} ({error}); remove it or "
+                        "pass "
+                        f"{opt('skip_bad_inputs', True)}"
                     )
             if not good:
                 continue
@@ -219,7 +207,7 @@ def image_input(
 
 def tensor_input(
     path: Path, limit: int | None, first: int = 0, part: tuple[int, int] | None = None
-) -> FileInput:
+) -> Feed:
     """Rows of a tensor file: one tensor is the batch; several are keyword arguments.
 
     `part` (rank, world): only that rank's contiguous slice of the rows, numbered from 0."""
@@ -228,14 +216,12 @@ def tensor_input(
     counts = set(rows.values())
     if len(counts) != 1 or 0 in counts:
         raise HookdumpError(
-            f"--input {path}: every tensor needs the same number of rows in dim 0, found {rows}"
+            f"{opt('input')} {path}: every tensor needs the same number of rows in dim 0, found "
+            f"{rows}"
         )
     total = counts.pop() if limit is None else min(limit, counts.pop())
-    offset = 0
-    if part is not None:
-        rank, world = part
-        offset, end = rank * total // world, (rank + 1) * total // world
-        total = end - offset
+    offset, end = part_of(total, part)
+    total = end - offset
 
     def batches(batch_size: int) -> Iterator[Batch]:
         for start in range(first, total, batch_size):
@@ -250,7 +236,7 @@ def tensor_input(
                 yield Batch((), parts, start, stop)
 
     ids = list(range(offset, offset + total))
-    return FileInput("tensors", total, ids, batches, files=[path])
+    return Feed("tensors", total, ids, batches, files=[path])
 
 
 ReadRows = Callable[[int, int], torch.Tensor]
@@ -278,7 +264,8 @@ def _open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
             if array.dtype.kind not in "biuf":
                 raise HookdumpError(
-                    f"--input {path} holds {array.dtype} values; a model takes numbers: save "
+                    f"{opt('input')} {path} holds {array.dtype} values; a model takes numbers: "
+                    "save "
                     "a numeric (bool, int or float) array"
                 )
             return {
@@ -286,16 +273,19 @@ def _open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
             }
         from hookdump.model.weights import torch_load_safely
 
-        content = torch_load_safely(path, "--input")
+        content = torch_load_safely(path, opt("input"))
     except HookdumpError:
         raise
     except Exception as exc:
-        raise HookdumpError(f"--input {path} is not a readable {suffix} file: {exc}") from None
+        raise HookdumpError(
+            f"{opt('input')} {path} is not a readable {suffix} file: {exc}"
+        ) from None
     if isinstance(content, torch.Tensor):
         content = {"input": content}
     if not (isinstance(content, dict) and all(torch.is_tensor(v) for v in content.values())):
         raise HookdumpError(
-            f"--input {path} holds a {type(content).__name__}; expected a tensor or a dict of "
+            f"{opt('input')} {path} holds a {type(content).__name__}; expected a tensor or a dict "
+            "of "
             "tensors (keyword arguments)"
         )
     return {k: (list(v.shape), lambda a, b, v=v: v[a:b]) for k, v in content.items()}
@@ -307,30 +297,34 @@ def _float32(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def open_input(
-    text: str,
+    options: InputOptions,
+    *,
     spec: Callable[[], InputSpec],
-    weights_transforms: Any,
-    image_size: int | None,
-    skip_bad: bool,
-    workers: int,
-    limit: int | None,
-    done: list[Any] | None = None,
-    part: tuple[int, int] | None = None,
-) -> FileInput:
-    """The file input that `--input` names (anything but `random`); `spec`: the model's
-    input spec, asked for only by images; `done`: ids of samples already in the dump being
-    resumed; `part` (rank, world): a torchrun rank's slice."""
+    transforms: Any,
+    done: list[Any],
+    part: tuple[int, int] | None,
+) -> Feed:
+    """The file input that `options.source` names (anything but `random`); `spec`: the
+    model's input spec, asked for only by images; `transforms`: the weights' preprocessing;
+    `done`: ids of samples already in the dump being resumed; `part` (rank, world): a
+    torchrun rank's slice."""
+    text, limit = options.source, options.num_samples
     path = Path(text)
     if path.suffix in TENSOR_SUFFIXES:
         if not path.is_file():
-            raise HookdumpError(f"--input {text}: no such file")
-        return tensor_input(path, limit, len(done or []), part)
+            raise HookdumpError(f"{opt('input')} {text}: no such file")
+        return tensor_input(path, limit, len(done), part)
     paths = image_paths(text)
     image_spec = spec()
-    transform = image_transform(image_spec, weights_transforms, image_size)
+    transform = image_transform(image_spec, transforms, options.image_size)
     paths = paths[:limit] if limit else paths
-    mine = paths
-    if part is not None:
-        rank, world = part
-        mine = paths[rank * len(paths) // world : (rank + 1) * len(paths) // world]
-    return image_input(mine, image_spec, transform, skip_bad, workers, done, files=paths)
+    first, stop = part_of(len(paths), part)
+    return image_input(
+        paths[first:stop],
+        image_spec,
+        transform,
+        skip_bad=options.skip_bad_inputs,
+        workers=options.workers,
+        done=done,
+        files=paths,
+    )

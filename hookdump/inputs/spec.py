@@ -6,14 +6,15 @@ different `--batch-size` (or split over processes) hold the same rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, opt
 from hookdump.model.loading import LoadedModel
 
 DEFAULT_IMAGE_SIZE = 224
@@ -35,6 +36,52 @@ class InputSpec:
         shape = ",".join(map(str, self.shape))
         extra = {"flow": " x2 (image pairs)", "tokens": f" token ids < {self.vocab}"}
         return f"random {shape}{extra.get(self.layout, '')}"
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """What feeds the model (the part of `RunOptions` about input).
+
+    Args:
+        source: `random`, an image, a folder, a glob, a list file, `-`, or a tensor file.
+        num_samples: random samples in all, or the most file samples (None: one batch of
+            random input, every file).
+        batch_size: samples per forward.
+        seed: seeds the random input (sample `i` depends only on `(seed, i)`).
+        image_size: crop images to this size (None: the weights' or the model's own).
+        skip_bad_inputs: skip undecodable images instead of failing.
+        workers: image-decoding worker processes.
+    """
+
+    source: str = "random"
+    num_samples: int | None = None
+    batch_size: int = 8
+    seed: int = 0
+    image_size: int | None = None
+    skip_bad_inputs: bool = False
+    workers: int = 2
+
+
+@dataclass
+class Feed:
+    """Samples for a run: their ids (sample indices, paths or row indices), how many, and
+    how to batch them."""
+
+    kind: str  # random, images or tensors
+    total: int  # samples to read (images that fail to decode may make it fewer)
+    ids: Any  # a range (random input) or a list that grows as files are read
+    batches: Callable[[int], Iterator[Batch]]
+    skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
+    files: list[Path] = field(default_factory=list)  # every file it reads, for the checks
+
+
+def part_of(total: int, part: tuple[int, int] | None) -> tuple[int, int]:
+    """The contiguous rows `first:stop` of `total` that process `rank` of `world` takes
+    (`part`: (rank, world); all of them without one)."""
+    if part is None:
+        return 0, total
+    rank, world = part
+    return rank * total // world, (rank + 1) * total // world
 
 
 @dataclass
@@ -92,7 +139,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
         shape = ()
     if not shape or any(d <= 0 for d in shape):
         raise HookdumpError(
-            f"--input-shape {text!r} is not a per-sample shape; write positive integers "
+            f"{opt('input_shape')} {text!r} is not a per-sample shape; write positive integers "
             "separated by commas, e.g. 3,224,224"
         )
     return shape
@@ -155,7 +202,7 @@ def _custom_spec(model: nn.Module, shape: tuple[int, ...] | None, spec: str) -> 
         return InputSpec("image", (first.in_channels, DEFAULT_FRAMES, 112, 112))
     raise HookdumpError(
         f"cannot tell the input shape of {spec!r} (it has no Linear, Conv or Embedding "
-        "layer to go by); pass --input-shape, e.g. --input-shape 3,224,224"
+        f"layer to go by); pass {opt('input_shape')}, e.g. {opt('input_shape')} 3,224,224"
     )
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookdump.errors import HookdumpError, did_you_mean
-from hookdump.hooks.selection import TYPE_ATTRIBUTE
+from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.format import TYPE_ATTRIBUTE
 from hookdump.model.weights import (
     apply_state_dict,
     ensure_cached,
@@ -45,6 +45,7 @@ class LoadedModel:
     weights_file: Path | None = None
     model_file: Path | None = None  # MODEL, when it is a file
     warnings: list[str] = field(default_factory=list)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def describe(self) -> dict[str, Any]:
         """The manifest's `model` entry."""
@@ -97,7 +98,8 @@ def parse_model_args(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.isidentifier():
             raise HookdumpError(
-                f"--model-arg {item!r} is not key=value; write e.g. --model-arg num_classes=10"
+                f"{opt('model_args')} {item!r} is not key=value; write e.g. {opt('model_args')} "
+                "num_classes=10"
             )
         kwargs[key] = _parse_value(raw)
     return kwargs
@@ -119,6 +121,7 @@ def _parse_value(raw: str) -> Any:
 
 def load_model(
     spec: str,
+    *,
     weights: str = "none",
     model_args: dict[str, Any] | None = None,
     seed: int = 0,
@@ -130,7 +133,7 @@ def load_model(
     torch.manual_seed(seed)
     if is_model_file(spec):
         if kwargs:
-            raise HookdumpError(f"MODEL {spec} is a file; it takes no --model-arg")
+            raise HookdumpError(f"{opt('model')} {spec} is a file; it takes no {opt('model_args')}")
         module, shape = _load_model_file(Path(spec), unsafe_pickle)
         loaded = LoadedModel(
             module, spec, weights, "custom", input_shape=shape, model_file=Path(spec)
@@ -146,7 +149,7 @@ def load_model(
         return loaded
     if not is_checkpoint_path(weights):
         raise HookdumpError(
-            f"--weights {weights!r} is not a file; torchvision weights names work with "
+            f"{opt('weights')} {weights!r} is not a file; torchvision weights names work with "
             "torchvision models only, so give a checkpoint (.safetensors, .pt, .pth, .bin)"
         )
     return _with_checkpoint(loaded, Path(weights), strict)
@@ -192,7 +195,7 @@ def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[
     """A `torch.export` archive, unflattened (with its example input's per-sample shape); or a
     pickled module, only with --unsafe-pickle."""
     if not path.is_file():
-        raise HookdumpError(f"MODEL {path}: no such file")
+        raise HookdumpError(f"{opt('model')} {path}: no such file")
     if path.suffix == ".pt2":
         try:
             program = torch.export.load(path)
@@ -200,25 +203,29 @@ def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[
         except Exception as exc:
             message = " ".join(str(exc).split())[:200]
             raise HookdumpError(
-                f"MODEL {path} is not a loadable torch.export archive: {message}"
+                f"{opt('model')} {path} is not a loadable torch.export archive: {message}"
             ) from None
         _restore_type_names(module, program)
         args = program.example_inputs[0] if program.example_inputs else ()
         first = args[0] if args and torch.is_tensor(args[0]) else None
         return module, tuple(first.shape[1:]) if first is not None else None
     if not unsafe_pickle:
-        content = torch_load_safely(path, "MODEL")
+        content = torch_load_safely(path, opt("model"))
         raise HookdumpError(
-            f"MODEL {path} holds a {type(content).__name__}, not a model: give the model as "
-            f"MODEL (a torchvision name or package.module:Class) and this file as --weights"
+            f"{opt('model')} {path} holds a {type(content).__name__}, not a model: give the model "
+            "as "
+            f"{opt('model')} (a torchvision name or package.module:Class) and this file as "
+            f"{opt('weights')}"
         )
     _importable_from_cwd()  # the pickle names the class by module, as MODEL specs do
     try:
         module = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise HookdumpError(f"MODEL {path} could not be unpickled: {exc}") from None
+        raise HookdumpError(f"{opt('model')} {path} could not be unpickled: {exc}") from None
     if not isinstance(module, nn.Module):
-        raise HookdumpError(f"MODEL {path} holds a {type(module).__name__}, not a torch.nn.Module")
+        raise HookdumpError(
+            f"{opt('model')} {path} holds a {type(module).__name__}, not a torch.nn.Module"
+        )
     return module, None
 
 
@@ -237,14 +244,14 @@ def _restore_type_names(module: nn.Module, program: Any) -> None:
 def _import_attribute(spec: str) -> Any:
     module_name, _, attr_path = spec.partition(":")
     if not module_name or not attr_path:
-        raise HookdumpError(f"MODEL {spec!r} is not package.module:attribute")
+        raise HookdumpError(f"{opt('model')} {spec!r} is not package.module:attribute")
     _importable_from_cwd()
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             raise HookdumpError(
-                f"cannot import {module_name!r} for MODEL {spec!r}: no module named "
+                f"cannot import {module_name!r} for {opt('model')} {spec!r}: no module named "
                 f"{exc.name!r}; run from the folder that holds it or add that folder to "
                 "PYTHONPATH"
             ) from None
@@ -272,14 +279,14 @@ def _importable_from_cwd() -> None:
 def _build(factory: Any, spec: str, kwargs: dict[str, Any]) -> nn.Module:
     if isinstance(factory, nn.Module):
         if kwargs:
-            raise HookdumpError(f"{spec!r} is a module instance; it takes no --model-arg")
+            raise HookdumpError(f"{spec!r} is a module instance; it takes no {opt('model_args')}")
         return factory
     if not callable(factory):
         raise HookdumpError(f"{spec!r} is a {type(factory).__name__}, not a class or factory")
     try:
         module = factory(**kwargs)
     except TypeError as exc:
-        raise HookdumpError(f"building {spec!r} failed: {exc}; check --model-arg") from None
+        raise HookdumpError(f"building {spec!r} failed: {exc}; check {opt('model_args')}") from None
     except Exception as exc:
         raise HookdumpError(f"building {spec!r} raised {type(exc).__name__}: {exc}") from None
     if not isinstance(module, nn.Module):

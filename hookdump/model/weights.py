@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from hookdump.errors import HookdumpError, did_you_mean
+from hookdump.errors import HookdumpError, Message, did_you_mean, opt
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 _WRAPPERS = ("state_dict", "model")  # {"state_dict": {...}, "epoch": 3} and the like
@@ -73,16 +73,16 @@ def _unpickler_reason(text: str) -> str:
 def load_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from a checkpoint file, unwrapped and with DDP/compile prefixes removed."""
     if not path.is_file():
-        raise HookdumpError(f"--weights {path}: no such file")
+        raise HookdumpError(f"{opt('weights')} {path}: no such file")
     if path.suffix == ".safetensors":
         try:
             state: Any = load_file(path)
         except (OSError, safetensors.SafetensorError) as exc:
             raise HookdumpError(
-                f"--weights {path} is not a readable safetensors file: {exc}"
+                f"{opt('weights')} {path} is not a readable safetensors file: {exc}"
             ) from None
     else:
-        state = torch_load_safely(path, "--weights")
+        state = torch_load_safely(path, opt("weights"))
     for _ in range(len(_WRAPPERS) + 1):
         if _is_state_dict(state):
             break
@@ -93,7 +93,7 @@ def load_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     if not _is_state_dict(state):
         shown = list(state)[:5] if isinstance(state, dict) else type(state).__name__
         raise HookdumpError(
-            f"--weights {path} holds no state dict (found {shown}); expected tensors by "
+            f"{opt('weights')} {path} holds no state dict (found {shown}); expected tensors by "
             "parameter name, at the top or under 'state_dict' or 'model'"
         )
     return _strip_prefixes(state)
@@ -142,11 +142,14 @@ def apply_state_dict(
     ]
     if problems and strict:
         raise HookdumpError(
-            f"--weights {source} does not fit the model: {'; '.join(problems)}; fix the "
-            "checkpoint or pass --no-strict to load the keys that fit"
+            f"{opt('weights')} {source} does not fit the model: {'; '.join(problems)}; fix the "
+            f"checkpoint or pass {opt('strict', False)} to load the keys that fit"
         )
     model.load_state_dict(fitting, strict=False)
-    return [f"--weights {source}: {p}; loaded the {len(fitting)} keys that fit" for p in problems]
+    return [
+        Message(f"{opt('weights')} {source}: {p}; loaded the {len(fitting)} keys that fit")
+        for p in problems
+    ]
 
 
 def _listing(count: int, label: str, items: list[str]) -> str:
@@ -161,12 +164,14 @@ def torchvision_weights(model_name: str, name: str) -> Any:
     try:
         enum = tvm.get_model_weights(model_name)
     except (ValueError, KeyError):
-        raise HookdumpError(f"--weights {name}: {model_name} has no torchvision weights") from None
+        raise HookdumpError(
+            f"{opt('weights')} {name}: {model_name} has no torchvision weights"
+        ) from None
     choices = ["DEFAULT", *(w.name for w in enum)]
     short = name.rpartition(".")[2]  # also accept ResNet50_Weights.IMAGENET1K_V2
     if short not in choices:
         raise HookdumpError(
-            f"--weights {name!r} is not a weights name of {model_name}"
+            f"{opt('weights')} {name!r} is not a weights name of {model_name}"
             f"{did_you_mean(short, choices)}; choose one of {', '.join(choices)}, or give a "
             "checkpoint file"
         )
@@ -186,7 +191,7 @@ def ensure_cached(weights: Any) -> Path:
     host = urlparse(weights.url).hostname or ""
     if os.environ.get("HOOKDUMP_OFFLINE") or not _reachable(host):
         raise HookdumpError(
-            f"--weights {weights}: not in torch's cache and {host} cannot be reached; put "
+            f"{opt('weights')} {weights}: not in torch's cache and {host} cannot be reached; put "
             f"{weights.url} at {path} (or set TORCH_HOME to a cache that has it)"
         )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,8 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.sink import BatchSink
 from hookdump.dump.stats import KeySummary
-from hookdump.dump.writer import MANIFEST, DumpWriter
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, opt
 
 
 @dataclass(frozen=True)
@@ -31,10 +29,10 @@ class Ranks:
     def main(self) -> bool:
         return self.rank == 0
 
-    def span(self, total: int) -> tuple[int, int]:
-        """The contiguous rows `first:stop` of `total` that this rank dumps."""
-        first = self.rank * total // self.world
-        return first, (self.rank + 1) * total // self.world
+    @property
+    def part(self) -> tuple[int, int]:
+        """(rank, world): which slice of the samples this rank dumps (`inputs.part_of`)."""
+        return self.rank, self.world
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value`, in rank order (on every rank)."""
@@ -91,70 +89,56 @@ def rank_names(ranks: Ranks | None) -> dict[str, str]:
     }
 
 
-def rank_writer(out: Path, overwrite: bool, shard_bytes: int, ranks: Ranks) -> DumpWriter:
-    """A torchrun rank's writer: its own file names; rank 0 alone clears the folder."""
-    writer = DumpWriter(out, overwrite, shard_bytes, **rank_names(ranks))  # type: ignore[arg-type]
-    ranks.barrier()  # every rank has checked --out before rank 0 touches it
-    if ranks.main:
-        writer.prepare()
-    ranks.barrier()
-    writer.prepared_elsewhere()
-    return writer
+@dataclass
+class RankPart:
+    """What one rank dumped, as it is sent to rank 0 at the end."""
+
+    rows: int
+    shards: list[dict[str, Any]]
+    tensors: dict[str, dict[str, Any]]
+    summaries: dict[str, KeySummary]
+    ids: list[Any]
+    skipped: list[dict[str, str]]
+    skipped_inputs: list[dict[str, str]]
 
 
-def merge_ranks(
-    ranks: Ranks,
-    writer: DumpWriter | None,
-    sink: BatchSink,
-    skipped: list[dict[str, str]],
-    skipped_inputs: list[dict[str, str]],
-    rows: int,
-) -> int:
-    """Gather every rank's shards, ids and statistics onto rank 0, in sample order; return
-    the rows of the whole dump (this rank's own, on the others)."""
-    mine = {
-        "rows": rows,
-        "shards": writer.shards if writer else [],
-        "tensors": writer.tensors if writer else {},
-        "summaries": sink.summaries,
-        "ids": list(writer.fields.get("sample_ids", [])[:rows]) if writer else [],
-        "skipped": skipped,
-        "skipped_inputs": skipped_inputs,
-    }
-    everyone = ranks.gather(mine)
+def merge_ranks(ranks: Ranks, mine: RankPart) -> RankPart | None:
+    """Every rank's part gathered onto rank 0 and joined in sample order: the shards' rows
+    renumbered, statistics merged, ids and skipped lists concatenated. None on other ranks."""
+    everyone: list[RankPart] = ranks.gather(mine)
     if not ranks.main:
-        return rows
+        return None
+    with_rows = [p for p in everyone if p.rows]
+    for part in with_rows[1:]:
+        if list(part.tensors) != list(with_rows[0].tensors):
+            raise HookdumpError(
+                "the ranks captured different keys: the model's control flow depends on its "
+                f"input; {opt('exclude')} the modules that differ"
+            )
     shards, offset = [], 0
     summaries: dict[str, KeySummary] = {}
     for part in everyone:
-        for shard in part["shards"]:
-            shards.append(
-                {**shard, "start": shard["start"] + offset, "stop": shard["stop"] + offset}
-            )
-        offset += part["rows"]
-        for key, summary in part["summaries"].items():
-            if key not in summaries:
-                summaries[key] = summary
-            else:
+        shards += [
+            {**shard, "start": shard["start"] + offset, "stop": shard["stop"] + offset}
+            for shard in part.shards
+        ]
+        offset += part.rows
+        for key, summary in part.summaries.items():
+            if key in summaries:
                 summaries[key].nbytes += summary.nbytes
                 summaries[key].stats.merge(summary.stats)
-    with_rows = [p for p in everyone if p["rows"]]
-    for part in with_rows[1:]:
-        if list(part["tensors"]) != list(with_rows[0]["tensors"]):
-            raise HookdumpError(
-                "the ranks captured different keys: the model's control flow depends on its "
-                "input; --exclude the modules that differ"
-            )
-    sink.summaries = summaries
-    skipped_inputs[:] = [s for p in everyone for s in p["skipped_inputs"]]
-    seen = {s["key"] for s in skipped}
-    skipped += [s for p in everyone[1:] for s in p["skipped"] if s["key"] not in seen]
-    if writer is not None:
-        writer.fields["sample_ids"] = [i for p in everyone for i in p["ids"]]
-        writer.shards = shards
-        writer.tensors = with_rows[0]["tensors"] if with_rows else {}
-        writer.manifest_name = MANIFEST  # rank 0 writes the dump's one manifest
-    return offset
+            else:
+                summaries[key] = summary
+    seen = {s["key"] for s in mine.skipped}
+    return RankPart(
+        rows=offset,
+        shards=shards,
+        tensors=with_rows[0].tensors if with_rows else {},
+        summaries=summaries,
+        ids=[i for p in everyone for i in p.ids],
+        skipped=mine.skipped + [s for p in everyone[1:] for s in p.skipped if s["key"] not in seen],
+        skipped_inputs=[s for p in everyone for s in p.skipped_inputs],
+    )
 
 
 def drop_rank_manifests(out: Path) -> None:

@@ -14,25 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from hookdump.dump.reader import Dump, read_manifest
 from hookdump.dump.writer import MANIFEST
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, opt
 from hookdump.model.weights import sha256
 from hookdump.run.distributed import RANK_MANIFESTS, Ranks, rank_names
 
 if TYPE_CHECKING:
     from hookdump.inputs.files import FileInput
     from hookdump.model.loading import LoadedModel
-    from hookdump.run.runner import RunOptions
-
-RECIPE = (
-    "model", "weights", "model_args", "layers", "exclude", "types", "capture", "reduce",
-    "grad_target", "input", "input_shape", "image_size", "num_samples", "batch_size", "seed",
-    "dtype", "save_dtype", "train", "skip_bad_inputs",
-)  # fmt: skip
-
-
-def recipe(options: RunOptions) -> dict[str, Any]:
-    """The options that shape a dump's contents: --resume must be given the same ones."""
-    return {name: getattr(options, name) for name in RECIPE}
+    from hookdump.run.options import RunOptions
 
 
 def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]:
@@ -51,21 +40,20 @@ def _stat(path: Path) -> list[Any]:
     return [str(path), info.st_size, info.st_mtime_ns]
 
 
-_FLAGS = {"model": "MODEL", "weights": "--weights"}
-
-
 def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
     """Refuse to resume when a file the dump was made from has changed (one line naming it).
     A dump from a hookdump that did not record its sources is taken as it is."""
     if not isinstance(before, dict):
         return
-    fix = "restore it, or start anew with --overwrite"
-    for name, flag in _FLAGS.items():
+    fix = f"restore it, or start anew with {opt('overwrite', True)}"
+    for name in ("model", "weights"):
+        flag = opt(name)
         old, new = before.get(name), now.get(name)
         if old != new:
             what = (new or old or {}).get("path", "?")
             raise HookdumpError(
-                f"--resume: {flag} {what} is not the file the dump in {out} was made from "
+                f"{opt('resume', True)}: {flag} {what} is not the file the dump in {out} was made "
+                "from "
                 f"(SHA-256 {_short(old)}, now {_short(new)}); {fix}"
             )
     if "input" not in before and "input" not in now:
@@ -80,12 +68,14 @@ def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
         else:
             continue
         raise HookdumpError(
-            f"--resume: --input file {path} {change} since the dump in {out} began; {fix}"
+            f"{opt('resume', True)}: {opt('input')} file {path} {change} since the dump in {out} "
+            f"began; {fix}"
         )
     gone = [path for path in old_files if path not in new_files]
     if gone:
         raise HookdumpError(
-            f"--resume: --input file {gone[0]} is no longer among the inputs of the dump in "
+            f"{opt('resume', True)}: {opt('input')} file {gone[0]} is no longer among the inputs "
+            "of the dump in "
             f"{out}; {fix}"
         )
 
@@ -101,21 +91,24 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
     Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
     out = options.out
     if out is None:
-        raise HookdumpError("--resume needs --out: the folder of the interrupted dump")
+        raise HookdumpError(
+            f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"
+        )
     by_ranks = sorted(out.glob(RANK_MANIFESTS)) if out.is_dir() else []
     if (out / MANIFEST).exists():
         manifest = Dump(out).manifest
         if manifest.get("complete"):
-            raise HookdumpError(f"--resume: {out} is already complete; nothing to do")
+            raise HookdumpError(f"{opt('resume', True)}: {out} is already complete; nothing to do")
         if ranks is not None:
             raise HookdumpError(
-                f"--resume: the dump in {out} was started by one process; resume it without "
+                f"{opt('resume', True)}: the dump in {out} was started by one process; resume it "
+                "without "
                 "torchrun"
             )
     elif ranks is None and by_ranks:
         world = read_manifest(by_ranks[0]).get("processes", "several")
         raise HookdumpError(
-            f"--resume: the dump in {out} was started under torchrun; resume it with "
+            f"{opt('resume', True)}: the dump in {out} was started under torchrun; resume it with "
             f"torchrun --nproc-per-node {world}"
         )
     elif ranks is not None and out.is_dir():
@@ -125,7 +118,8 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
         manifest = read_manifest(mine)
         if manifest.get("processes") != ranks.world:
             raise HookdumpError(
-                f"--resume: the dump in {out} was started by {manifest.get('processes')} "
+                f"{opt('resume', True)}: the dump in {out} was started by "
+                f"{manifest.get('processes')} "
                 f"torchrun processes, now {ranks.world}; resume it with --nproc-per-node "
                 f"{manifest.get('processes')}"
             )
@@ -133,15 +127,17 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
         return None  # no shard was finished: the run starts anew (no work is lost)
     if len(manifest.get("sample_ids") or []) < manifest["num_samples"]:
         raise HookdumpError(
-            f"--resume: the manifest in {out} does not list its samples' ids, so the dump "
-            "cannot be carried on; start anew with --overwrite"
+            f"{opt('resume', True)}: the manifest in {out} does not list its samples' ids, so the "
+            "dump "
+            f"cannot be carried on; start anew with {opt('overwrite', True)}"
         )
     before = manifest.get("recipe") or {}
-    for name, value in recipe(options).items():
+    for name, value in options.recipe().items():
         if before.get(name) != value:
-            flag = "MODEL" if name == "model" else f"--{name.replace('_', '-')}"
+            flag = opt(name)
             raise HookdumpError(
-                f"--resume: {flag} was {before.get(name)!r} for the dump in {out}, "
-                f"now {value!r}; resume with the same options, or start anew with --overwrite"
+                f"{opt('resume', True)}: {flag} was {before.get(name)!r} for the dump in {out}, "
+                f"now {value!r}; resume with the same options, or start anew with "
+                f"{opt('overwrite', True)}"
             )
     return manifest

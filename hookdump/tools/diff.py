@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hookdump.dump.reader import Dump
-from hookdump.errors import HookdumpError, did_you_mean
+from hookdump.errors import HookdumpError, did_you_mean, opt
 
 
 @dataclass
@@ -109,13 +109,14 @@ def diff_dumps(
 ) -> DiffResult:
     """Compare dump B against dump A (the reference order is A's forward order)."""
     if atol < 0 or rtol < 0:
-        raise HookdumpError(f"--atol {atol} and --rtol {rtol} must not be negative")
+        raise HookdumpError(f"{opt('atol')} {atol} and {opt('rtol')} {rtol} must not be negative")
     a, b = Dump(path_a), Dump(path_b)
     order = a.keys() + [k for k in b if k not in a]
     for pattern in keys or []:
         if not any(fnmatchcase(k, pattern) for k in order):
             raise HookdumpError(
-                f"--keys {pattern!r} matches no key of either dump{did_you_mean(pattern, order)}"
+                f"{opt('keys')} {pattern!r} matches no key of either "
+                f"dump{did_you_mean(pattern, order)}"
             )
     if keys:
         order = [k for k in order if any(fnmatchcase(k, p) for p in keys)]

@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw
 from torchvision.utils import make_grid
 
 from hookdump.dump.reader import Dump
-from hookdump.errors import HookdumpError, did_you_mean
+from hookdump.errors import HookdumpError, did_you_mean, opt
 
 MIN_TILE = 48  # feature maps smaller than this are enlarged (nearest) to stay legible
 PAD = 2
@@ -52,7 +52,7 @@ def render(dump_path: str | Path, key: str, out: Path, sample: int = 0) -> Rende
         )
     if not 0 <= sample < dump.num_samples:
         raise HookdumpError(
-            f"--sample {sample} is out of range: {dump.path} holds samples 0 to "
+            f"{opt('sample')} {sample} is out of range: {dump.path} holds samples 0 to "
             f"{dump.num_samples - 1}"
         )
     values = dump.row(key, sample).float()
@@ -126,4 +126,4 @@ def _save(image: Image.Image, out: Path) -> None:
     try:
         image.save(out, format="PNG")
     except OSError as exc:
-        raise HookdumpError(f"--out {out}: cannot write the PNG ({exc})") from None
+        raise HookdumpError(f"{opt('out')} {out}: cannot write the PNG ({exc})") from None

@@ -7,12 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hookdump.dump.folder import leftovers
 from hookdump.dump.reader import Dump
-from hookdump.dump.stats import KeySummary
-from hookdump.hooks.capture import KeyInfo
+from hookdump.dump.stats import KeySummary, summarize
+from hookdump.errors import opt
 
 
 @dataclass
@@ -51,7 +49,8 @@ def inspect_dump(path: str | Path) -> Inspection:
     if not dump.complete:
         problems.append(
             f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
-            f"({len(dump.shards)} complete shards); finish it with the same command and --resume"
+            f"({len(dump.shards)} complete shards); finish it with the same command and "
+            f"{opt('resume', True)}"
         )
     stray = leftovers(dump.path) if Path(path).is_dir() else []
     if stray:
@@ -78,31 +77,4 @@ def inspect_dump(path: str | Path) -> Inspection:
         list(summaries.values()),
         dump.manifest,
         problems,
-    )
-
-
-def summarize(dump: Dump) -> dict[str, KeySummary]:
-    """Every key's size and statistics, read shard by shard."""
-    summaries = {
-        key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
-        for key, meta in dump.tensors.items()
-    }
-    for tensors in dump.iter_shards():
-        for key, tensor in tensors.items():
-            summaries[key].nbytes += tensor.numel() * tensor.element_size()
-            summaries[key].stats.update(tensor)
-    return summaries
-
-
-def _key_info(key: str, meta: dict[str, Any]) -> KeyInfo:
-    dtype = getattr(torch, meta["dtype"], torch.float32)
-    return KeyInfo(
-        key,
-        meta["module"],
-        meta.get("module_type") or "-",
-        meta["kind"],
-        int(meta.get("call", 0)),
-        meta.get("part"),
-        tuple(meta["shape"]),
-        dtype,
     )

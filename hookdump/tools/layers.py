@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 from hookdump.hooks.capture import Capture
+from hookdump.hooks.forward import forward
 from hookdump.hooks.selection import module_type_name
-from hookdump.inputs.spec import random_batches
-from hookdump.run.runner import Prepared, forward
+from hookdump.inputs.spec import InputSpec, random_batches
+from hookdump.model.loading import LoadedModel
 
 
 @dataclass
@@ -38,22 +39,24 @@ class LayerRow:
 
 
 def list_layers(
-    prepared: Prepared,
+    loaded: LoadedModel,
+    spec: InputSpec,
+    *,
     layers: list[str],
     exclude: list[str],
     types: list[str],
     seed: int = 0,
-    label: str = "the model",
 ) -> list[LayerRow]:
-    """The selected modules in registration order, after one forward of the default input."""
-    model = prepared.loaded.module
+    """The selected modules in registration order, after one forward of random input shaped
+    by `spec` (the model on its device, as `model.prepare.prepare` leaves it)."""
+    model = loaded.module
     # two samples: with one, a dim 0 of size 1 could not be told from the batch dim
-    batch = next(random_batches(prepared.spec, 2, 2, seed))
-    if prepared.device.type != "cpu":
-        batch = batch.to(prepared.device)
-    cap = Capture(model, layers, exclude, types, ("output",), store=False)
-    with cap, torch.inference_mode():
-        forward(cap, model, batch, label)
+    batch = next(random_batches(spec, 2, 2, seed))
+    if loaded.device.type != "cpu":
+        batch = batch.to(loaded.device)
+    cap = Capture(model, layers, exclude, types, ("output",))
+    with cap, torch.inference_mode(), cap.counting_only():
+        forward(cap, model, batch, loaded.spec)
     rows = {
         name: LayerRow(
             name,

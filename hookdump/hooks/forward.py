@@ -1,0 +1,69 @@
+"""One forward pass under the hooks: a model's own failure becomes an error that says where it
+happened, and early stop is calibrated on one sample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.hooks.capture import Capture, StopForward
+from hookdump.inputs.spec import Batch
+
+
+def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> Any:
+    """Run `module` on `batch` under `cap`'s hooks; None when early stop ended it.
+
+    A model's own exception becomes a HookdumpError naming the module it was raised in and
+    the hooked modules that had run (the original stays as its `__cause__`); an allocation
+    failure is left as it is, for the caller to advise on."""
+    try:
+        return module(*batch.args, **batch.kwargs)
+    except StopForward:
+        return None
+    except (KeyboardInterrupt, HookdumpError):
+        raise
+    except Exception as exc:
+        if out_of_memory(exc):
+            raise
+        message = " ".join(str(exc).split()) or "(no message)"
+        if len(message) > 300:
+            message = message[:300] + "..."
+        inside = f"inside {cap.running[-1]!r}; " if cap.running else ""
+        done = cap.finished
+        ran = (
+            f"hooked modules that had run: {len(done)} (last: {', '.join(done[-3:])})"
+            if done
+            else "no hooked module had run"
+        )
+        raise HookdumpError(
+            f"the forward pass of {label} raised {type(exc).__name__}: {message} "
+            f"({inside}{ran}); check {opt('input_shape')} and {opt('model_args')}"
+        ) from exc
+
+
+def calibrate(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> bool:
+    """Count each selected module's calls in a forward of one sample, and stop every later
+    forward once they are all made (early stop).
+
+    False when the model cannot take one sample (an export with a fixed batch size, say):
+    then every forward runs whole."""
+    try:
+        with cap.counting_only():
+            forward(cap, module, batch.first_row(), label)
+    except HookdumpError:
+        cap.clear()
+        return False
+    cap.stop_early(dict(cap.calls))
+    return True
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed (on the CPU or the GPU)."""
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text
+    )

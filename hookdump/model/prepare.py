@@ -1,0 +1,88 @@
+"""A model ready to run: loaded as `ModelOptions` say, in its mode, on its device.
+
+`hookdump run` and `hookdump layers` both start here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.model.loading import LoadedModel, load_model, parse_model_args
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What builds the model: the part of `RunOptions` that `hookdump layers` takes too.
+
+    Args:
+        model: a torchvision name, `package.module:attribute`, or a model file.
+        weights: `none`, a torchvision weights name, or a checkpoint file.
+        model_args: `key=value` keyword arguments for the model's class or factory.
+        seed: seeds torch before the model is built (its random initialisation).
+        device: `auto`, `cpu`, `cuda` or `cuda:N`.
+        train: train mode instead of eval mode.
+        strict: missing or unexpected checkpoint keys are an error.
+        unsafe_pickle: allow a pickled whole module as `model` (runs its code).
+    """
+
+    model: str
+    weights: str = "none"
+    model_args: list[str] = field(default_factory=list)
+    seed: int = 0
+    device: str = "auto"
+    train: bool = False
+    strict: bool = True
+    unsafe_pickle: bool = False
+
+
+def prepare(options: ModelOptions) -> LoadedModel:
+    """Check the cheap options, then load the model, set its mode and move it to its device."""
+    kwargs = parse_model_args(options.model_args)
+    target = resolve_device(options.device)
+    loaded = load_model(
+        options.model,
+        weights=options.weights,
+        model_args=kwargs,
+        seed=options.seed,
+        strict=options.strict,
+        unsafe_pickle=options.unsafe_pickle,
+    )
+    loaded.module.train(options.train)
+    loaded.module.to(target)
+    loaded.device = target
+    return loaded
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`, `cpu`, `cuda` or `cuda:N` to a device that exists here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = opt("device")
+    try:
+        found = torch.device(name)
+    except RuntimeError:
+        raise HookdumpError(
+            f"{device} {name!r} is not a device; use auto, cpu, cuda or cuda:N"
+        ) from None
+    if found.type == "cuda":
+        if not torch.cuda.is_available():
+            raise HookdumpError(f"{device} {name}: CUDA is not available here; use {device} cpu")
+        if found.index is not None and found.index >= torch.cuda.device_count():
+            raise HookdumpError(
+                f"{device} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif found.type != "cpu":
+        raise HookdumpError(f"{device} {name!r} is not supported; use auto, cpu, cuda or cuda:N")
+    return found
+
+
+def resolve_dtype(name: str, option: str) -> torch.dtype:
+    """A dtype name (`option`: `dtype` or `save_dtype`) to a torch dtype."""
+    if name not in DTYPES:
+        raise HookdumpError(f"{opt(option)} {name!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]

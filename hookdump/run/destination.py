@@ -1,0 +1,122 @@
+"""Where a run's batches go: one object for the three ways a run writes its dump.
+
+- plain: a new dump in `--out` (or, with `--overwrite`, one that replaces the dump there);
+- resume: the rest of an interrupted dump, after the samples it already holds;
+- a torchrun rank: its own shards and manifest, merged into one dump by rank 0 at the end.
+
+The batch loop only sees the writer (or None, without `--out`); everything that differs
+between the modes happens here, before the loop (`open`, `start`) or after it (`finish`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hookdump.dump.folder import check_out_dir
+from hookdump.dump.reader import Dump
+from hookdump.dump.stats import KeySummary, summarize
+from hookdump.dump.writer import DumpWriter
+from hookdump.errors import opt
+from hookdump.run.distributed import RankPart, Ranks, drop_rank_manifests, merge_ranks, rank_names
+from hookdump.run.options import RunOptions
+from hookdump.run.resume import check_sources, previous_dump
+
+
+@dataclass
+class Destination:
+    """The dump a run writes into (None: no `--out`), what it holds already, and its mode."""
+
+    out: Path | None
+    ranks: Ranks | None = None
+    previous: dict[str, Any] | None = None  # the interrupted dump being resumed
+    overwrite: bool = False
+    writer: DumpWriter | None = field(default=None, init=False)
+
+    @classmethod
+    def open(cls, options: RunOptions, ranks: Ranks | None) -> Destination:
+        """Check `--out` for the run the options describe (before the slow part)."""
+        previous = previous_dump(options, ranks) if options.resume else None
+        # resuming with nothing to carry on (or only a first shard cut short) starts anew
+        overwrite = options.overwrite or (options.resume and previous is None)
+        if options.out is not None and previous is None:
+            check_out_dir(options.out, overwrite)
+        return cls(options.out, ranks, previous, overwrite)
+
+    @property
+    def done_ids(self) -> list[Any]:
+        """The ids of the samples already in the dump (resuming), in order."""
+        if self.previous is None:
+            return []
+        return list(self.previous["sample_ids"][: self.previous["num_samples"]])
+
+    @property
+    def skipped_inputs_before(self) -> list[dict[str, str]]:
+        return list(self.previous.get("skipped_inputs", [])) if self.previous else []
+
+    def check_sources(self, made_from: dict[str, Any]) -> None:
+        """Resuming: the model, weights and input files must be those the dump was made from."""
+        if self.previous is not None and self.out is not None:
+            check_sources(self.out, self.previous.get("sources"), made_from)
+
+    def start(self, *, shard_bytes: int, fields: Callable[[], dict[str, Any]]) -> None:
+        """Make the writer (`fields`: the manifest's other fields, built anew for each write)."""
+        if self.out is None:
+            return
+        names = rank_names(self.ranks)
+        if self.previous is not None:
+            self.writer = DumpWriter.resume(
+                self.out, self.previous, shard_bytes=shard_bytes, fields=fields, **names
+            )
+            return
+        self.writer = DumpWriter(
+            self.out, overwrite=self.overwrite, shard_bytes=shard_bytes, fields=fields, **names
+        )
+        if self.ranks is not None:
+            self.ranks.barrier()  # every rank has checked --out before rank 0 touches it
+            if self.ranks.main:
+                self.writer.prepare()  # an old dump goes before any rank writes
+            self.ranks.barrier()
+            self.writer.prepared_elsewhere()
+
+    def summaries_before(self) -> dict[str, KeySummary]:
+        """Resuming: the statistics of the samples already in the dump."""
+        if self.previous is None or self.out is None:
+            return {}
+        return summarize(Dump.of_manifest(self.out, self.previous))
+
+    def interrupted(self) -> str:
+        """What Ctrl-C leaves behind, and how to go on."""
+        if self.writer is not None and self.writer.shards:
+            rows = self.writer.shards[-1]["stop"]
+            return (
+                f"{rows} samples are safe in {self.writer.out}; run the same command with "
+                f"{opt('resume', True)} to finish the dump"
+            )
+        return "nothing was written"
+
+    def gather(self, part: RankPart) -> RankPart:
+        """The whole dump: this run's part, or under torchrun every rank's part joined on
+        rank 0 (the other ranks get their own)."""
+        if self.ranks is None:
+            return part
+        return merge_ranks(self.ranks, part) or part
+
+    def finish(self, whole: RankPart, extra: dict[str, Any]) -> dict[str, Any] | None:
+        """Write the complete manifest of `whole` (on torchrun's rank 0 only), with `extra`
+        fields; the manifest written, if any."""
+        manifest = None
+        if self.writer is not None and (self.ranks is None or self.ranks.main):
+            if self.ranks is not None:
+                self.writer.take_over(whole.shards, whole.tensors)
+            manifest = self.writer.finish(
+                {"sample_ids": whole.ids, "skipped_inputs": whole.skipped_inputs,
+                 "skipped": whole.skipped, **extra}
+            )  # fmt: skip
+            if self.ranks is not None:
+                drop_rank_manifests(self.writer.out)
+        if self.ranks is not None:
+            self.ranks.close()
+        return manifest

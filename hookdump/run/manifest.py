@@ -1,0 +1,84 @@
+"""What a run's manifest records beyond its shards and tensors: what reproduces the dump."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import hookdump
+from hookdump.hooks.capture import Capture
+from hookdump.inputs.spec import Feed, InputSpec
+from hookdump.model.loading import LoadedModel
+from hookdump.run.options import RunOptions
+
+
+def manifest_fields(
+    options: RunOptions,
+    *,
+    loaded: LoadedModel,
+    cap: Capture,
+    feed: Feed,
+    spec: Callable[[], InputSpec],
+    sources: dict[str, Any],
+) -> dict[str, Any]:
+    """Everything but the shards, the tensors and what grows as the run goes on (sample ids,
+    skipped inputs): the model, the command, the recipe, the sources, the input, versions."""
+    return {
+        "model": loaded.describe(),
+        "command": options.command,
+        "recipe": options.recipe(),
+        "sources": sources,
+        "selection": {
+            "layers": options.layers,
+            "exclude": options.exclude,
+            "types": options.types,
+            "modules": list(cap.modules),
+        },
+        "capture": list(cap.kinds),
+        "reduce": options.reduce,
+        "grad_target": options.grad_target if "grad" in cap.kinds else None,
+        "seed": options.seed,
+        "device": str(loaded.device),
+        "dtype": options.dtype,
+        "save_dtype": options.save_dtype,
+        "train": options.train,
+        "batch_size": options.batch_size,
+        "input": _input(options, loaded, feed, spec),
+        "skipped": [],
+        "versions": {
+            name: _version(name) for name in ("hookdump", "torch", "torchvision", "safetensors")
+        }
+        | {"python": platform.python_version()},
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _input(
+    options: RunOptions, loaded: LoadedModel, feed: Feed, spec: Callable[[], InputSpec]
+) -> dict[str, Any]:
+    source: dict[str, Any] = {"source": options.input}
+    if feed.kind == "random":
+        source.update(layout=spec().layout, shape=list(spec().shape))
+    elif feed.kind == "tensors":
+        source["layout"] = "tensors"
+    else:
+        source["layout"] = spec().layout
+        source["image_size"] = options.image_size
+        source["preprocessing"] = (
+            "weights"
+            if loaded.transforms and not options.image_size
+            else "resize, centre crop, normalise"
+        )
+    return source
+
+
+def _version(package: str) -> str | None:
+    if package == "hookdump":
+        return hookdump.__version__
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,151 @@
+"""What `hookdump run` takes (`RunOptions`, filled in by the CLI or a script) and what it gives
+back (`RunResult`).
+
+Each option is written once, here: the fields that shape a dump's contents are marked
+`recipe`, and `--resume` compares exactly those (`RunOptions.recipe`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hookdump.dump.stats import KeySummary
+from hookdump.dump.writer import DEFAULT_SHARD_BYTES
+from hookdump.model.prepare import ModelOptions
+
+RECIPE = {"recipe": True}  # field metadata: the option shapes the dump's contents
+
+
+@dataclass
+class RunOptions:
+    """Everything `hookdump run` takes; the CLI fills it in, a script may too.
+
+    Args:
+        model: a torchvision name, `package.module:attribute`, or a model file.
+        layers, exclude, types: which modules to hook (globs over qualified names, and class
+            names); no `layers` means every leaf module.
+        capture: any of `output`, `input`, `grad`, comma-separated.
+        reduce: `none`, `mean`, `max` or `flatten` over each captured tensor's spatial or
+            token dims.
+        grad_target: the objective of `capture="grad"`: `sum`, or an index into dim 1.
+        weights: `none`, a torchvision weights name, or a checkpoint file.
+        strict: missing or unexpected checkpoint keys are an error.
+        unsafe_pickle: allow a pickled whole module as `model` (runs its code).
+        model_args: `key=value` keyword arguments for the model's class or factory.
+        input: `random`, an image, a folder, a glob, a list file, `-`, or a tensor file.
+        input_shape: the per-sample shape of random input, e.g. `3,224,224`.
+        image_size: crop images to this size (default: the weights' or the model's own).
+        skip_bad_inputs: skip undecodable images (listed in the manifest) instead of failing.
+        workers: image-decoding worker processes.
+        batch_size: samples per forward.
+        num_samples: random samples in all, or the most file samples (default: one batch of
+            random input, every file).
+        seed: seeds the model's construction and the random input.
+        device: `auto`, `cpu`, `cuda` or `cuda:N`.
+        dtype: the forward's precision: `float32`, `float16` or `bfloat16`.
+        save_dtype: the dtype written to disk (default: as captured).
+        out: the dump folder; None writes nothing (statistics only).
+        overwrite: replace a dump already in `out`.
+        resume: finish an interrupted dump in `out`.
+        train: run the model in train mode.
+        early_stop: end each forward once every selected module has made all its calls.
+        shard_bytes: about how many bytes go into one shard file.
+        command: the command line, recorded in the manifest.
+        config: the config file the options came from (never read from inside `out`).
+
+    Example:
+        >>> from hookdump.run.runner import run
+        >>> result = run(RunOptions(model="resnet18", layers=["layer1.*"], out=Path("acts")))
+        >>> result.num_samples
+        8
+    """
+
+    model: str = field(metadata=RECIPE)
+    layers: list[str] = field(default_factory=list, metadata=RECIPE)
+    exclude: list[str] = field(default_factory=list, metadata=RECIPE)
+    types: list[str] = field(default_factory=list, metadata=RECIPE)
+    capture: str = field(default="output", metadata=RECIPE)
+    reduce: str = field(default="none", metadata=RECIPE)
+    grad_target: str = field(default="sum", metadata=RECIPE)
+    weights: str = field(default="none", metadata=RECIPE)
+    strict: bool = True
+    unsafe_pickle: bool = False
+    model_args: list[str] = field(default_factory=list, metadata=RECIPE)
+    input: str = field(default="random", metadata=RECIPE)
+    input_shape: str | None = field(default=None, metadata=RECIPE)
+    image_size: int | None = field(default=None, metadata=RECIPE)
+    skip_bad_inputs: bool = field(default=False, metadata=RECIPE)
+    workers: int = 2
+    batch_size: int = field(default=8, metadata=RECIPE)
+    num_samples: int | None = field(default=None, metadata=RECIPE)
+    seed: int = field(default=0, metadata=RECIPE)
+    device: str = "auto"
+    dtype: str = field(default="float32", metadata=RECIPE)
+    save_dtype: str | None = field(default=None, metadata=RECIPE)
+    out: Path | None = None
+    overwrite: bool = False
+    resume: bool = False
+    train: bool = field(default=False, metadata=RECIPE)
+    early_stop: bool = True
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+    config: Path | None = None
+
+    def recipe(self) -> dict[str, Any]:
+        """The options that shape the dump's contents, by name: `resume` needs the same."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata}
+
+    def model_options(self, device: str | None = None) -> ModelOptions:
+        """The options that build the model (`device`: a torchrun rank's own)."""
+        return ModelOptions(
+            model=self.model,
+            weights=self.weights,
+            model_args=list(self.model_args),
+            seed=self.seed,
+            device=device or self.device,
+            train=self.train,
+            strict=self.strict,
+            unsafe_pickle=self.unsafe_pickle,
+        )
+
+
+@dataclass
+class RunResult:
+    """What a run captured and where it went."""
+
+    model: str
+    out: Path | None
+    num_samples: int
+    keys: list[KeySummary]
+    skipped: list[dict[str, str]]
+    wall_time: float
+    manifest: dict[str, Any] | None = None
+    skipped_inputs: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: load, loop, finish
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(k.nbytes for k in self.keys)
+
+    def nonfinite(self) -> list[KeySummary]:
+        """The keys holding NaN or Inf, in forward order (the first is where it started)."""
+        return [k for k in self.keys if k.stats.nan or k.stats.inf]
+
+    def as_dict(self) -> dict[str, Any]:
+        bad = self.nonfinite()
+        return {
+            "model": self.model,
+            "out": str(self.out) if self.out else None,
+            "num_samples": self.num_samples,
+            "wall_time_s": round(self.wall_time, 3),
+            "total_bytes": self.total_bytes,
+            "tensors": [k.as_dict() for k in self.keys],
+            "skipped": self.skipped,
+            "skipped_inputs": self.skipped_inputs,
+            "first_nonfinite": bad[0].info.key if bad else None,
+        }
