@@ -105,13 +105,17 @@ def validate_manifest(data: Any, where: str) -> dict[str, Any]:
     rows = _check_shards(shards, bad)
     if num_samples != rows:
         raise bad(f"'num_samples' is {num_samples} but the shards hold rows 0 to {rows}")
+    _check_optional(data, bad)
+    return data
+
+
+def _check_optional(data: dict[str, Any], bad: Any) -> None:
     for name, kind in _OPTIONAL.items():
         if name in data and not isinstance(data[name], kind):
             raise bad(f"{name!r} is {_kind(data[name])}, not a {kind.__name__}")
     for name in ("skipped", "skipped_inputs"):
         if not all(isinstance(item, dict) for item in data.get(name, [])):
             raise bad(f"{name!r} holds something other than objects")
-    return data
 
 
 def _check_tensor(key: Any, meta: Any, bad: Any) -> None:

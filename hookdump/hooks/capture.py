@@ -68,26 +68,25 @@ def reduce_tensor(tensor: torch.Tensor, how: str, channels_first: bool = False) 
 
 def flatten(value: Any, prefix: str | None = None) -> Iterator[tuple[str | None, Any]]:
     """The leaves of a structured value, each with its dotted path (None for a bare tensor)."""
-
-    def join(part: object) -> str:
-        return str(part) if prefix is None else f"{prefix}.{part}"
-
-    if isinstance(value, torch.Tensor):
+    parts = None if isinstance(value, torch.Tensor) else _parts(value)
+    if parts is None:
         yield prefix, value
-    elif isinstance(value, Mapping):  # dict, OrderedDict, HF-style ModelOutput
-        for k, v in value.items():
-            yield from flatten(v, join(k))
-    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
-        for field in value._fields:
-            yield from flatten(getattr(value, field), join(field))
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for field in dataclasses.fields(value):
-            yield from flatten(getattr(value, field.name), join(field.name))
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            yield from flatten(v, join(i))
-    else:
-        yield prefix, value
+        return
+    for name, part in parts:
+        yield from flatten(part, str(name) if prefix is None else f"{prefix}.{name}")
+
+
+def _parts(value: Any) -> Iterator[tuple[object, Any]] | None:
+    """The named parts of a structured value (None for a leaf)."""
+    if isinstance(value, Mapping):  # dict, OrderedDict, HF-style ModelOutput
+        return iter(value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
+        return ((name, getattr(value, name)) for name in value._fields)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, list | tuple):
+        return enumerate(value)
+    return None
 
 
 def parse_capture(capture: str | Sequence[str]) -> tuple[str, ...]:

@@ -86,58 +86,69 @@ def _short(entry: dict[str, Any] | None) -> str:
     return str(entry.get("sha256", "?"))[:12]
 
 
+RESUME = opt("resume", True)
+
+
 def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, Any] | None:
-    """The incomplete dump that --resume carries on (None: nothing there yet, start anew).
+    """The incomplete dump that `resume` carries on (None: nothing there yet, start anew).
     Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
     out = options.out
     if out is None:
         raise HookdumpError(
             f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"
         )
-    by_ranks = sorted(out.glob(RANK_MANIFESTS)) if out.is_dir() else []
-    if (out / MANIFEST).exists():
-        manifest = Dump(out).manifest
-        if manifest.get("complete"):
-            raise HookdumpError(f"{opt('resume', True)}: {out} is already complete; nothing to do")
-        if ranks is not None:
-            raise HookdumpError(
-                f"{opt('resume', True)}: the dump in {out} was started by one process; resume it "
-                "without "
-                "torchrun"
-            )
-    elif ranks is None and by_ranks:
-        world = read_manifest(by_ranks[0]).get("processes", "several")
-        raise HookdumpError(
-            f"{opt('resume', True)}: the dump in {out} was started under torchrun; resume it with "
-            f"torchrun --nproc-per-node {world}"
-        )
-    elif ranks is not None and out.is_dir():
-        mine = out / rank_names(ranks)["manifest_name"]
-        if not mine.is_file():  # this rank had finished no shard: it starts its part anew
-            return {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
-        manifest = read_manifest(mine)
-        if manifest.get("processes") != ranks.world:
-            raise HookdumpError(
-                f"{opt('resume', True)}: the dump in {out} was started by "
-                f"{manifest.get('processes')} "
-                f"torchrun processes, now {ranks.world}; resume it with --nproc-per-node "
-                f"{manifest.get('processes')}"
-            )
-    else:
-        return None  # no shard was finished: the run starts anew (no work is lost)
+    manifest = _one_process(out, ranks) if ranks is None else _this_rank(out, ranks)
+    if manifest is None or not manifest["shards"]:
+        return manifest  # nothing was finished (by this rank): it starts anew
     if len(manifest.get("sample_ids") or []) < manifest["num_samples"]:
         raise HookdumpError(
-            f"{opt('resume', True)}: the manifest in {out} does not list its samples' ids, so the "
-            "dump "
+            f"{RESUME}: the manifest in {out} does not list its samples' ids, so the dump "
             f"cannot be carried on; start anew with {opt('overwrite', True)}"
         )
     before = manifest.get("recipe") or {}
     for name, value in options.recipe().items():
         if before.get(name) != value:
-            flag = opt(name)
             raise HookdumpError(
-                f"{opt('resume', True)}: {flag} was {before.get(name)!r} for the dump in {out}, "
-                f"now {value!r}; resume with the same options, or start anew with "
+                f"{RESUME}: {opt(name)} was {before.get(name)!r} for the dump in {out}, now "
+                f"{value!r}; resume with the same options, or start anew with "
                 f"{opt('overwrite', True)}"
             )
+    return manifest
+
+
+def _one_process(out: Path, ranks: None) -> dict[str, Any] | None:
+    """The manifest a one-process run left (None: none, the run starts anew)."""
+    if (out / MANIFEST).exists():
+        manifest = Dump(out).manifest
+        if manifest.get("complete"):
+            raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
+        return manifest
+    by_ranks = sorted(out.glob(RANK_MANIFESTS)) if out.is_dir() else []
+    if by_ranks:
+        world = read_manifest(by_ranks[0]).get("processes", "several")
+        raise HookdumpError(
+            f"{RESUME}: the dump in {out} was started under torchrun; resume it with "
+            f"torchrun --nproc-per-node {world}"
+        )
+    return None
+
+
+def _this_rank(out: Path, ranks: Ranks) -> dict[str, Any] | None:
+    """The manifest this torchrun rank left (empty where it had finished no shard)."""
+    if (out / MANIFEST).exists():
+        raise HookdumpError(
+            f"{RESUME}: the dump in {out} was started by one process; resume it without torchrun"
+        )
+    if not out.is_dir():
+        return None
+    mine = out / rank_names(ranks)["manifest_name"]
+    if not mine.is_file():
+        return {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
+    manifest = read_manifest(mine)
+    if manifest.get("processes") != ranks.world:
+        raise HookdumpError(
+            f"{RESUME}: the dump in {out} was started by {manifest.get('processes')} torchrun "
+            f"processes, now {ranks.world}; resume it with --nproc-per-node "
+            f"{manifest.get('processes')}"
+        )
     return manifest

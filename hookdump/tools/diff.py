@@ -111,17 +111,54 @@ def diff_dumps(
     if atol < 0 or rtol < 0:
         raise HookdumpError(f"{opt('atol')} {atol} and {opt('rtol')} {rtol} must not be negative")
     a, b = Dump(path_a), Dump(path_b)
-    order = a.keys() + [k for k in b if k not in a]
-    for pattern in keys or []:
+    order = _selected(a.keys() + [k for k in b if k not in a], keys or [])
+    rows = min(a.num_samples, b.num_samples)
+    results = {key: _compare_meta(key, a.tensors.get(key), b.tensors.get(key)) for key in order}
+    compared = [key for key in order if results[key].status in ("match", "dtype")]
+    for lo, hi, shard_a, shard_b in _segments(a, b, rows):
+        with ExitStack() as stack:
+            fa = stack.enter_context(a.open_shard(shard_a, compared))
+            fb = stack.enter_context(b.open_shard(shard_b, compared))
+            for key in compared:
+                ta = a.read_rows(fa, shard_a, key, lo, hi)
+                tb = b.read_rows(fb, shard_b, key, lo, hi)
+                _accumulate(results[key], ta, tb, atol, rtol)
+    for key in compared:
+        if results[key].status == "match" and results[key].mismatched:
+            results[key].status = "differ"
+    return DiffResult(
+        a.path, b.path, atol, rtol, [results[k] for k in order], (a.num_samples, b.num_samples),
+        _problems(a, b, rows),
+    )  # fmt: skip
+
+
+def _selected(order: list[str], patterns: list[str]) -> list[str]:
+    """The keys that `patterns` (globs) pick, in `order`; all of them without patterns."""
+    for pattern in patterns:
         if not any(fnmatchcase(k, pattern) for k in order):
             raise HookdumpError(
                 f"{opt('keys')} {pattern!r} matches no key of either "
                 f"dump{did_you_mean(pattern, order)}"
             )
-    if keys:
-        order = [k for k in order if any(fnmatchcase(k, p) for p in keys)]
+    if not patterns:
+        return order
+    return [k for k in order if any(fnmatchcase(k, p) for p in patterns)]
 
-    rows = min(a.num_samples, b.num_samples)
+
+def _compare_meta(key: str, meta_a: dict | None, meta_b: dict | None) -> KeyDiff:
+    """How a key compares by its manifest entries alone (match or dtype: compare values)."""
+    module = (meta_a or meta_b or {}).get("module")
+    if meta_a is None or meta_b is None:
+        return KeyDiff(key, module, "only in B" if meta_a is None else "only in A")
+    if meta_a["shape"] != meta_b["shape"]:
+        return KeyDiff(key, module, "shape", f"{meta_a['shape']} vs {meta_b['shape']}")
+    if meta_a["dtype"] != meta_b["dtype"]:
+        return KeyDiff(key, module, "dtype", f"{meta_a['dtype']} vs {meta_b['dtype']}")
+    return KeyDiff(key, module, "match")
+
+
+def _problems(a: Dump, b: Dump, rows: int) -> list[str]:
+    """What concerns the dumps as a whole: different sample counts, incomplete dumps."""
     problems = []
     if a.num_samples != b.num_samples:
         problems.append(
@@ -131,41 +168,7 @@ def diff_dumps(
     for dump, name in ((a, "A"), (b, "B")):
         if not dump.complete:
             problems.append(f"{name} ({dump.path}) is an incomplete dump")
-
-    results: dict[str, KeyDiff] = {}
-    compared = []
-    for key in order:
-        meta_a, meta_b = a.tensors.get(key), b.tensors.get(key)
-        module = (meta_a or meta_b or {}).get("module")
-        if meta_a is None or meta_b is None:
-            status = "only in B" if meta_a is None else "only in A"
-            results[key] = KeyDiff(key, module, status)
-        elif meta_a["shape"] != meta_b["shape"]:
-            detail = f"{meta_a['shape']} vs {meta_b['shape']}"
-            results[key] = KeyDiff(key, module, "shape", detail)
-        else:
-            status, detail = "match", ""
-            if meta_a["dtype"] != meta_b["dtype"]:
-                status, detail = "dtype", f"{meta_a['dtype']} vs {meta_b['dtype']}"
-            results[key] = KeyDiff(key, module, status, detail)
-            compared.append(key)
-
-    for lo, hi, shard_a, shard_b in _segments(a, b, rows):
-        with ExitStack() as stack:
-            fa = stack.enter_context(a.open_shard(shard_a, compared))
-            fb = stack.enter_context(b.open_shard(shard_b, compared))
-            for key in compared:
-                ta = a.read_rows(fa, shard_a, key, lo, hi)
-                tb = b.read_rows(fb, shard_b, key, lo, hi)
-                _accumulate(results[key], ta, tb, atol, rtol)
-
-    for key in compared:
-        if results[key].status == "match" and results[key].mismatched:
-            results[key].status = "differ"
-    return DiffResult(
-        a.path, b.path, atol, rtol, [results[k] for k in order], (a.num_samples, b.num_samples),
-        problems,
-    )  # fmt: skip
+    return problems
 
 
 def _segments(a: Dump, b: Dump, rows: int) -> list[tuple[int, int, dict, dict]]:
