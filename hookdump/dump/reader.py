@@ -66,6 +66,20 @@ class Dump:
     The manifest is checked when the dump is opened, and each shard when it is read (a
     regular file inside the folder whose header agrees with the manifest); anything wrong
     is an `InvalidDump`.
+
+    Attributes:
+        path: the dump folder.
+        manifest: the checked manifest (`format`, `complete`, `num_samples`, `tensors`,
+            `shards`, and what reproduces the dump).
+
+    Example:
+        >>> dump = hookdump.load("acts/")
+        >>> dump.keys()[:2], dump.num_samples
+        (['layer1.0.conv1', 'layer1.0.bn1'], 8)
+        >>> dump["layer1.0.conv1"].shape           # every sample, in order
+        torch.Size([8, 64, 56, 56])
+        >>> dump.row("layer1.0.conv1", 3).shape    # one, from the one shard holding it
+        torch.Size([64, 56, 56])
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -222,7 +236,20 @@ class Dump:
 
 
 def load(path: str | Path) -> Dump:
-    """Open a dump folder or one .safetensors file (metadata now, tensors when asked for)."""
+    """Open a dump: its manifest now, its tensors when asked for.
+
+    Args:
+        path: a dump folder (holding `manifest.json`) or one `.safetensors` file (a shard,
+            or any safetensors file: its rows count from 0).
+
+    Returns:
+        A `Dump`; `dump[key]` is every sample of `key` as one tensor.
+
+    Raises:
+        HookdumpError: the path is not a dump. InvalidDump (a HookdumpError): the manifest
+            or a shard is malformed or unsafe (a shard outside the folder, not a regular
+            file, or unlike the manifest), with a message naming the entry.
+    """
     return Dump(path)
 
 

@@ -338,7 +338,36 @@ def capture(
     train: bool | None = None,
     reduce: str = "none",
 ) -> Capture:
-    """Hook the selected modules of `model`; use as `with hookdump.capture(model) as cap:`."""
+    """Hook the selected modules of `model` for the `with` block; the hooks are removed on
+    exit, also on an error or Ctrl-C, and the modules' train/eval modes restored.
+
+    Args:
+        model: any `torch.nn.Module`.
+        layers: globs over qualified module names (`fnmatch`, case-sensitive, `*` also
+            crosses dots; the root module is `__root__`). None: every leaf module.
+        exclude: globs of modules to drop after `layers`.
+        types: keep only modules whose class name is one of these (`Conv2d`).
+        capture: any of `output`, `input`, `grad` (a comma list or a sequence).
+        train: set the mode inside the block (None: leave it as it is).
+        reduce: `none`, `mean` or `max` over the spatial dims of `[B, C, H, W]` (and over
+            tokens of `[B, T, D]`), or `flatten` to `[B, -1]`.
+
+    Returns:
+        A `Capture`: after a forward in the block, `cap.tensors` maps each key (`M`,
+        `M:output.0`, `M:input.x`, `M:grad_output.0`, with `@n` for a module's n-th extra
+        call) to a copy taken when the hook fired; `cap.info` says where each came from.
+
+    Raises:
+        HookdumpError: a pattern that matches nothing (naming the nearest real names), an
+            unknown capture kind or reduction.
+
+    Example:
+        >>> model = torchvision.models.resnet18().eval()
+        >>> with hookdump.capture(model, layers=["layer1.*"]) as cap:
+        ...     model(torch.randn(2, 3, 224, 224))
+        >>> cap.tensors["layer1.0.relu@1"].shape
+        torch.Size([2, 64, 56, 56])
+    """
     return Capture(
         model,
         _as_list(layers),

@@ -204,7 +204,7 @@ def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[
             message = " ".join(str(exc).split())[:200]
             raise HookdumpError(
                 f"{opt('model')} {path} is not a loadable torch.export archive: {message}"
-            ) from None
+            ) from exc
         _restore_type_names(module, program)
         args = program.example_inputs[0] if program.example_inputs else ()
         first = args[0] if args and torch.is_tensor(args[0]) else None
@@ -221,7 +221,7 @@ def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[
     try:
         module = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise HookdumpError(f"{opt('model')} {path} could not be unpickled: {exc}") from None
+        raise HookdumpError(f"{opt('model')} {path} could not be unpickled: {exc}") from exc
     if not isinstance(module, nn.Module):
         raise HookdumpError(
             f"{opt('model')} {path} holds a {type(module).__name__}, not a torch.nn.Module"
@@ -255,11 +255,11 @@ def _import_attribute(spec: str) -> Any:
                 f"{exc.name!r}; run from the folder that holds it or add that folder to "
                 "PYTHONPATH"
             ) from None
-        raise HookdumpError(f"importing {module_name!r} failed: {exc}") from None
+        raise HookdumpError(f"importing {module_name!r} failed: {exc}") from exc
     except Exception as exc:
         raise HookdumpError(
             f"importing {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from None
+        ) from exc
     for part in attr_path.split("."):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_")]
@@ -286,9 +286,9 @@ def _build(factory: Any, spec: str, kwargs: dict[str, Any]) -> nn.Module:
     try:
         module = factory(**kwargs)
     except TypeError as exc:
-        raise HookdumpError(f"building {spec!r} failed: {exc}; check {opt('model_args')}") from None
+        raise HookdumpError(f"building {spec!r} failed: {exc}; check {opt('model_args')}") from exc
     except Exception as exc:
-        raise HookdumpError(f"building {spec!r} raised {type(exc).__name__}: {exc}") from None
+        raise HookdumpError(f"building {spec!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(module, nn.Module):
         raise HookdumpError(f"{spec!r} returned a {type(module).__name__}, not a torch.nn.Module")
     return module

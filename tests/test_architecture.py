@@ -1,0 +1,95 @@
+"""The package's shape: imports point down the data flow, library errors speak in arguments
+(the CLI in flags), and HOOKDUMP_DEBUG=1 shows a model's own traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from clitools import assert_usage_error, invoke
+
+import hookdump
+from hookdump.run.options import RunOptions
+from hookdump.run.runner import run
+
+ROOT = Path(__file__).parent.parent
+LINT_IMPORTS = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [LINT_IMPORTS, "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not Path(LINT_IMPORTS).exists(), reason="import-linter is not installed")
+def test_the_layers_contract_holds_and_catches_an_upward_import(tmp_path: Path) -> None:
+    assert _lint_imports(ROOT).returncode == 0
+    copy = tmp_path / "project"
+    shutil.copytree(
+        ROOT / "hookdump", copy / "hookdump", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    writer = copy / "hookdump" / "dump" / "writer.py"  # the dump layer reaching up to run/
+    writer.write_text(writer.read_text() + "\nfrom hookdump.run import runner  # noqa\n")
+    result = _lint_imports(copy)
+    assert result.returncode != 0
+    assert "hookdump.dump is not allowed to import hookdump.run" in result.stdout
+
+
+def test_library_errors_name_arguments_and_the_cli_names_flags(in_tests_dir: Path) -> None:
+    from tiny_models import TwoLinear
+
+    with pytest.raises(hookdump.HookdumpError) as caught:
+        hookdump.capture(TwoLinear(), reduce="median")
+    assert str(caught.value) == "reduce 'median' is not one of none, mean, max, flatten"
+    with pytest.raises(hookdump.HookdumpError) as caught:
+        run(RunOptions(model="tiny_models:TwoLinear", batch_size=0))
+    assert str(caught.value) == "batch_size 0 must be at least 1"
+    with pytest.raises(hookdump.HookdumpError) as caught:
+        run(RunOptions(model="tiny_models:TwoLinear", out=in_tests_dir, overwrite=False))
+    assert "pass overwrite=True to replace" in str(caught.value)
+    assert_usage_error(invoke("run", "tiny_models:TwoLinear", "--reduce", "median"),
+                       "--reduce 'median' is not one of")  # fmt: skip
+    assert_usage_error(invoke("run", "tiny_models:TwoLinear", "-b", "0"), "--batch-size 0")
+    line = assert_usage_error(invoke("run", "tiny_models:TwoLinear", "-o", str(in_tests_dir)))
+    assert "pass --overwrite to replace" in line
+
+
+def test_hookdump_debug_shows_the_models_own_traceback(
+    in_tests_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["run", "tiny_models:FailsMidway", "-q"]
+    assert_usage_error(invoke(*args), "raised RuntimeError: shapes do not line up")
+    monkeypatch.setenv("HOOKDUMP_DEBUG", "1")
+    result = invoke(*args)
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("Error: the forward pass of tiny_models:FailsMidway raised")
+    assert lines[1] == "Traceback (most recent call last):"
+    assert any("in forward" in line and "tiny_models.py" in line for line in lines)
+    assert lines[-2:] == ["RuntimeError: shapes do not line up", "second line of the message"]
+
+
+def test_a_warning_names_flags_in_the_cli_and_arguments_in_the_library(
+    in_tests_dir: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import save_file
+    from tiny_models import TwoLinear
+
+    state = TwoLinear().state_dict()
+    del state["linear_2.bias"]
+    save_file(state, tmp_path / "w.safetensors")
+    weights = str(tmp_path / "w.safetensors")
+    result = invoke("run", "tiny_models:TwoLinear", "--weights", weights, "--no-strict")
+    assert result.exit_code == 0
+    assert f"warning: --weights {weights}: 1 key missing (linear_2.bias)" in result.stderr
+    options = RunOptions(model="tiny_models:TwoLinear", weights=weights, strict=False)
+    warnings = run(options).warnings
+    assert warnings[0].startswith(f"weights {weights}: 1 key missing (linear_2.bias)")
