@@ -165,9 +165,10 @@ def test_two_runs_on_one_out_leave_one_complete_dump(tmp_path: Path, overwrite: 
     out = tmp_path / "d"
     if overwrite:
         assert invoke(*RUN, "-o", str(out)).exit_code == 0
-    args = ["run", "tiny_models:Slow", "-n", "12", "-b", "2", "--shard-size", "1", "-q",
+    args = ["run", "tiny_models:Slow", "-n", "20", "-b", "2", "--shard-size", "1", "-q",
             "-o", str(out)] + (["--overwrite"] if overwrite else [])  # fmt: skip
-    env = {"HOOKDUMP_TEST_SLOW": "0.4"}  # six batches: about 2.5 s of writing each
+    # ten batches, 5 s of writing: more than the second run needs to start on a busy machine
+    env = {"HOOKDUMP_TEST_SLOW": "0.5"}
     first = hookdump_process(*args, env=env)
     # the second starts once the first is writing its shards, so the two really overlap
     deadline = time.monotonic() + 60
@@ -183,9 +184,9 @@ def test_two_runs_on_one_out_leave_one_complete_dump(tmp_path: Path, overwrite: 
         "finish, or choose another folder"
     ]
     dump = hookdump.load(out)
-    assert dump.complete and dump.num_samples == 12
+    assert dump.complete and dump.num_samples == 20
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + [
-        f"shard-{i:05d}.safetensors" for i in range(6)
+        f"shard-{i:05d}.safetensors" for i in range(10)
     ]
 
 
