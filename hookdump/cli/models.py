@@ -1,4 +1,4 @@
-"""`hookdump models`: the torchvision model names that MODEL accepts."""
+"""`hookdump models`: the model names that MODEL accepts, from torchvision or timm."""
 
 from __future__ import annotations
 
@@ -17,12 +17,18 @@ def models(
             metavar="[GLOB]", help="Glob over model names, e.g. 'resnet*'.", show_default=False
         ),
     ] = None,
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source", metavar="ZOO", help="torchvision, or timm (names to give as timm:NAME)."
+        ),
+    ] = "torchvision",
     json_output: JsonOpt = False,
 ) -> None:
-    """List the torchvision model names that MODEL accepts, one a line."""
+    """List the model names that MODEL accepts (torchvision's, or timm's), one a line."""
     from hookdump.model.loading import list_models
 
-    found = list_models(pattern)
+    found = list_models(pattern, source)
     if json_output:
         _output.print_json([{"name": n, "family": f} for n, f in found.items()])
     else:

@@ -148,6 +148,10 @@ def parse_shape(text: str) -> tuple[int, ...]:
 def input_spec(loaded: LoadedModel, shape: tuple[int, ...] | None = None) -> InputSpec:
     """The random-input spec for a model: its own default shape, or `shape` if given."""
     family = loaded.family
+    if family == "tokens":  # a Hugging Face text model: random token ids
+        return InputSpec("tokens", shape or loaded.input_shape or (32,), vocab=loaded.vocab)
+    if family == "image" and loaded.input_shape is not None:  # Hugging Face vision, timm
+        return InputSpec("image", shape or loaded.input_shape)
     if family == "custom":
         return _custom_spec(loaded.module, shape or loaded.input_shape, loaded.spec)
     layout = {"detection": "detection", "optical_flow": "flow"}.get(family, "image")

@@ -26,6 +26,7 @@ from hookdump.model.weights import (
     torch_load_safely,
     torchvision_weights,
 )
+from hookdump.model.zoo import TIMM_PREFIX, hf_input, is_zoo_spec, list_timm, load_hf, load_timm
 
 # torchvision sub-packages whose models take something other than a batch of images
 _FAMILY_MODULES = ("detection", "segmentation", "video", "optical_flow", "quantization")
@@ -46,6 +47,9 @@ class LoadedModel:
     model_file: Path | None = None  # MODEL, when it is a file
     warnings: list[str] = field(default_factory=list)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    vocab: int = 0  # token ids of random input are below this (family "tokens")
+    files: list[Path] = field(default_factory=list)  # a Hugging Face folder's weights files
+    about: dict[str, Any] = field(default_factory=dict)  # more for the manifest's model entry
 
     def describe(self) -> dict[str, Any]:
         """The manifest's `model` entry."""
@@ -57,7 +61,9 @@ class LoadedModel:
         if self.weights_file is not None:
             entry["weights_file"] = str(self.weights_file)
             entry["weights_sha256"] = sha256(self.weights_file)
-        return entry
+        if self.files:
+            entry["files_sha256"] = {str(p): sha256(p) for p in self.files}
+        return {**entry, **self.about}
 
     @property
     def class_path(self) -> str:
@@ -77,16 +83,25 @@ def torchvision_models() -> dict[str, str]:
     return dict(sorted(families.items()))
 
 
-def list_models(pattern: str | None = None) -> dict[str, str]:
-    """The torchvision models whose names match the glob `pattern` (all without one)."""
-    models = torchvision_models()
+def list_models(pattern: str | None = None, source: str = "torchvision") -> dict[str, str]:
+    """The model names of `source` (`torchvision` or `timm`) that match the glob `pattern`
+    (all without one), each with its family."""
+    if source not in ("torchvision", "timm"):
+        raise HookdumpError(f"{opt('source')} {source!r} is not one of torchvision, timm")
+    models = (
+        torchvision_models()
+        if source == "torchvision"
+        else dict.fromkeys((f"timm:{name}" for name in list_timm(None)), "timm")
+    )
+    if source == "timm" and pattern is not None and not pattern.startswith("timm:"):
+        pattern = f"timm:{pattern}"
     if pattern is None:
         return models
     found = {n: f for n, f in models.items() if fnmatchcase(n, pattern)}
     if not found:
         raise HookdumpError(
             f"no model name matches {pattern!r}{did_you_mean(pattern, models)}; "
-            "`hookdump models` lists them all"
+            f"`hookdump models{' --source timm' if source == 'timm' else ''}` lists them all"
         )
     return found
 
@@ -131,7 +146,11 @@ def load_model(
     """Build the model that `spec` names (seeded by `seed`), then load `weights` into it."""
     kwargs = model_args or {}
     torch.manual_seed(seed)
-    if is_model_file(spec):
+    if is_zoo_spec(spec):
+        loaded = _load_zoo(spec, weights, kwargs, strict)
+        if weights in ("none", "pretrained"):
+            return loaded
+    elif is_model_file(spec):
         if kwargs:
             raise HookdumpError(f"{opt('model')} {spec} is a file; it takes no {opt('model_args')}")
         module, shape = _load_model_file(Path(spec), unsafe_pickle)
@@ -153,6 +172,29 @@ def load_model(
             "torchvision models only, so give a checkpoint (.safetensors, .pt, .pth, .bin)"
         )
     return _with_checkpoint(loaded, Path(weights), strict)
+
+
+def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> LoadedModel:
+    """A Hugging Face or timm model (see `model.zoo`)."""
+    if spec.startswith(TIMM_PREFIX):
+        built = load_timm(spec, kwargs, pretrained=weights == "pretrained")
+        return LoadedModel(
+            built["module"], spec, weights, "image", transforms=built["transforms"],
+            input_shape=built["input_shape"],
+        )  # fmt: skip
+    if weights == "pretrained":
+        raise HookdumpError(
+            f"{opt('weights')} pretrained is for timm models; a Hugging Face folder loads its "
+            "own weights"
+        )
+    built = load_hf(spec, kwargs, strict)
+    layout, shape, vocab = hf_input(built["config"])
+    return LoadedModel(
+        built["module"], spec, weights, layout, transforms=built["transforms"],
+        input_shape=shape, vocab=vocab, files=built["files"], warnings=built["warnings"],
+        about={"folder": str(built["folder"]), "config_class": built["config_class"],
+               "architecture": built["class_name"]},
+    )  # fmt: skip
 
 
 def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> LoadedModel:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from hookdump.model.loading import LoadedModel
     from hookdump.run.options import RunOptions
 
+RESUME = opt("resume", True)
+
 
 def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]:
     """The files a dump is made from, as the manifest records them."""
@@ -30,6 +32,8 @@ def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]
     for name, path in (("model", loaded.model_file), ("weights", loaded.weights_file)):
         if path is not None:
             found[name] = {"path": str(path), "sha256": sha256(path)}
+    if loaded.files:  # a Hugging Face folder's weights
+        found["model_files"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.files]
     if file_input is not None:
         found["input"] = [_stat(path) for path in file_input.files]
     return found
@@ -56,6 +60,11 @@ def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
                 "from "
                 f"(SHA-256 {_short(old)}, now {_short(new)}); {fix}"
             )
+    if before.get("model_files", []) != now.get("model_files", []):
+        raise HookdumpError(
+            f"{RESUME}: the weights files of {opt('model')} are not those the dump in {out} "
+            f"was made from (a SHA-256 differs); {fix}"
+        )
     if "input" not in before and "input" not in now:
         return
     old_files = {row[0]: row[1:] for row in before.get("input") or [] if isinstance(row, list)}
@@ -84,9 +93,6 @@ def _short(entry: dict[str, Any] | None) -> str:
     if not entry:
         return "none"
     return str(entry.get("sha256", "?"))[:12]
-
-
-RESUME = opt("resume", True)
 
 
 def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, Any] | None:

@@ -108,15 +108,18 @@ def _checked(options: RunOptions) -> _Checked:
         save_dtype=resolve_dtype(options.save_dtype, "save_dtype") if options.save_dtype else None,
         grad_target=parse_grad_target(options.grad_target),
     )
+    hf_folder = options.model.removeprefix("hf:")
     named = {
         "model": options.model if is_model_file(options.model) else None,
+        "model_folder": hf_folder if Path(hf_folder).is_dir() else None,
         "weights": options.weights if is_checkpoint_path(options.weights) else None,
         "input": options.input if options.input not in ("random", "-") else None,
         "config": options.config,
     }
     for name, path in named.items():
         if path is not None:
-            refuse_reads_inside(options.out, opt(name), [Path(path)])
+            what = opt("model") if name == "model_folder" else opt(name)
+            refuse_reads_inside(options.out, what, [Path(path)])
     return checked
 
 
