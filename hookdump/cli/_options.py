@@ -9,7 +9,8 @@ import typer
 ModelArg = Annotated[
     str,
     typer.Argument(
-        help="A torchvision model name (see `hookdump models`) or package.module:attribute.",
+        help="A torchvision name (see `hookdump models`), hf:PATH or hf:ORG/NAME (a Hugging "
+        "Face model), timm:NAME, package.module:attribute, or a model file.",
         show_default=False,
         metavar="MODEL",
     ),
