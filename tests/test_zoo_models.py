@@ -204,3 +204,24 @@ def test_zoo_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert_usage_error(invoke("run", f"hf:{tmp_path}"), "pip install 'hookdump[hf]'")
     monkeypatch.setitem(sys.modules, "timm", None)
     assert_usage_error(invoke("run", "timm:resnet18"), "pip install 'hookdump[timm]'")
+
+
+def test_an_org_name_comes_from_the_local_cache_offline(
+    gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import huggingface_hub.constants as hub_constants
+
+    # the layout huggingface_hub keeps: refs/main names the snapshot holding the files
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-gpt2"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(gpt2, repo / "snapshots" / ("0" * 40))
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HOOKDUMP_OFFLINE", "1")
+    out = tmp_path / "d"
+    _run("hf:tiny-org/tiny-gpt2", "-l", "h.0", "-n", "2", "-q", "-o", str(out))
+    here = tmp_path / "local"
+    _run(f"hf:{gpt2}", "-l", "h.0", "-n", "2", "-q", "-o", str(here))
+    assert invoke("diff", str(here), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
