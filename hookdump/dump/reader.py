@@ -14,6 +14,7 @@ import safetensors
 import torch
 from safetensors import safe_open
 
+from hookdump.dump.batches import WINDOW, iter_batches
 from hookdump.dump.folder import inside
 from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
 from hookdump.format import (
@@ -152,6 +153,32 @@ class Dump:
                 with self.open_shard(shard, [key]) as f:
                     return self.read_rows(f, shard, key, index, index + 1)[0]
         raise IndexError(f"sample {index} is not in {self.path} ({self.num_samples} samples)")
+
+    def batches(
+        self,
+        keys: list[str],
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        window: int = WINDOW,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Every row of `keys` once per pass, in batches of `batch_size` (the last may be
+        smaller), as dicts of aligned tensors: for training probes or sparse autoencoders.
+
+        Args:
+            keys: the keys to read; row i of each is the same sample (or token).
+            batch_size: rows per batch.
+            shuffle: rows in an order fixed by `seed`, mixed within a window of `window`
+                shards (memory holds about that many shards of `keys`; see
+                `hookdump.dump.batches`). Without it, rows come in order.
+            seed: fixes the shuffled order.
+            window: shards whose rows are mixed together (at least 2 mixes shards).
+
+        Example:
+            >>> for batch in hookdump.load("acts/").batches(["layer4"], 256, shuffle=True):
+            ...     train_step(batch["layer4"])
+        """
+        return iter_batches(self, keys, batch_size, shuffle=shuffle, seed=seed, window=window)
 
     @property
     def shards(self) -> list[dict[str, Any]]:
