@@ -225,3 +225,22 @@ def test_an_org_name_comes_from_the_local_cache_offline(
     here = tmp_path / "local"
     _run(f"hf:{gpt2}", "-l", "h.0", "-n", "2", "-q", "-o", str(here))
     assert invoke("diff", str(here), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
+
+
+def test_reduce_first_and_last_take_a_token_of_an_image_transformer(
+    vit: Path, tmp_path: Path
+) -> None:
+    data = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(6))
+    save_file({"pixel_values": data}, tmp_path / "x.safetensors")
+    model = transformers.ViTModel.from_pretrained(vit).eval()
+    block = next(n for n, _ in model.named_modules() if n.endswith(("layer.0", "layers.0")))
+    with torch.no_grad():
+        hidden = model(data, output_hidden_states=True).hidden_states[1]
+    for how, token in (("first", 0), ("last", -1)):
+        out = tmp_path / how
+        _run(f"hf:{vit}", "-l", block, "--reduce", how, "--input",
+             str(tmp_path / "x.safetensors"), "-q", "-o", str(out))  # fmt: skip
+        torch.testing.assert_close(hookdump.load(out)[block], hidden[:, token])
+    line = assert_usage_error(invoke("run", f"hf:{vit}", "-l", "*.projection",
+                                     "--reduce", "first", "-n", "2"))  # fmt: skip
+    assert "--reduce first takes a token of [batch, tokens, features] tensors" in line

@@ -73,8 +73,9 @@ def run(
         typer.Option(
             "--reduce",
             metavar="HOW",
-            help="none, mean, max or flatten: [B,C,H,W] (and [B,C,T,H,W]) over the spatial "
-            "dims to [B,C]; [B,T,D] over tokens to [B,D]; flatten to [B,-1].",
+            help="none, mean, max, first, last or flatten: mean/max take [B,C,H,W] (and "
+            "[B,C,T,H,W]) over the spatial dims to [B,C], [B,T,D] over tokens to [B,D]; "
+            "first/last take token 0 ([CLS]) or the last of [B,T,D]; flatten makes [B,-1].",
         ),
     ] = "none",
     grad_target: Annotated[

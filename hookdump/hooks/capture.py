@@ -44,7 +44,7 @@ class StopForward(BaseException):
     """
 
 
-REDUCTIONS = ("none", "mean", "max", "flatten")
+REDUCTIONS = ("none", "mean", "max", "flatten", "first", "last")
 # 1-d layers whose [batch, channels, length] outputs reduce over length, not dim 1
 _CHANNELS_FIRST_1D = (
     nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,
@@ -53,13 +53,22 @@ _CHANNELS_FIRST_1D = (
 
 
 def reduce_tensor(tensor: torch.Tensor, how: str, channels_first: bool = False) -> torch.Tensor:
-    """`--reduce`: [B, C, *spatial] over the spatial dims, [B, T, D] over tokens (over the
-    length for 1-d layers' [B, C, L]), to [B, C] or [B, D]; `flatten` makes [B, -1];
-    tensors of rank 2 or less, and `none`, are left as they are (and are not copies)."""
+    """`reduce`: `mean`/`max` take [B, C, *spatial] over the spatial dims, [B, T, D] over
+    tokens (over the length for 1-d layers' [B, C, L]), to [B, C] or [B, D]; `first` and
+    `last` take one token of [B, T, D] (position 0, as a [CLS] token, or the last);
+    `flatten` makes [B, -1]; tensors of rank 2 or less, and `none`, are left as they are
+    (and are not copies)."""
     if how == "none" or tensor.dim() <= 2:
         return tensor
     if how == "flatten":
         return tensor.reshape(tensor.shape[0], -1)
+    if how in ("first", "last"):  # a token: [CLS] at position 0, or the last one
+        if tensor.dim() != 3 or channels_first:
+            raise HookdumpError(
+                f"{opt('reduce')} {how} takes a token of [batch, tokens, features] tensors; "
+                f"this one is {list(tensor.shape)}; {opt('exclude')} it, or reduce by mean"
+            )
+        return tensor[:, 0 if how == "first" else -1].clone()
     dims = (1,) if tensor.dim() == 3 and not channels_first else tuple(range(2, tensor.dim()))
     if how == "mean":
         return (tensor if tensor.is_floating_point() else tensor.float()).mean(dim=dims)
