@@ -48,7 +48,9 @@ def test_library_errors_name_arguments_and_the_cli_names_flags(in_tests_dir: Pat
 
     with pytest.raises(hookdump.HookdumpError) as caught:
         hookdump.capture(TwoLinear(), reduce="median")
-    assert str(caught.value) == "reduce 'median' is not one of none, mean, max, flatten"
+    assert (
+        str(caught.value) == "reduce 'median' is not one of none, mean, max, flatten, first, last"
+    )
     with pytest.raises(hookdump.HookdumpError) as caught:
         run(RunOptions(model="tiny_models:TwoLinear", batch_size=0))
     assert str(caught.value) == "batch_size 0 must be at least 1"

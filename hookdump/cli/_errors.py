@@ -55,7 +55,7 @@ _FLAGS = {
     "path": "PATH",
     "key": "KEY",
 }
-_NEGATED = {"strict": "--no-strict", "early_stop": "--no-early-stop"}
+_NEGATED = {"strict": "--no-strict", "early_stop": "--no-early-stop", "bos": "--no-bos"}
 
 
 def flag(name: str, value: str | None) -> str:

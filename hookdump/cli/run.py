@@ -100,6 +100,59 @@ def run(
             "paths, - (paths on stdin), or a tensor file (.safetensors, .pt, .npy).",
         ),
     ] = "random",
+    text: Annotated[
+        str | None,
+        typer.Option(
+            "--text",
+            metavar="SOURCE",
+            help="Text instead of --input: a .txt file (a document per line), a .jsonl file, "
+            "a folder of .txt files, or - (lines of stdin).",
+            show_default=False,
+        ),
+    ] = None,
+    text_field: Annotated[
+        str, typer.Option("--text-field", metavar="NAME", help="The document's field in .jsonl.")
+    ] = "text",
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            metavar="PATH",
+            help="A folder holding a tokenizer (default: the hf: model's).",
+            show_default=False,
+        ),
+    ] = None,
+    context_size: Annotated[
+        int | None,
+        typer.Option(
+            "--context-size",
+            metavar="N",
+            help="Pack documents into windows of N tokens, each starting with BOS (default: "
+            "one document per sample, padded to --max-length).",
+            show_default=False,
+        ),
+    ] = None,
+    no_bos: Annotated[
+        bool, typer.Option("--no-bos", help="Packed windows do not start with BOS.")
+    ] = False,
+    max_length: Annotated[
+        int | None,
+        typer.Option(
+            "--max-length",
+            metavar="N",
+            help="Tokens per document sample (default: 128, or the model's positions).",
+            show_default=False,
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            metavar="N",
+            help="Feed the most whole samples whose tokens add up to no more than N.",
+            show_default=False,
+        ),
+    ] = None,
     input_shape: InputShapeOpt = None,
     image_size: Annotated[
         int | None,
@@ -192,6 +245,13 @@ def run(
         unsafe_pickle=unsafe_pickle,
         model_args=as_list(model_arg),
         input=input,
+        text=text,
+        text_field=text_field,
+        tokenizer=tokenizer,
+        context_size=context_size,
+        bos=not no_bos,
+        max_length=max_length,
+        max_tokens=max_tokens,
         input_shape=input_shape,
         image_size=image_size,
         skip_bad_inputs=skip_bad_inputs,
@@ -243,14 +303,14 @@ class _progress:
         self.task: Any = None
         self.first: tuple[int, int, float] = (0, 0, 0.0)  # samples, bytes, time at batch 1
 
-    def __enter__(self) -> Callable[[int, int, int], None] | None:
+    def __enter__(self) -> Callable[[int, int | None, int], None] | None:
         return self.update if self.enabled else None
 
-    def update(self, done: int, total: int, nbytes: int) -> None:
+    def update(self, done: int, total: int | None, nbytes: int) -> None:
         if not self.enabled:
             return
         if self.bar is None:
-            if done >= total:
+            if total is not None and done >= total:
                 return
             from rich.progress import (
                 BarColumn,

@@ -67,8 +67,8 @@ class Feed:
     """Samples for a run: their ids (sample indices, paths or row indices), how many, and
     how to batch them."""
 
-    kind: str  # random, images or tensors
-    total: int  # samples to read (images that fail to decode may make it fewer)
+    kind: str  # random, images, tensors or text
+    total: int | None  # samples to read (fewer if images fail to decode; None: not known)
     ids: Any  # a range (random input) or a list that grows as files are read
     batches: Callable[[int], Iterator[Batch]]
     skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
@@ -92,6 +92,8 @@ class Batch:
     kwargs: dict[str, Any] = field(default_factory=dict)
     start: int = 0
     stop: int = 0
+    # what the dump keeps of the input itself, by reserved key (`__input_ids__`), [rows, ...]
+    stored: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -112,6 +114,7 @@ class Batch:
             {k: cut(v) for k, v in self.kwargs.items()},
             self.start,
             self.start + 1,
+            {k: cut(v) for k, v in self.stored.items()},
         )
 
     def to(self, device: torch.device) -> Batch:
@@ -127,6 +130,7 @@ class Batch:
             {k: move(v) for k, v in self.kwargs.items()},
             self.start,
             self.stop,
+            self.stored,  # written from the CPU
         )
 
 

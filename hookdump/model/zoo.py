@@ -178,6 +178,29 @@ def _hf_image_processor(transformers: Any, folder: Path) -> Any:
     return transform
 
 
+def _tokenizer_file(name: str) -> bool:
+    return "token" in name or name in ("vocab.txt", "vocab.json", "merges.txt", "spiece.model")
+
+
+def load_tokenizer(folder: str | Path, spec: str) -> tuple[Any, list[Path]]:
+    """The tokenizer saved in `folder` (`AutoTokenizer`), with the files it was read from."""
+    transformers = require("transformers", "hf", spec)
+    path = Path(folder)
+    files = sorted(p for p in path.glob("*") if p.is_file() and _tokenizer_file(p.name))
+    if not path.is_dir() or not files:
+        raise HookdumpError(
+            f"{opt('tokenizer')} {folder}: no tokenizer files there; give a folder saved with "
+            "save_pretrained"
+        )
+    try:
+        with _quiet(transformers):
+            return transformers.AutoTokenizer.from_pretrained(path), files
+    except (OSError, ValueError) as exc:
+        raise HookdumpError(
+            f"{opt('tokenizer')} {folder}: cannot load a tokenizer ({str(exc)[:200]})"
+        ) from exc
+
+
 # --- timm ---------------------------------------------------------------------------------
 
 

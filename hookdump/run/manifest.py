@@ -59,6 +59,16 @@ def manifest_fields(
 def _input(
     options: RunOptions, loaded: LoadedModel, feed: Feed, spec: Callable[[], InputSpec]
 ) -> dict[str, Any]:
+    if feed.kind == "text":
+        return {
+            "source": options.text,
+            "layout": "tokens",
+            "mode": "packed" if options.context_size else "documents",
+            "context_size": options.context_size,
+            "bos": options.bos if options.context_size else None,
+            "max_length": options.max_length,
+            "tokenizer": options.tokenizer or loaded.about.get("folder"),
+        }
     source: dict[str, Any] = {"source": options.input}
     if feed.kind == "random":
         source.update(layout=spec().layout, shape=list(spec().shape))

@@ -37,6 +37,15 @@ class RunOptions:
         unsafe_pickle: allow a pickled whole module as `model` (runs its code).
         model_args: `key=value` keyword arguments for the model's class or factory.
         input: `random`, an image, a folder, a glob, a list file, `-`, or a tensor file.
+        text: text instead of `input`: a `.txt` or `.jsonl` file, a folder of `.txt` files,
+            or `-` (see `inputs.text`); tokenized with the model folder's tokenizer.
+        text_field: the document's field in `.jsonl` objects.
+        tokenizer: a folder holding a tokenizer (default: the `hf:` model's).
+        context_size: pack the documents into windows of this many tokens (None: a
+            document per sample, padded to `max_length`).
+        bos: packed windows start with the BOS token.
+        max_length: tokens of a document sample (None: 128, or the model's positions).
+        max_tokens: the most whole samples whose tokens add up to no more than this.
         input_shape: the per-sample shape of random input, e.g. `3,224,224`.
         image_size: crop images to this size (default: the weights' or the model's own).
         skip_bad_inputs: skip undecodable images (listed in the manifest) instead of failing.
@@ -76,6 +85,13 @@ class RunOptions:
     unsafe_pickle: bool = False
     model_args: list[str] = field(default_factory=list, metadata=RECIPE)
     input: str = field(default="random", metadata=RECIPE)
+    text: str | None = field(default=None, metadata=RECIPE)
+    text_field: str = field(default="text", metadata=RECIPE)
+    tokenizer: str | None = field(default=None, metadata=RECIPE)
+    context_size: int | None = field(default=None, metadata=RECIPE)
+    bos: bool = field(default=True, metadata=RECIPE)
+    max_length: int | None = field(default=None, metadata=RECIPE)
+    max_tokens: int | None = field(default=None, metadata=RECIPE)
     input_shape: str | None = field(default=None, metadata=RECIPE)
     image_size: int | None = field(default=None, metadata=RECIPE)
     skip_bad_inputs: bool = field(default=False, metadata=RECIPE)

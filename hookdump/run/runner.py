@@ -28,21 +28,24 @@ import torch
 from hookdump.dump.folder import locked, refuse_reads_inside
 from hookdump.dump.sink import BatchSink
 from hookdump.errors import HookdumpError, Interrupted, opt
+from hookdump.format import KeyInfo
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import calibrate, forward, out_of_memory
 from hookdump.hooks.gradients import backward, inputs_requiring_grad, parse_grad_target
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, input_spec, parse_shape
+from hookdump.inputs.text import TextOptions, text_feed
 from hookdump.model.loading import LoadedModel, is_model_file
 from hookdump.model.prepare import prepare, resolve_dtype
 from hookdump.model.weights import is_checkpoint_path
+from hookdump.model.zoo import load_tokenizer
 from hookdump.run.destination import Destination
 from hookdump.run.distributed import RankPart, Ranks, from_environment, rank_device
 from hookdump.run.manifest import manifest_fields
 from hookdump.run.options import RunOptions, RunResult
 from hookdump.run.resume import sources
 
-ProgressCallback = Callable[[int, int, int], None]
+ProgressCallback = Callable[[int, int | None, int], None]
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def _checked(options: RunOptions) -> _Checked:
     num_samples = options.num_samples if options.num_samples is not None else options.batch_size
     if num_samples < 1:
         raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
+    _check_text(options)
     if options.image_size is not None and options.image_size < 1:
         raise HookdumpError(f"{opt('image_size')} {options.image_size} must be at least 1")
     checked = _Checked(
@@ -110,6 +114,8 @@ def _checked(options: RunOptions) -> _Checked:
     )
     hf_folder = options.model.removeprefix("hf:")
     named = {
+        "text": options.text if options.text not in (None, "-") else None,
+        "tokenizer": options.tokenizer,
         "model": options.model if is_model_file(options.model) else None,
         "model_folder": hf_folder if Path(hf_folder).is_dir() else None,
         "weights": options.weights if is_checkpoint_path(options.weights) else None,
@@ -121,6 +127,24 @@ def _checked(options: RunOptions) -> _Checked:
             what = opt("model") if name == "model_folder" else opt(name)
             refuse_reads_inside(options.out, what, [Path(path)])
     return checked
+
+
+def _check_text(options: RunOptions) -> None:
+    if options.text is None:
+        return
+    if options.input != "random":
+        raise HookdumpError(
+            f"give {opt('text')} or {opt('input')}, not both ({opt('text')} {options.text}, "
+            f"{opt('input')} {options.input})"
+        )
+    smallest = 2 if options.bos else 1
+    for name, value, least in (
+        ("context_size", options.context_size, smallest),
+        ("max_length", options.max_length, 1),
+        ("max_tokens", options.max_tokens, 1),
+    ):
+        if value is not None and value < least:
+            raise HookdumpError(f"{opt(name)} {value} must be at least {least}")
 
 
 def _out_of_memory(options: RunOptions) -> HookdumpError:
@@ -200,6 +224,10 @@ def _feed(
     destination: Destination,
     ranks: Ranks | None,
 ) -> Feed:
+    if options.text is not None:
+        feed = _text_feed(options, loaded, destination)
+        refuse_reads_inside(options.out, opt("text"), feed.files)
+        return feed
     feed = open_feed(
         InputOptions(
             source=options.input,
@@ -217,6 +245,30 @@ def _feed(
     )
     refuse_reads_inside(options.out, opt("input"), feed.files)
     return feed
+
+
+def _text_feed(options: RunOptions, loaded: LoadedModel, destination: Destination) -> Feed:
+    folder = options.tokenizer or loaded.about.get("folder")
+    if folder is None:
+        raise HookdumpError(
+            f"{opt('text')} needs a tokenizer: an hf: model folder that has one, or "
+            f"{opt('tokenizer')} PATH"
+        )
+    tokenizer, files = load_tokenizer(folder, options.model)
+    positions = loaded.input_shape[0] if loaded.family == "tokens" and loaded.input_shape else None
+    text = TextOptions(
+        source=options.text or "-",
+        text_field=options.text_field,
+        context_size=options.context_size,
+        bos=options.bos,
+        max_length=options.max_length,
+        num_samples=options.num_samples,
+        max_tokens=options.max_tokens,
+    )
+    return text_feed(
+        text, tokenizer, model_positions=positions, done=destination.done_ids,
+        tokenizer_files=files,
+    )  # fmt: skip
 
 
 class _BatchLoop:
@@ -241,7 +293,7 @@ class _BatchLoop:
         self,
         batches: Iterator[Batch],
         destination: Destination,
-        total: int,
+        total: int | None,
         on_batch: ProgressCallback | None,
     ) -> int:
         """Feed every batch; the number of rows dumped (this run's last row, resuming)."""
@@ -268,7 +320,10 @@ class _BatchLoop:
         cap = self.cap
         if self.early and cap.stop_after is None:
             self.early = calibrate(cap, self.model, batch, self.label)
-        self.sink.begin(batch.start, batch.stop, len(cap.info))
+        self.sink.begin(batch.start, batch.stop, len(cap.info) + len(batch.stored))
+        for key, tensor in batch.stored.items():  # the input itself: token ids, the mask
+            info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
+            self.sink.keep(key, tensor, info, fresh=True)
         inputs = inputs_requiring_grad(batch.args, batch.kwargs) if self.grads else []
         output = forward(cap, self.model, batch, self.label)
         if self.grads:

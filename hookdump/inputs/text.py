@@ -1,0 +1,260 @@
+"""Text input: documents from a corpus, tokenized ahead of the forward, as token-id batches.
+
+Sources (`--text`): a `.txt` file (a document per non-empty line), a `.jsonl` file (a JSON
+object per line, the document under `--text-field`), a folder of `.txt` files (a document
+per file, sorted by path), or `-` (lines of standard input). Everything streams: documents
+are read line by line and tokenized on a thread of their own, a few batches ahead.
+
+Two ways to make samples:
+- packed (`context_size`): documents tokenized without special tokens, joined with the EOS
+  token after each; sample i is BOS then the next N - 1 tokens (`bos=False`: the next N);
+  the last partial window is dropped; sample ids are window indices;
+- one document per sample: tokenized as the tokenizer does by default (with its special
+  tokens), cut to `max_length` and right-padded with the pad token (EOS without one); the
+  attention mask marks the real tokens; sample ids are `FILE:LINE` (or a folder's paths).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.inputs.spec import Batch, Feed
+
+PREFETCH = 4  # batches tokenized ahead of the forward
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How text becomes samples (see the module's docstring).
+
+    Args:
+        source: a `.txt` or `.jsonl` file, a folder of `.txt` files, or `-`.
+        text_field: the document's field in each `.jsonl` object.
+        context_size: pack documents into windows of this many tokens (None: a document
+            per sample).
+        bos: packed windows start with the BOS token.
+        max_length: a document sample's tokens (None: 128, or the model's positions if
+            fewer).
+        num_samples: at most this many samples.
+        max_tokens: the most whole samples whose tokens (padding included) fit in this.
+    """
+
+    source: str
+    text_field: str = "text"
+    context_size: int | None = None
+    bos: bool = True
+    max_length: int | None = None
+    num_samples: int | None = None
+    max_tokens: int | None = None
+
+
+def text_files(source: str) -> list[Path]:
+    """The corpus files `source` names (none for standard input)."""
+    if source == "-":
+        return []
+    path = Path(source)
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not found:
+            raise HookdumpError(f"{opt('text')} {source}: no .txt files in this folder")
+        return found
+    if not path.is_file():
+        raise HookdumpError(f"{opt('text')} {source}: no such file or folder")
+    if path.suffix not in (".txt", ".jsonl"):
+        raise HookdumpError(
+            f"{opt('text')} {source} is not a .txt or .jsonl file, a folder of .txt files, or -"
+        )
+    return [path]
+
+
+def documents(options: TextOptions) -> Iterator[tuple[str, str]]:
+    """(sample id, document) in corpus order, read as needed."""
+    if options.source == "-":
+        yield from _lines(sys.stdin, "-", jsonl=False, field=options.text_field)
+        return
+    path = Path(options.source)
+    if path.is_dir():
+        for file in text_files(options.source):
+            yield str(file), _read_text(file)
+        return
+    with path.open(encoding="utf-8", errors="strict") as handle:
+        yield from _lines(handle, str(path), path.suffix == ".jsonl", options.text_field)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HookdumpError(f"{opt('text')}: cannot read {path} as UTF-8 text ({exc})") from None
+
+
+def _lines(handle: Any, name: str, jsonl: bool, field: str) -> Iterator[tuple[str, str]]:
+    try:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            yield f"{name}:{number}", _document(line, name, number, jsonl, field)
+    except UnicodeDecodeError as exc:
+        raise HookdumpError(f"{opt('text')}: {name} is not UTF-8 text ({exc})") from None
+
+
+def _document(line: str, name: str, number: int, jsonl: bool, field: str) -> str:
+    if not jsonl:
+        return line.rstrip("\r\n")
+    try:
+        value = json.loads(line)
+    except ValueError as exc:
+        raise HookdumpError(f"{opt('text')}: {name}:{number} is not JSON ({exc})") from None
+    text = value.get(field) if isinstance(value, dict) else None
+    if not isinstance(text, str):
+        raise HookdumpError(
+            f"{opt('text')}: {name}:{number} has no string field {field!r}; choose the "
+            f"field with {opt('text_field')}"
+        )
+    return text
+
+
+def samples(
+    options: TextOptions, tokenizer: Any, model_positions: int | None
+) -> Iterator[tuple[Any, list[int], int]]:
+    """(sample id, token ids, real tokens) for each sample, in order, as many as allowed."""
+    if options.context_size is not None:
+        made = _packed(options, tokenizer)
+    else:
+        made = _per_document(options, tokenizer, model_positions)
+    tokens = 0
+    for count, sample in enumerate(made):
+        if options.num_samples is not None and count >= options.num_samples:
+            return
+        tokens += len(sample[1])
+        if options.max_tokens is not None and tokens > options.max_tokens:
+            return
+        yield sample
+
+
+def _packed(options: TextOptions, tokenizer: Any) -> Iterator[tuple[Any, list[int], int]]:
+    size = options.context_size or 0
+    eos = tokenizer.eos_token_id
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
+    if eos is None or (options.bos and bos is None):
+        raise HookdumpError(
+            f"{opt('context_size')} packs documents with the tokenizer's EOS token, and this "
+            "tokenizer has none; give one document per sample instead"
+        )
+    take = size - 1 if options.bos else size
+    stream: list[int] = []
+    window = 0
+    for _, text in documents(options):
+        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+        while len(stream) >= take:
+            ids = ([bos] if options.bos else []) + stream[:take]
+            del stream[:take]
+            yield window, ids, size
+            window += 1
+
+
+def _per_document(
+    options: TextOptions, tokenizer: Any, model_positions: int | None
+) -> Iterator[tuple[Any, list[int], int]]:
+    length = options.max_length or min(128, model_positions or 128)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise HookdumpError(
+            f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
+            f"with; pack them with {opt('context_size')}"
+        )
+    for sample_id, text in documents(options):
+        ids = tokenizer(text)["input_ids"][:length]
+        yield sample_id, ids + [pad] * (length - len(ids)), len(ids)
+
+
+def text_feed(
+    options: TextOptions,
+    tokenizer: Any,
+    *,
+    model_positions: int | None = None,
+    done: list[Any] | None = None,
+    tokenizer_files: list[Path] | None = None,
+) -> Feed:
+    """The samples as a `Feed` of batches (`input_ids`, and `attention_mask` for document
+    samples), tokenized on a thread a few batches ahead; `done`: the ids of the samples
+    already dumped (resuming: the feed goes on after them)."""
+    ids: list[Any] = list(done or [])
+    feed = Feed("text", options.num_samples, ids, lambda _: iter(()))
+    feed.files = text_files(options.source) + list(tokenizer_files or [])
+    packed = options.context_size is not None
+
+    def batches(batch_size: int) -> Iterator[Batch]:
+        made = samples(options, tokenizer, model_positions)
+        rows = len(done or [])
+        for _ in range(rows):  # resuming: the samples already in the dump
+            next(made, None)
+        for chunk in _prefetch(_chunks(made, batch_size)):
+            sample_ids, tokens, real = zip(*chunk, strict=True)
+            ids.extend(sample_ids)
+            yield _batch(torch.tensor(tokens), list(real), rows, packed)
+            rows += len(chunk)
+
+    feed.batches = batches
+    return feed
+
+
+def _batch(tokens: torch.Tensor, real: list[int], start: int, packed: bool) -> Batch:
+    positions = torch.arange(tokens.shape[1])
+    mask = (positions[None, :] < torch.tensor(real)[:, None]).long()
+    stored = {"__input_ids__": tokens}
+    if not packed:
+        stored["__attention_mask__"] = mask
+    return Batch((), {"input_ids": tokens, "attention_mask": mask}, start,
+                 start + tokens.shape[0], stored=stored)  # fmt: skip
+
+
+def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _prefetch(items: Iterator[Any], depth: int = PREFETCH) -> Iterator[Any]:
+    """`items`, produced on a thread of their own up to `depth` ahead (tokenizing off the
+    forward's path); an error there is raised here."""
+    ahead: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                ahead.put(("item", item))
+            ahead.put(("end", None))
+        except BaseException as exc:  # handed over to the consumer
+            ahead.put(("error", exc))
+
+    thread = threading.Thread(target=produce, name="hookdump-tokenize", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = ahead.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()

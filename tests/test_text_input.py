@@ -1,0 +1,163 @@
+"""`--text`: corpora tokenized with the model folder's tokenizer, packed into windows or one
+document per sample, and the ids (and mask) fed stored in the dump.
+
+References are computed here from the tokenizer and the model run directly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import assert_usage_error, invoke
+
+import hookdump
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+CORPUS = [
+    "the cat sat on the mat",
+    "",
+    "a dog ran in the park and the cat sat",
+    "hooks dump activations of the model",
+    "the park",
+]
+
+
+def _tokenizer(folder: Path, cls_sep: bool) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    specials = ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[EOS]"]
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=specials))
+    if cls_sep:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", eos_token="[EOS]",
+        **({"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"} if cls_sep else {}),
+    )  # fmt: skip
+    fast.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("gpt2")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=32,
+                                     n_positions=64)  # fmt: skip
+    transformers.GPT2Model(config).save_pretrained(folder)
+    _tokenizer(folder, cls_sep=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bert")
+    torch.manual_seed(1)
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=32,
+                                     max_position_embeddings=12)  # fmt: skip
+    transformers.BertModel(config).save_pretrained(folder)
+    _tokenizer(folder, cls_sep=True)
+    return folder
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(CORPUS) + "\n")
+    return path
+
+
+def _packed_reference(folder: Path, size: int, bos: bool) -> torch.Tensor:
+    """The contract's packing, written out: documents without special tokens, EOS after
+    each, windows of BOS (here EOS: the tokenizer has no BOS) + size - 1 tokens."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    eos = tokenizer.eos_token_id
+    stream = [
+        t for doc in CORPUS if doc for t in [*tokenizer.encode(doc, add_special_tokens=False), eos]
+    ]
+    take = size - 1 if bos else size
+    windows = [stream[i : i + take] for i in range(0, len(stream) - take + 1, take)]
+    return torch.tensor([([eos] if bos else []) + w for w in windows])
+
+
+@pytest.mark.parametrize("bos", [True, False])
+def test_packed_windows_feed_the_model(gpt2: Path, corpus: Path, tmp_path: Path, bos: bool) -> None:
+    out = tmp_path / "d"
+    args = ["run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "6", "-l", "h.0",
+            "-b", "2", "-q", "-o", str(out)] + ([] if bos else ["--no-bos"])  # fmt: skip
+    result = invoke(*args)
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    expected = _packed_reference(gpt2, 6, bos)
+    assert torch.equal(dump["__input_ids__"], expected)
+    assert "__attention_mask__" not in dump  # packed: all ones
+    assert dump.tensors["__input_ids__"]["kind"] == "tokens"
+    assert dump.manifest["sample_ids"] == list(range(len(expected)))
+    model = transformers.GPT2Model.from_pretrained(gpt2).eval()
+    with torch.no_grad():
+        hidden = model(input_ids=expected, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(dump["h.0"], hidden[1])
+
+
+def test_one_document_per_sample_is_padded_with_its_mask(bert: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    lines = [json.dumps({"body": d}) if d else "" for d in CORPUS]
+    corpus.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{bert}", "--text", str(corpus), "--text-field", "body",
+                    "-l", "encoder.layer.0", "-b", "3", "-q", "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bert)
+    docs = [d for d in CORPUS if d]
+    ref = tokenizer(docs, padding="max_length", truncation=True, max_length=12,
+                    return_tensors="pt")  # fmt: skip
+    assert torch.equal(dump["__input_ids__"], ref["input_ids"])
+    assert torch.equal(dump["__attention_mask__"], ref["attention_mask"])
+    assert dump["__input_ids__"][0, 0] == tokenizer.cls_token_id  # its own special tokens
+    assert dump.manifest["sample_ids"] == [f"{corpus}:{n}" for n in (1, 3, 4, 5)]  # blank: 2
+    model = transformers.BertModel.from_pretrained(bert).eval()
+    with torch.no_grad():
+        hidden = model(**ref, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(dump["encoder.layer.0"], hidden[1])
+
+
+def test_folders_stdin_and_limits(gpt2: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "texts"
+    (folder / "b").mkdir(parents=True)
+    (folder / "a.txt").write_text("the cat sat")
+    (folder / "b" / "c.txt").write_text("the dog ran in the park")
+    out = tmp_path / "folder"
+    args = ["run", f"hf:{gpt2}", "-l", "h.0", "-q", "--max-length", "8"]
+    assert invoke(*args, "--text", str(folder), "-o", str(out)).exit_code == 0
+    assert hookdump.load(out).manifest["sample_ids"] == [str(folder / "a.txt"),
+                                                        str(folder / "b" / "c.txt")]  # fmt: skip
+    out = tmp_path / "stdin"
+    result = invoke(*args, "--text", "-", "-n", "2", "-o", str(out), input="a\n\nb\nc\n")
+    assert result.exit_code == 0, result.stderr
+    assert hookdump.load(out).manifest["sample_ids"] == ["-:1", "-:3"]
+    out = tmp_path / "budget"
+    result = invoke(*args, "--text", "-", "--max-tokens", "20", "-o", str(out), input="a\nb\nc\n")
+    assert hookdump.load(out).num_samples == 2  # 8 tokens each, padding included
+
+
+def test_text_errors_are_one_line(gpt2: Path, corpus: Path, tmp_path: Path) -> None:
+    assert_usage_error(invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--input",
+                              "x.npy"), "give --text or --input, not both")  # fmt: skip
+    assert_usage_error(invoke("run", "tiny_models:Tokens", "--text", str(corpus)),
+                       "--text needs a tokenizer", "--tokenizer PATH")  # fmt: skip
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{oops\n')
+    assert_usage_error(invoke("run", f"hf:{gpt2}", "--text", str(bad), "-q"),
+                       f"{bad}:2 is not JSON")  # fmt: skip
+    bad.write_text('{"body": "ok"}\n')
+    assert_usage_error(invoke("run", f"hf:{gpt2}", "--text", str(bad), "-q"),
+                       f"{bad}:1 has no string field 'text'", "--text-field")  # fmt: skip
+    assert_usage_error(invoke("run", f"hf:{gpt2}", "--text", str(tmp_path / "none.txt")),
+                       "no such file or folder")  # fmt: skip
