@@ -75,7 +75,8 @@ _SHARD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 # optional fields that the readers and --resume use, with the type each must have
 _OPTIONAL = {
     "sample_ids": list, "skipped": list, "skipped_inputs": list, "recipe": dict,
-    "sources": dict, "model": dict, "input": dict, "selection": dict,
+    "sources": dict, "model": dict, "input": dict, "selection": dict, "rows": str,
+    "num_sequences": int,
 }  # fmt: skip
 
 

@@ -161,3 +161,68 @@ def test_text_errors_are_one_line(gpt2: Path, corpus: Path, tmp_path: Path) -> N
                        f"{bad}:1 has no string field 'text'", "--text-field")  # fmt: skip
     assert_usage_error(invoke("run", f"hf:{gpt2}", "--text", str(tmp_path / "none.txt")),
                        "no such file or folder")  # fmt: skip
+
+
+@pytest.mark.parametrize("shard_size", ["1GiB", "2000"])  # 2000: batches overflow shards
+def test_per_token_rows_are_the_real_tokens(
+    gpt2: Path, corpus: Path, tmp_path: Path, shard_size: str
+) -> None:
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--max-length", "9",
+                    "--per-token", "-l", "h.0", "-b", "1", "--shard-size", shard_size,
+                    "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
+    docs = [d for d in CORPUS if d]
+    tokenizer.pad_token = tokenizer.eos_token
+    ref = tokenizer(docs, padding="max_length", truncation=True, max_length=9,
+                    return_tensors="pt")  # fmt: skip
+    real = ref["attention_mask"].bool()
+    model = transformers.GPT2Model.from_pretrained(gpt2).eval()
+    with torch.no_grad():
+        hidden = model(**ref, output_hidden_states=True).hidden_states[1]
+    dump = hookdump.load(out)
+    assert dump.num_samples == int(real.sum()) and dump.manifest["num_sequences"] == 4
+    assert dump.manifest["rows"] == "tokens"
+    torch.testing.assert_close(dump["h.0"], hidden[real])  # padding rows dropped
+    assert torch.equal(dump["__token_ids__"], ref["input_ids"][real])
+    samples, positions = real.nonzero(as_tuple=True)
+    assert torch.equal(dump["__sample__"], samples)
+    assert torch.equal(dump["__position__"], positions)
+    assert "__input_ids__" not in dump and "__attention_mask__" not in dump
+    assert f"{int(real.sum())} tokens from 4 sequences in" in result.stdout
+    inspected = invoke("inspect", str(out))
+    shards = len(dump.shards)
+    assert f"{int(real.sum())} tokens from 4 sequences in {shards} shards" in inspected.stdout
+    assert shards == (2 if shard_size == "1GiB" else 3)
+
+
+def test_positions_and_special_tokens_select_rows(bert: Path, corpus: Path, tmp_path: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bert)
+    docs = [d for d in CORPUS if d]
+    lengths = [len(tokenizer(d)["input_ids"]) for d in docs]  # [CLS] ... [SEP]
+    args = ["run", f"hf:{bert}", "--text", str(corpus), "--per-token", "-l",
+            "encoder.layer.0", "-q"]  # fmt: skip
+    out = tmp_path / "tail"
+    assert invoke(*args, "--positions", "-2:", "-o", str(out)).exit_code == 0
+    dump = hookdump.load(out)
+    expected = [p for n in lengths for p in (n - 2, n - 1)]
+    assert dump["__position__"].tolist() == expected  # the last two real tokens of each
+    out = tmp_path / "plain"
+    assert (
+        invoke(*args, "--skip-special-tokens", "--positions", "1:", "-o", str(out)).exit_code == 0
+    )
+    ids = hookdump.load(out)["__token_ids__"].tolist()
+    assert set(ids).isdisjoint(tokenizer.all_special_ids)
+    assert len(ids) == sum(n - 2 for n in lengths)  # no [CLS], no [SEP]
+
+
+def test_per_token_errors_are_one_line(gpt2: Path, corpus: Path) -> None:
+    assert_usage_error(invoke("run", "tiny_models:Tokens", "--per-token"),
+                       "--per-token needs text input: --text")  # fmt: skip
+    base = ["run", f"hf:{gpt2}", "--text", str(corpus), "--per-token"]
+    assert_usage_error(invoke(*base, "--positions", "1-2"), "--positions '1-2' is not START:STOP")
+    assert_usage_error(invoke(*base, "--reduce", "mean"), "--reduce mean reduces the tokens")
+    # position embeddings are [1, T, D]: nothing per token of each sample
+    line = assert_usage_error(invoke(*base, "-l", "wpe", "-b", "2"))
+    assert "--per-token: 'wpe' captured nothing shaped [batch, tokens, ...]" in line

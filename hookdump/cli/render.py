@@ -103,7 +103,12 @@ def run_footer(result: RunResult) -> str:
     where = f"dump: {result.out}" if result.out else "not saved (pass --out DIR to keep it)"
     shards = len(result.manifest["shards"]) if result.manifest else 0
     files = f" ({shards} shard{'s' if shards != 1 else ''} + manifest.json)" if shards else ""
-    line = f"{result.num_samples} samples in {result.wall_time:.2f} s; {where}{files}"
+    rows = (
+        f"{result.num_samples} tokens from {result.num_sequences} sequences"
+        if result.num_sequences is not None
+        else f"{result.num_samples} samples"
+    )
+    line = f"{rows} in {result.wall_time:.2f} s; {where}{files}"
     if result.skipped:
         line += f"; {len(result.skipped)} non-tensor or unbatched values skipped"
     return line
@@ -122,8 +127,11 @@ def print_inspection(found: Inspection, console: Console) -> None:
     source = f" of {model}" if model else ""
     shards = f"{found.shards} shard{'s' if found.shards != 1 else ''}"
     state = "complete" if found.complete else "INCOMPLETE"
+    rows = f"{found.num_samples} samples"
+    if found.manifest.get("rows") == "tokens":
+        rows = f"{found.num_samples} tokens from {found.manifest.get('num_sequences')} sequences"
     console.print(
-        f"{found.path}: dump{source}, {found.num_samples} samples in {shards}, {state}",
+        f"{found.path}: dump{source}, {rows} in {shards}, {state}",
         markup=False,
         highlight=False,
     )

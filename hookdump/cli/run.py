@@ -153,6 +153,31 @@ def run(
             show_default=False,
         ),
     ] = None,
+    per_token: Annotated[
+        bool,
+        typer.Option(
+            "--per-token",
+            help="With --text: one row per real token of every [B,T,...] tensor, with "
+            "__token_ids__, __sample__ and __position__ beside.",
+        ),
+    ] = False,
+    positions: Annotated[
+        str | None,
+        typer.Option(
+            "--positions",
+            metavar="START:STOP",
+            help="With --per-token: keep these positions of each sample's real tokens (a "
+            "Python slice; 1: drops the BOS position).",
+            show_default=False,
+        ),
+    ] = None,
+    skip_special_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--skip-special-tokens",
+            help="With --per-token: drop the tokenizer's special tokens (BOS, EOS, PAD, ...).",
+        ),
+    ] = False,
     input_shape: InputShapeOpt = None,
     image_size: Annotated[
         int | None,
@@ -252,6 +277,9 @@ def run(
         bos=not no_bos,
         max_length=max_length,
         max_tokens=max_tokens,
+        per_token=per_token,
+        positions=positions,
+        skip_special_tokens=skip_special_tokens,
         input_shape=input_shape,
         image_size=image_size,
         skip_bad_inputs=skip_bad_inputs,

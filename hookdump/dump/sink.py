@@ -92,6 +92,7 @@ class BatchSink:
         self._error: BaseException | None = None
         # the worker's own state
         self._batch = (0, 0)
+        self._sequences: int | None = None
         self._keys: list[str] = []
         self._total = total  # samples expected (an upper bound when images may be skipped)
         self._shard: ShardFile | None = None
@@ -105,12 +106,15 @@ class BatchSink:
 
     # --- the main thread's side ---------------------------------------------------------
 
-    def begin(self, start: int, stop: int, keys_expected: int = 0) -> None:
-        """Rows `start:stop` come next; waits while `pending` batches are still in flight."""
+    def begin(
+        self, start: int, stop: int, keys_expected: int = 0, sequences: int | None = None
+    ) -> None:
+        """Rows `start:stop` come next (`sequences`: the samples fed so far, when rows are
+        tokens); waits while `pending` batches are still in flight."""
         while not self._slots.acquire(timeout=0.05):
             self._raise_if_failed()
         self._raise_if_failed()
-        self._queue.put(("begin", start, stop, keys_expected))
+        self._queue.put(("begin", start, stop, keys_expected, sequences))
 
     def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
         """One captured tensor of the current batch, as a hook hands it over (a `Receiver`):
@@ -187,14 +191,19 @@ class BatchSink:
                 shard.abort()
         self._shard = self._planned = None
 
-    def _on_begin(self, start: int, stop: int, keys_expected: int) -> None:
+    def _on_begin(self, start: int, stop: int, keys_expected: int, sequences: int | None) -> None:
         self._batch, self._keys, self._batch_bytes = (start, stop), [], 0
         if self.writer is None:
+            self._sequences = sequences
             return
+        planned = self._planned
+        if planned is not None and start - self._planned_start + stop - start > planned.rows:
+            self._commit_planned()  # batches of varying rows (tokens): this one would not fit
+        self._sequences = sequences
         if not self._rows_per_shard:
             self._shard = self.writer.open_shard(keys_expected)
         elif self._planned is None:
-            rows = self._rows_per_shard
+            rows = max(self._rows_per_shard, stop - start)
             if self._total is not None:
                 rows = max(stop - start, min(rows, self._total - start))
             self._planned, self._planned_start = self.writer.plan_shard(rows), start
@@ -264,7 +273,7 @@ class BatchSink:
                 except BaseException:
                     shard.abort()
                     raise
-            self.writer.commit_shard(shard, start, stop)
+            self.writer.commit_shard(shard, start, stop, self._sequences)
             if 2 * self._batch_bytes < self.writer.shard_bytes:
                 # small batches from now on go into planned shards of about --shard-size
                 batches = max(1, self.writer.shard_bytes // max(1, self._batch_bytes))
@@ -277,4 +286,4 @@ class BatchSink:
             return
         planned, self._planned = self._planned, None
         stop = self._planned_start + planned.filled
-        self.writer.commit_shard(planned, self._planned_start, stop)
+        self.writer.commit_shard(planned, self._planned_start, stop, self._sequences)

@@ -235,7 +235,13 @@ class DumpWriter:
         ]
         return PlannedShard(self.out / name, layout, rows)
 
-    def commit_shard(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
+    def commit_shard(
+        self,
+        shard: ShardFile | PlannedShard,
+        start: int,
+        stop: int,
+        sequences: int | None = None,
+    ) -> None:
         """Finish a shard's file and sync it; then (first shard) move an old dump aside; then
         move the shard into place, list it and rewrite the manifest (still incomplete)."""
         if start != (self.shards[-1]["stop"] if self.shards else 0):
@@ -249,7 +255,10 @@ class DumpWriter:
         except BaseException:
             shard.abort()
             raise
-        self.shards.append({"file": shard.path.name, "start": start, "stop": stop})
+        entry: dict[str, Any] = {"file": shard.path.name, "start": start, "stop": stop}
+        if sequences is not None:  # token rows: the samples whose tokens the shards hold
+            entry["sequences"] = sequences
+        self.shards.append(entry)
         self.write_manifest(complete=False)
 
     def check_room(self, needed: int, written: int) -> None:
@@ -315,8 +324,11 @@ class DumpWriter:
         """The manifest for what has been written so far (`extra`: fields to add or replace)."""
         num_samples = self.shards[-1]["stop"] if self.shards else 0
         fields = {**self.fields(), **(extra or {})}
+        samples = num_samples
+        if self.shards and "sequences" in self.shards[-1]:  # rows are tokens
+            samples = fields["num_sequences"] = self.shards[-1]["sequences"]
         if "sample_ids" in fields:  # ids of the samples written, not of those still to come
-            fields["sample_ids"] = list(fields["sample_ids"][:num_samples])
+            fields["sample_ids"] = list(fields["sample_ids"][:samples])
         return {
             "format": FORMAT,
             "complete": complete,

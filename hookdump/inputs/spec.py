@@ -73,6 +73,7 @@ class Feed:
     batches: Callable[[int], Iterator[Batch]]
     skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
     files: list[Path] = field(default_factory=list)  # every file it reads, for the checks
+    special_ids: list[int] = field(default_factory=list)  # text: the tokenizer's special ids
 
 
 def part_of(total: int, part: tuple[int, int] | None) -> tuple[int, int]:

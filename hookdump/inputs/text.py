@@ -192,6 +192,7 @@ def text_feed(
     ids: list[Any] = list(done or [])
     feed = Feed("text", options.num_samples, ids, lambda _: iter(()))
     feed.files = text_files(options.source) + list(tokenizer_files or [])
+    feed.special_ids = list(getattr(tokenizer, "all_special_ids", []))
     packed = options.context_size is not None
 
     def batches(batch_size: int) -> Iterator[Batch]:

@@ -46,6 +46,10 @@ class RunOptions:
         bos: packed windows start with the BOS token.
         max_length: tokens of a document sample (None: 128, or the model's positions).
         max_tokens: the most whole samples whose tokens add up to no more than this.
+        per_token: one row per real token of every `[B, T, ...]` tensor (text only), with
+            `__token_ids__`, `__sample__` and `__position__` beside (see `run.tokens`).
+        positions: `START:STOP`, the positions kept of each sample's real tokens.
+        skip_special_tokens: drop the tokenizer's special tokens' rows.
         input_shape: the per-sample shape of random input, e.g. `3,224,224`.
         image_size: crop images to this size (default: the weights' or the model's own).
         skip_bad_inputs: skip undecodable images (listed in the manifest) instead of failing.
@@ -92,6 +96,9 @@ class RunOptions:
     bos: bool = field(default=True, metadata=RECIPE)
     max_length: int | None = field(default=None, metadata=RECIPE)
     max_tokens: int | None = field(default=None, metadata=RECIPE)
+    per_token: bool = field(default=False, metadata=RECIPE)
+    positions: str | None = field(default=None, metadata=RECIPE)
+    skip_special_tokens: bool = field(default=False, metadata=RECIPE)
     input_shape: str | None = field(default=None, metadata=RECIPE)
     image_size: int | None = field(default=None, metadata=RECIPE)
     skip_bad_inputs: bool = field(default=False, metadata=RECIPE)
@@ -135,7 +142,7 @@ class RunResult:
 
     model: str
     out: Path | None
-    num_samples: int
+    num_samples: int  # rows: samples, or tokens with per_token
     keys: list[KeySummary]
     skipped: list[dict[str, str]]
     wall_time: float
@@ -143,6 +150,7 @@ class RunResult:
     skipped_inputs: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # seconds: load, loop, finish
+    num_sequences: int | None = None  # the samples fed, when rows are tokens
 
     @property
     def total_bytes(self) -> int:
@@ -158,6 +166,7 @@ class RunResult:
             "model": self.model,
             "out": str(self.out) if self.out else None,
             "num_samples": self.num_samples,
+            "num_sequences": self.num_sequences,
             "wall_time_s": round(self.wall_time, 3),
             "total_bytes": self.total_bytes,
             "tensors": [k.as_dict() for k in self.keys],

@@ -44,6 +44,7 @@ from hookdump.run.distributed import RankPart, Ranks, from_environment, rank_dev
 from hookdump.run.manifest import manifest_fields
 from hookdump.run.options import RunOptions, RunResult
 from hookdump.run.resume import sources
+from hookdump.run.tokens import TokenRows, parse_positions
 
 ProgressCallback = Callable[[int, int | None, int], None]
 
@@ -131,7 +132,21 @@ def _checked(options: RunOptions) -> _Checked:
 
 def _check_text(options: RunOptions) -> None:
     if options.text is None:
+        if options.per_token:
+            raise HookdumpError(f"{opt('per_token', True)} needs text input: {opt('text')}")
         return
+    if options.per_token:
+        parse_positions(options.positions)
+        if options.reduce != "none":
+            raise HookdumpError(
+                f"{opt('per_token', True)} keeps a row per token and {opt('reduce')} "
+                f"{options.reduce} reduces the tokens away; give one of them"
+            )
+        if options.resume:
+            raise HookdumpError(
+                f"{opt('resume', True)} of a {opt('per_token', True)} dump is not supported "
+                "yet; make the dump again"
+            )
     if options.input != "random":
         raise HookdumpError(
             f"give {opt('text')} or {opt('input')}, not both ({opt('text')} {options.text}, "
@@ -180,19 +195,24 @@ def _run(
     destination.start(shard_bytes=options.shard_bytes, fields=fields)
     sink = BatchSink(destination.writer, checked.save_dtype, feed.total)
     sink.summaries = destination.summaries_before()  # resuming: the whole dump's statistics
+    tokens = _token_rows(options, sink, feed) if options.per_token else None
+    if tokens is not None and ranks is not None:
+        raise HookdumpError(f"{opt('per_token', True)} under torchrun is not supported yet")
     cap = Capture(
         loaded.module, options.layers, options.exclude, options.types, options.capture,
-        reduce=options.reduce, receiver=sink,
+        reduce=options.reduce, receiver=tokens or sink,
     )  # fmt: skip
     static = manifest_fields(options, loaded=loaded, cap=cap, feed=feed, spec=spec,
                              sources=made_from)  # fmt: skip
     if ranks is not None:  # --resume checks that it goes on with as many processes
         static["processes"] = ranks.world
-    loop = _BatchLoop(cap, loaded, sink, checked, options)
+    if tokens is not None:
+        static["rows"] = "tokens"
+    loop = _BatchLoop(cap, loaded, sink, checked, options, tokens)
     batches = _on_device(feed.batches(options.batch_size), loaded.device)
     rows = loop.run(batches, destination, feed.total, on_batch)
     looped_at = time.perf_counter()
-    whole = destination.gather(_part(cap, sink, feed, destination, rows))
+    whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
     if whole.rows == 0:
         raise HookdumpError(f"{opt('input')} {options.input}: no sample could be read")
     manifest = destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
@@ -213,6 +233,7 @@ def _run(
         skipped_inputs=whole.skipped_inputs,
         warnings=[*loaded.warnings, *(f"skipped {s['path']}: {s['error']}" for s in skips)],
         timings=timings,
+        num_sequences=loop.sequences if tokens is not None else None,
     )
 
 
@@ -271,6 +292,11 @@ def _text_feed(options: RunOptions, loaded: LoadedModel, destination: Destinatio
     )  # fmt: skip
 
 
+def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed) -> TokenRows:
+    special = feed.special_ids if options.skip_special_tokens else []
+    return TokenRows(sink, parse_positions(options.positions), list(special))
+
+
 class _BatchLoop:
     """Feeds batches through the hooked model; the values go to the writer thread. It knows
     nothing of resuming or ranks: the destination made the writer for that."""
@@ -282,8 +308,10 @@ class _BatchLoop:
         sink: BatchSink,
         checked: _Checked,
         options: RunOptions,
+        tokens: TokenRows | None = None,
     ) -> None:
-        self.cap, self.model, self.sink = cap, loaded.module, sink
+        self.cap, self.model, self.sink, self.tokens = cap, loaded.module, sink, tokens
+        self.sequences = 0  # samples fed (rows count them, or tokens with `tokens`)
         self.device, self.label = loaded.device, options.model
         self.forward_dtype, self.grad_target = checked.forward_dtype, checked.grad_target
         self.grads = "grad" in cap.kinds
@@ -297,16 +325,16 @@ class _BatchLoop:
         on_batch: ProgressCallback | None,
     ) -> int:
         """Feed every batch; the number of rows dumped (this run's last row, resuming)."""
-        rows = len(destination.done_ids)
+        rows = self.sequences = len(destination.done_ids)
         # gradients need autograd; everything else runs without it
         mode = torch.enable_grad() if self.grads else torch.inference_mode()
         try:
             with self.cap, mode, _autocast(self.device, self.forward_dtype):
                 for batch in batches:
-                    self._one(batch)
-                    rows = batch.stop
+                    rows = self._one(batch, rows)
+                    self.sequences = batch.stop
                     if on_batch:
-                        on_batch(rows, total, self.sink.bytes_done)
+                        on_batch(self.sequences, total, self.sink.bytes_done)
             self.sink.close()
         except KeyboardInterrupt:
             self.sink.abort()
@@ -316,12 +344,17 @@ class _BatchLoop:
             raise
         return rows
 
-    def _one(self, batch: Batch) -> None:
+    def _one(self, batch: Batch, first_row: int) -> int:
+        """One batch, its rows from `first_row` on; the next batch's first row."""
         cap = self.cap
         if self.early and cap.stop_after is None:
             self.early = calibrate(cap, self.model, batch, self.label)
-        self.sink.begin(batch.start, batch.stop, len(cap.info) + len(batch.stored))
-        for key, tensor in batch.stored.items():  # the input itself: token ids, the mask
+        stop, stored, sequences = batch.stop, batch.stored, None
+        if self.tokens is not None:  # rows are the batch's selected tokens
+            count, stored = self.tokens.rows(batch, first_row)
+            stop, sequences = first_row + count, batch.stop
+        self.sink.begin(first_row, stop, len(cap.info) + len(stored), sequences)
+        for key, tensor in stored.items():  # the input itself: token ids, the mask
             info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
             self.sink.keep(key, tensor, info, fresh=True)
         inputs = inputs_requiring_grad(batch.args, batch.kwargs) if self.grads else []
@@ -329,16 +362,27 @@ class _BatchLoop:
         if self.grads:
             backward(self.model, output, self.grad_target, inputs)
         del output
+        if self.tokens is not None and first_row == 0:
+            self.tokens.check_modules()
         cap.clear()
         self.sink.end()
+        return stop
 
 
 def _part(
-    cap: Capture, sink: BatchSink, feed: Feed, destination: Destination, rows: int
+    cap: Capture,
+    sink: BatchSink,
+    feed: Feed,
+    destination: Destination,
+    rows: int,
+    loop: _BatchLoop,
 ) -> RankPart:
     """What this run (this rank) dumped, as values."""
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
     skipped += list(sink.unbatched.values())
+    if loop.tokens is not None:
+        skipped += list(loop.tokens.skipped.values())
+    fed = loop.sequences
     if destination.previous is not None:  # resuming: what the dump noted before
         seen = {item["key"] for item in skipped}
         before = destination.previous.get("skipped", [])
@@ -349,7 +393,7 @@ def _part(
         shards=list(writer.shards) if writer else [],
         tensors=dict(writer.tensors) if writer else {},
         summaries=dict(sink.summaries),
-        ids=list(feed.ids[:rows]) if feed.kind == "random" else list(feed.ids)[:rows],
+        ids=list(feed.ids[:fed]) if feed.kind == "random" else list(feed.ids)[:fed],
         skipped=skipped,
         skipped_inputs=destination.skipped_inputs_before + list(feed.skipped),
     )

@@ -1,0 +1,96 @@
+"""Token rows (`--per-token`): every captured `[B, T, ...]` tensor becomes one row per real
+token, so dim 0 counts tokens, for probes and sparse autoencoders.
+
+Padding is dropped by the attention mask (never by the token's id: GPT-2 pads with its EOS);
+`positions` (a Python slice over each sample's real tokens) and `skip_special` select
+further. Beside the captured keys go `__token_ids__`, `__sample__` (the sample's index in the
+whole dump) and `__position__` (the token's position in its sample), one row per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.format import KeyInfo
+from hookdump.hooks.capture import Receiver
+from hookdump.inputs.spec import Batch
+
+
+def parse_positions(text: str | None) -> slice:
+    """`START:STOP` (either may be empty or negative) as a slice; None: every position."""
+    if text is None:
+        return slice(None)
+    start, colon, stop = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        return slice(int(start) if start.strip() else None, int(stop) if stop.strip() else None)
+    except ValueError:
+        raise HookdumpError(
+            f"{opt('positions')} {text!r} is not START:STOP; write e.g. 1: (drop the BOS "
+            "position) or -8: (the last 8 tokens)"
+        ) from None
+
+
+@dataclass
+class TokenRows:
+    """A receiver between the hooks and the writer thread: keeps the selected tokens' rows
+    of `[B, T, ...]` values and notes the parts that are not."""
+
+    receiver: Receiver
+    positions: slice = field(default_factory=lambda: slice(None))
+    special_ids: list[int] = field(default_factory=list)
+    skipped: dict[str, dict[str, str]] = field(default_factory=dict)
+    _select: torch.Tensor | None = None  # [B, T] booleans of the current batch
+    _kept_modules: set[str] = field(default_factory=set)
+    _seen_modules: set[str] = field(default_factory=set)
+
+    def rows(self, batch: Batch, first_row: int) -> tuple[int, dict[str, torch.Tensor]]:
+        """Select the current batch's tokens: how many rows, and the token keys' values."""
+        ids = batch.kwargs["input_ids"]
+        mask = batch.kwargs["attention_mask"].bool()
+        select = mask & self._in_positions(mask)
+        if self.special_ids:
+            select &= ~torch.isin(ids, torch.tensor(self.special_ids, device=ids.device))
+        self._select = select
+        samples, positions = select.nonzero(as_tuple=True)
+        return int(select.sum()), {
+            "__token_ids__": ids[select].cpu(),
+            "__sample__": (samples + batch.start).cpu(),
+            "__position__": positions.cpu(),
+        }
+
+    def _in_positions(self, mask: torch.Tensor) -> torch.Tensor:
+        """[B, T]: True where a position lies in `positions` of its sample's real tokens."""
+        inside = torch.zeros_like(mask)
+        for row, real in enumerate(mask.sum(1).tolist()):
+            inside[row, range(real)[self.positions]] = True
+        return inside
+
+    def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
+        select = self._select
+        assert select is not None
+        self._seen_modules.add(info.module)
+        if tensor.dim() < 2 or tuple(tensor.shape[:2]) != tuple(select.shape):
+            self.skipped.setdefault(key, {
+                "key": key, "reason": f"not [batch, tokens, ...] (shape {list(tensor.shape)})",
+            })  # fmt: skip
+            return
+        self._kept_modules.add(info.module)
+        self.receiver.keep(key, tensor[select.to(tensor.device)], info, fresh=True)
+
+    def check_modules(self) -> None:
+        """After the first forward: every selected module gave at least one token part."""
+        without = sorted(self._seen_modules - self._kept_modules)
+        if without:
+            raise HookdumpError(
+                f"{opt('per_token', True)}: {without[0]!r} captured nothing shaped [batch, "
+                f"tokens, ...] (only {self._shapes(without[0])}); {opt('exclude')} it"
+            )
+
+    def _shapes(self, module: str) -> str:
+        reasons = [s["reason"] for s in self.skipped.values() if s["key"].startswith(module)]
+        return reasons[0].removeprefix("not [batch, tokens, ...] ") if reasons else "other values"
