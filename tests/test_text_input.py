@@ -226,3 +226,56 @@ def test_per_token_errors_are_one_line(gpt2: Path, corpus: Path) -> None:
     # position embeddings are [1, T, D]: nothing per token of each sample
     line = assert_usage_error(invoke(*base, "-l", "wpe", "-b", "2"))
     assert "--per-token: 'wpe' captured nothing shaped [batch, tokens, ...]" in line
+
+
+def test_reductions_of_text_take_real_tokens_only(bert: Path, corpus: Path, tmp_path: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bert)
+    docs = [d for d in CORPUS if d]
+    ref = tokenizer(docs, padding="max_length", truncation=True, max_length=12,
+                    return_tensors="pt")  # fmt: skip
+    model = transformers.BertModel.from_pretrained(bert).eval()
+    with torch.no_grad():
+        hidden = model(**ref, output_hidden_states=True).hidden_states[1]
+    real = ref["attention_mask"].bool()
+    lengths = real.sum(1)
+    expected = {
+        "mean": torch.stack([hidden[i, : lengths[i]].mean(0) for i in range(len(docs))]),
+        "max": torch.stack([hidden[i, : lengths[i]].amax(0) for i in range(len(docs))]),
+        "first": hidden[:, 0],
+        "last": torch.stack([hidden[i, lengths[i] - 1] for i in range(len(docs))]),
+    }
+    for how, value in expected.items():
+        out = tmp_path / how
+        result = invoke("run", f"hf:{bert}", "--text", str(corpus), "-l", "encoder.layer.0",
+                        "--reduce", how, "-b", "2", "-q", "-o", str(out))  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        torch.testing.assert_close(hookdump.load(out)["encoder.layer.0"], value, msg=how)
+
+
+def test_an_interrupted_text_dump_resumes_to_the_same_dump(
+    gpt2: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hookdump.run.runner as runner
+
+    args = ["run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "4", "-l", "h.0",
+            "-b", "2", "--shard-size", "1", "-q"]  # fmt: skip
+    whole, out = tmp_path / "whole", tmp_path / "resumed"
+    assert invoke(*args, "-o", str(whole)).exit_code == 0
+    calls = {"n": 0}
+    real_forward = runner.forward
+
+    def forward_then_ctrl_c(cap, module, batch, label):  # type: ignore[no-untyped-def]
+        if batch.rows > 1:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise KeyboardInterrupt
+        return real_forward(cap, module, batch, label)
+
+    monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
+    assert invoke(*args, "-o", str(out)).exit_code == 130
+    monkeypatch.setattr(runner, "forward", real_forward)
+    assert hookdump.load(out).num_samples == 4
+    result = invoke(*args, "-o", str(out), "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
+    assert hookdump.load(out).manifest["sample_ids"] == hookdump.load(whole).manifest["sample_ids"]

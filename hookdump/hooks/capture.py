@@ -52,16 +52,25 @@ _CHANNELS_FIRST_1D = (
 )  # fmt: skip
 
 
-def reduce_tensor(tensor: torch.Tensor, how: str, channels_first: bool = False) -> torch.Tensor:
+def reduce_tensor(
+    tensor: torch.Tensor,
+    how: str,
+    channels_first: bool = False,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`reduce`: `mean`/`max` take [B, C, *spatial] over the spatial dims, [B, T, D] over
     tokens (over the length for 1-d layers' [B, C, L]), to [B, C] or [B, D]; `first` and
     `last` take one token of [B, T, D] (position 0, as a [CLS] token, or the last);
     `flatten` makes [B, -1]; tensors of rank 2 or less, and `none`, are left as they are
-    (and are not copies)."""
+    (and are not copies). `mask` ([B, T], 1 for real tokens): [B, T, D] tensors reduce over
+    the real tokens only, and `last` is the last real token."""
     if how == "none" or tensor.dim() <= 2:
         return tensor
     if how == "flatten":
         return tensor.reshape(tensor.shape[0], -1)
+    tokens = tensor.dim() == 3 and not channels_first
+    if mask is not None and tokens and tuple(tensor.shape[:2]) == tuple(mask.shape):
+        return _reduce_real_tokens(tensor, how, mask.to(tensor.device).bool())
     if how in ("first", "last"):  # a token: [CLS] at position 0, or the last one
         if tensor.dim() != 3 or channels_first:
             raise HookdumpError(
@@ -73,6 +82,20 @@ def reduce_tensor(tensor: torch.Tensor, how: str, channels_first: bool = False) 
     if how == "mean":
         return (tensor if tensor.is_floating_point() else tensor.float()).mean(dim=dims)
     return tensor.amax(dim=dims)
+
+
+def _reduce_real_tokens(tensor: torch.Tensor, how: str, real: torch.Tensor) -> torch.Tensor:
+    """[B, T, D] over the real tokens of each sample (`real`: [B, T] booleans)."""
+    if how == "first":
+        return tensor[:, 0].clone()
+    if how == "last":
+        last = (real.sum(1) - 1).clamp(min=0)
+        return tensor[torch.arange(tensor.shape[0], device=tensor.device), last].clone()
+    keep = real[..., None]
+    if how == "max":
+        return tensor.masked_fill(~keep, float("-inf")).amax(dim=1)
+    values = tensor if tensor.is_floating_point() else tensor.float()
+    return (values * keep).sum(1) / keep.sum(1).clamp(min=1)
 
 
 def flatten(value: Any, prefix: str | None = None) -> Iterator[tuple[str | None, Any]]:
@@ -170,6 +193,8 @@ class Capture:
         self._own = _Tensors()
         self._receiver: Receiver = receiver or self._own
         self._store = True  # off while only counting calls (see `counting_only`)
+        # the current batch's attention mask ([B, T]): token reductions skip the padding
+        self.token_mask: torch.Tensor | None = None
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
         self.calls: dict[str, int] = {}
@@ -312,7 +337,10 @@ class Capture:
             return
         value = tensor.detach()
         reduced = reduce_tensor(
-            value, self.reduce, isinstance(self.modules[name], _CHANNELS_FIRST_1D)
+            value,
+            self.reduce,
+            isinstance(self.modules[name], _CHANNELS_FIRST_1D),
+            self.token_mask,
         )
         # a mean or max is a new tensor already; the rest (views included) must be copied
         # before an in-place op can change it

@@ -193,7 +193,9 @@ def _run(
         }
 
     destination.start(shard_bytes=options.shard_bytes, fields=fields)
-    sink = BatchSink(destination.writer, checked.save_dtype, feed.total)
+    # token rows are not known ahead: no size estimate, shards sized by what arrives
+    sink = BatchSink(destination.writer, checked.save_dtype,
+                     None if options.per_token else feed.total)  # fmt: skip
     sink.summaries = destination.summaries_before()  # resuming: the whole dump's statistics
     tokens = _token_rows(options, sink, feed) if options.per_token else None
     if tokens is not None and ranks is not None:
@@ -349,6 +351,7 @@ class _BatchLoop:
         cap = self.cap
         if self.early and cap.stop_after is None:
             self.early = calibrate(cap, self.model, batch, self.label)
+        cap.token_mask = batch.kwargs.get("attention_mask") if batch.stored else None
         stop, stored, sequences = batch.stop, batch.stored, None
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch, first_row)
