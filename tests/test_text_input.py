@@ -279,3 +279,31 @@ def test_an_interrupted_text_dump_resumes_to_the_same_dump(
     assert result.exit_code == 0, result.stderr
     assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
     assert hookdump.load(out).manifest["sample_ids"] == hookdump.load(whole).manifest["sample_ids"]
+
+
+def test_every_source_form_gives_the_same_ids(gpt2: Path, tmp_path: Path) -> None:
+    docs = [d for d in CORPUS if d]
+    (tmp_path / "c.txt").write_text("\n".join(docs) + "\n")
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, doc in enumerate(docs):
+        (folder / f"{i}.txt").write_text(doc)
+    ids = {}
+    for name, source, stdin in (("txt", tmp_path / "c.txt", None),
+                                ("jsonl", tmp_path / "c.jsonl", None),
+                                ("folder", folder, None),
+                                ("stdin", "-", "\n".join(docs) + "\n")):  # fmt: skip
+        out = tmp_path / name
+        result = invoke("run", f"hf:{gpt2}", "--text", str(source), "--context-size", "5",
+                        "-l", "h.0", "-q", "-o", str(out), input=stdin)  # fmt: skip
+        assert result.exit_code == 0, (name, result.stderr)
+        ids[name] = hookdump.load(out)["__input_ids__"]
+    for name in ("jsonl", "folder", "stdin"):
+        assert torch.equal(ids[name], ids["txt"]), name
+
+
+def test_per_token_on_a_pooler_is_refused(bert: Path, corpus: Path) -> None:
+    line = assert_usage_error(invoke("run", f"hf:{bert}", "--text", str(corpus), "--per-token",
+                                     "-l", "pooler"))  # fmt: skip
+    assert "'pooler' captured nothing shaped [batch, tokens, ...] (it gave shape [4, 32])" in line

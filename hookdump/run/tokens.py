@@ -88,9 +88,11 @@ class TokenRows:
         if without:
             raise HookdumpError(
                 f"{opt('per_token', True)}: {without[0]!r} captured nothing shaped [batch, "
-                f"tokens, ...] (only {self._shapes(without[0])}); {opt('exclude')} it"
+                f"tokens, ...] (it gave {self._shapes(without[0])}); {opt('exclude')} it"
             )
 
     def _shapes(self, module: str) -> str:
         reasons = [s["reason"] for s in self.skipped.values() if s["key"].startswith(module)]
-        return reasons[0].removeprefix("not [batch, tokens, ...] ") if reasons else "other values"
+        if not reasons:
+            return "other values"
+        return reasons[0].removeprefix("not [batch, tokens, ...] ").strip("()")
