@@ -9,6 +9,7 @@ import pytest
 import torch
 from clitools import assert_usage_error, invoke
 from PIL import Image
+from tiny_text import ctrl_c_in_batch
 
 import hookdump
 
@@ -81,22 +82,9 @@ def test_resume_an_image_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             "--skip-bad-inputs", *capture]  # fmt: skip
     out, whole = tmp_path / "resumed", tmp_path / "whole"
     assert invoke(*args, "-o", str(whole)).exit_code == 0
-    # Ctrl-C in the third batch of images
-    import hookdump.run.runner as runner
-
-    calls = {"n": 0}
-    real_forward = runner.forward
-
-    def forward_then_ctrl_c(cap, module, batch, label):  # type: ignore[no-untyped-def]
-        if batch.rows > 1:
-            calls["n"] += 1
-            if calls["n"] == 2:  # the third batch: the second has one row (2.png is bad)
-                raise KeyboardInterrupt
-        return real_forward(cap, module, batch, label)
-
-    monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
+    ctrl_c_in_batch(monkeypatch, 2)  # the third batch: the second has one row (2.png is bad)
     assert invoke(*args, "-o", str(out)).exit_code == 130
-    monkeypatch.setattr(runner, "forward", real_forward)
+    monkeypatch.undo()
     # an image changed meanwhile (one already dumped): the rows would no longer match it
     import os
 

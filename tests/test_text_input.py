@@ -11,36 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import assert_usage_error, invoke
+from tiny_text import CORPUS, ctrl_c_in_batch, save_tokenizer
 
 import hookdump
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
-CORPUS = [
-    "the cat sat on the mat",
-    "",
-    "a dog ran in the park and the cat sat",
-    "hooks dump activations of the model",
-    "the park",
-]
-
-
-def _tokenizer(folder: Path, cls_sep: bool) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-
-    specials = ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[EOS]"]
-    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=specials))
-    if cls_sep:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-        )
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", eos_token="[EOS]",
-        **({"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"} if cls_sep else {}),
-    )  # fmt: skip
-    fast.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +26,7 @@ def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=32,
                                      n_positions=64)  # fmt: skip
     transformers.GPT2Model(config).save_pretrained(folder)
-    _tokenizer(folder, cls_sep=False)
+    save_tokenizer(folder, cls_sep=False)
     return folder
 
 
@@ -62,7 +38,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                      intermediate_size=64, vocab_size=32,
                                      max_position_embeddings=12)  # fmt: skip
     transformers.BertModel(config).save_pretrained(folder)
-    _tokenizer(folder, cls_sep=True)
+    save_tokenizer(folder, cls_sep=True)
     return folder
 
 
@@ -255,25 +231,13 @@ def test_reductions_of_text_take_real_tokens_only(bert: Path, corpus: Path, tmp_
 def test_an_interrupted_text_dump_resumes_to_the_same_dump(
     gpt2: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hookdump.run.runner as runner
-
     args = ["run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "4", "-l", "h.0",
             "-b", "2", "--shard-size", "1", "-q"]  # fmt: skip
     whole, out = tmp_path / "whole", tmp_path / "resumed"
     assert invoke(*args, "-o", str(whole)).exit_code == 0
-    calls = {"n": 0}
-    real_forward = runner.forward
-
-    def forward_then_ctrl_c(cap, module, batch, label):  # type: ignore[no-untyped-def]
-        if batch.rows > 1:
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise KeyboardInterrupt
-        return real_forward(cap, module, batch, label)
-
-    monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
+    ctrl_c_in_batch(monkeypatch, 3)
     assert invoke(*args, "-o", str(out)).exit_code == 130
-    monkeypatch.setattr(runner, "forward", real_forward)
+    monkeypatch.undo()
     assert hookdump.load(out).num_samples == 4
     result = invoke(*args, "-o", str(out), "--resume")
     assert result.exit_code == 0, result.stderr

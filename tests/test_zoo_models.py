@@ -15,24 +15,13 @@ import torch
 from clitools import assert_usage_error, invoke
 from PIL import Image
 from safetensors.torch import save_file
+from tiny_text import save_tokenizer
 
 import hookdump
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
-
-
-def _tokenizer(folder: Path) -> None:
-    """A word-level tokenizer trained here, saved beside the model as a real folder has."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    corpus = ["the cat sat on the mat", "a dog ran in the park", "hooks dump activations"]
-    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
-    fast.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +31,7 @@ def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
                                      n_positions=48, bos_token_id=0, eos_token_id=0)  # fmt: skip
     transformers.GPT2Model(config).save_pretrained(folder)
-    _tokenizer(folder)
+    save_tokenizer(folder, cls_sep=False)
     return folder
 
 
@@ -54,7 +43,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                      intermediate_size=64, vocab_size=64,
                                      max_position_embeddings=40)  # fmt: skip
     transformers.BertForMaskedLM(config).save_pretrained(folder)
-    _tokenizer(folder)
+    save_tokenizer(folder, cls_sep=True)
     return folder
 
 

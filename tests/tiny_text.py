@@ -1,0 +1,55 @@
+"""Shared by the language-model tests: a tokenizer trained here, and Ctrl-C in a batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CORPUS = [
+    "the cat sat on the mat",
+    "",
+    "a dog ran in the park and the cat sat",
+    "hooks dump activations of the model",
+    "the park",
+]
+
+
+def save_tokenizer(folder: Path, cls_sep: bool) -> None:
+    """A word-level tokenizer trained on CORPUS, saved as a model folder keeps one: with an
+    EOS token and no pad token (GPT-2's trap), or with [CLS]/[SEP]/[PAD] and a template
+    post-processor (BERT's)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    specials = ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[EOS]"]
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=specials))
+    if cls_sep:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", eos_token="[EOS]",
+        **({"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"} if cls_sep else {}),
+    )  # fmt: skip
+    fast.save_pretrained(folder)
+
+
+def ctrl_c_in_batch(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Act as if Ctrl-C were pressed in the n-th forward of more than one row (from 1);
+    `monkeypatch.undo()` or the test's end puts the forward back."""
+    import hookdump.run.runner as runner
+
+    calls = {"n": 0}
+    real_forward = runner.forward
+
+    def forward_then_ctrl_c(cap, module, batch, label):  # type: ignore[no-untyped-def]
+        if batch.rows > 1:
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise KeyboardInterrupt
+        return real_forward(cap, module, batch, label)
+
+    monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
