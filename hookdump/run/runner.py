@@ -197,9 +197,7 @@ def _run(
     sink = BatchSink(destination.writer, checked.save_dtype,
                      None if options.per_token else feed.total)  # fmt: skip
     sink.summaries = destination.summaries_before()  # resuming: the whole dump's statistics
-    tokens = _token_rows(options, sink, feed) if options.per_token else None
-    if tokens is not None and ranks is not None:
-        raise HookdumpError(f"{opt('per_token', True)} under torchrun is not supported yet")
+    tokens = _token_rows(options, sink, feed, ranks) if options.per_token else None
     cap = Capture(
         loaded.module, options.layers, options.exclude, options.types, options.capture,
         reduce=options.reduce, receiver=tokens or sink,
@@ -223,6 +221,18 @@ def _run(
         "loop": looped_at - loaded_at,
         "finish": time.perf_counter() - looped_at,
     }
+    return _result(options, loaded, whole, manifest, timings, destination, loop)
+
+
+def _result(
+    options: RunOptions,
+    loaded: LoadedModel,
+    whole: RankPart,
+    manifest: dict[str, Any] | None,
+    timings: dict[str, float],
+    destination: Destination,
+    loop: _BatchLoop,
+) -> RunResult:
     skips = whole.skipped_inputs[len(destination.skipped_inputs_before) :]
     return RunResult(
         model=options.model,
@@ -230,12 +240,12 @@ def _run(
         num_samples=whole.rows,
         keys=list(whole.summaries.values()),
         skipped=whole.skipped,
-        wall_time=time.perf_counter() - started,
+        wall_time=sum(timings.values()),
         manifest=manifest,
         skipped_inputs=whole.skipped_inputs,
         warnings=[*loaded.warnings, *(f"skipped {s['path']}: {s['error']}" for s in skips)],
         timings=timings,
-        num_sequences=loop.sequences if tokens is not None else None,
+        num_sequences=loop.sequences if loop.tokens is not None else None,
     )
 
 
@@ -294,7 +304,9 @@ def _text_feed(options: RunOptions, loaded: LoadedModel, destination: Destinatio
     )  # fmt: skip
 
 
-def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed) -> TokenRows:
+def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed, ranks: Ranks | None) -> TokenRows:
+    if ranks is not None:
+        raise HookdumpError(f"{opt('per_token', True)} under torchrun is not supported yet")
     special = feed.special_ids if options.skip_special_tokens else []
     return TokenRows(sink, parse_positions(options.positions), list(special))
 
