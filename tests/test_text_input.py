@@ -271,3 +271,24 @@ def test_per_token_on_a_pooler_is_refused(bert: Path, corpus: Path) -> None:
     line = assert_usage_error(invoke("run", f"hf:{bert}", "--text", str(corpus), "--per-token",
                                      "-l", "pooler"))  # fmt: skip
     assert "'pooler' captured nothing shaped [batch, tokens, ...] (it gave shape [4, 32])" in line
+
+
+def test_an_interrupted_per_token_dump_resumes_to_the_same_dump(
+    gpt2: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["run", f"hf:{gpt2}", "--text", str(corpus), "--max-length", "9", "--per-token",
+            "-l", "h.0", "-b", "2", "--shard-size", "1", "-q"]  # fmt: skip
+    whole, out = tmp_path / "whole", tmp_path / "resumed"
+    assert invoke(*args, "-o", str(whole)).exit_code == 0
+    ctrl_c_in_batch(monkeypatch, 2)
+    assert invoke(*args, "-o", str(out)).exit_code == 130
+    monkeypatch.undo()
+    partial = hookdump.load(out)
+    assert partial.manifest["num_sequences"] == 2 and not partial.complete
+    result = invoke(*args, "-o", str(out), "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
+    a, b = hookdump.load(whole), hookdump.load(out)
+    assert (b.num_samples, b.manifest["num_sequences"]) == (a.num_samples, 4)
+    assert b.manifest["sample_ids"] == a.manifest["sample_ids"]
+    assert torch.equal(b["__sample__"], a["__sample__"])

@@ -50,7 +50,13 @@ class Destination:
         """The ids of the samples already in the dump (resuming), in order."""
         if self.previous is None:
             return []
-        return list(self.previous["sample_ids"][: self.previous["num_samples"]])
+        fed = self.previous.get("num_sequences", self.previous["num_samples"])
+        return list(self.previous["sample_ids"][:fed])
+
+    @property
+    def done_rows(self) -> int:
+        """The rows already in the dump (samples, or tokens when rows are tokens)."""
+        return self.previous["num_samples"] if self.previous is not None else 0
 
     @property
     def skipped_inputs_before(self) -> list[dict[str, str]]:

@@ -106,7 +106,8 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
     manifest = _one_process(out, ranks) if ranks is None else _this_rank(out, ranks)
     if manifest is None or not manifest["shards"]:
         return manifest  # nothing was finished (by this rank): it starts anew
-    if len(manifest.get("sample_ids") or []) < manifest["num_samples"]:
+    fed = manifest.get("num_sequences", manifest["num_samples"])  # rows may be tokens
+    if len(manifest.get("sample_ids") or []) < fed:
         raise HookdumpError(
             f"{RESUME}: the manifest in {out} does not list its samples' ids, so the dump "
             f"cannot be carried on; start anew with {opt('overwrite', True)}"

@@ -142,11 +142,7 @@ def _check_text(options: RunOptions) -> None:
                 f"{opt('per_token', True)} keeps a row per token and {opt('reduce')} "
                 f"{options.reduce} reduces the tokens away; give one of them"
             )
-        if options.resume:
-            raise HookdumpError(
-                f"{opt('resume', True)} of a {opt('per_token', True)} dump is not supported "
-                "yet; make the dump again"
-            )
+
     if options.input != "random":
         raise HookdumpError(
             f"give {opt('text')} or {opt('input')}, not both ({opt('text')} {options.text}, "
@@ -339,7 +335,7 @@ class _BatchLoop:
         on_batch: ProgressCallback | None,
     ) -> int:
         """Feed every batch; the number of rows dumped (this run's last row, resuming)."""
-        rows = self.sequences = len(destination.done_ids)
+        rows, self.sequences = destination.done_rows, len(destination.done_ids)
         # gradients need autograd; everything else runs without it
         mode = torch.enable_grad() if self.grads else torch.inference_mode()
         try:
