@@ -8,6 +8,7 @@ input inside --out) and checks the folder and a marker file outside it afterward
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import resource
 import subprocess
@@ -316,3 +317,13 @@ def test_a_dump_that_cannot_fit_is_refused_before_anything_is_written(tmp_path: 
     result = invoke(*RUN[:2], "-n", str(10**20), "-b", "2", "-o", str(out))
     assert_usage_error(result, "the dump needs about", "GB is free under --out")
     assert not out.exists()
+
+
+def test_the_estimate_is_reported_in_json_and_the_table(tmp_path: Path) -> None:
+    args = [*RUN[:2], "-n", "40", "-b", "8"]
+    result = invoke(*args, "-o", str(tmp_path / "a"), "--json")
+    report = json.loads(result.stdout)
+    # every batch the same size: the estimate from the first is exact
+    assert report["estimated_bytes"] == report["total_bytes"] > 0
+    table = invoke(*args, "-o", str(tmp_path / "b"))
+    assert f"dump: {tmp_path / 'b'} (2 shards + manifest.json), estimated" in table.stdout

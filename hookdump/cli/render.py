@@ -109,6 +109,8 @@ def run_footer(result: RunResult) -> str:
         else f"{result.num_samples} samples"
     )
     line = f"{rows} in {result.wall_time:.2f} s; {where}{files}"
+    if result.out and result.estimated_bytes is not None:
+        line += f", estimated {format_bytes(result.estimated_bytes)} before writing"
     if result.skipped:
         line += f"; {len(result.skipped)} non-tensor or unbatched values skipped"
     return line

@@ -86,6 +86,7 @@ class BatchSink:
         self.summaries: dict[str, KeySummary] = {}
         self.unbatched: dict[str, dict[str, str]] = {}
         self.bytes_done = 0  # captured bytes handled so far, for the progress bar
+        self.estimated_bytes: int | None = None  # what the rest of the dump will take
         self.pool = BufferPool(int(os.environ.get("HOOKDUMP_POOL_MIN_BYTES", POOL_MIN_BYTES)))
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._slots = threading.Semaphore(pending)
@@ -268,6 +269,7 @@ class BatchSink:
                 self._room_checked = True
                 rows_left = self._total - start
                 needed = self._batch_bytes * rows_left // max(1, stop - start)
+                self.estimated_bytes = needed
                 try:
                     self.writer.check_room(needed, written=self._batch_bytes)
                 except BaseException:

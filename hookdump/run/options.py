@@ -151,6 +151,7 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # seconds: load, loop, finish
     num_sequences: int | None = None  # the samples fed, when rows are tokens
+    estimated_bytes: int | None = None  # the disk-space estimate made after the first batch
 
     @property
     def total_bytes(self) -> int:
@@ -167,6 +168,7 @@ class RunResult:
             "out": str(self.out) if self.out else None,
             "num_samples": self.num_samples,
             "num_sequences": self.num_sequences,
+            "estimated_bytes": self.estimated_bytes,
             "wall_time_s": round(self.wall_time, 3),
             "total_bytes": self.total_bytes,
             "tensors": [k.as_dict() for k in self.keys],

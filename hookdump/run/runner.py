@@ -85,12 +85,15 @@ def run(options: RunOptions, on_batch: ProgressCallback | None = None) -> RunRes
     """
     started = time.perf_counter()
     checked = _checked(options)
+    given_out = options.out  # reported as given
     if options.out is not None:  # a link is followed once, here: entries never are
         options = dataclasses.replace(options, out=options.out.resolve())
     ranks = from_environment(options.device)  # set when run under torchrun
     with locked(options.out if ranks is None or ranks.main else None):
         try:
-            return _run(options, checked, ranks, started, on_batch)
+            return dataclasses.replace(
+                _run(options, checked, ranks, started, on_batch), out=given_out
+            )
         except Exception as exc:
             if out_of_memory(exc):
                 raise _out_of_memory(options) from exc
@@ -217,7 +220,9 @@ def _run(
         "loop": looped_at - loaded_at,
         "finish": time.perf_counter() - looped_at,
     }
-    return _result(options, loaded, whole, manifest, timings, destination, loop)
+    result = _result(options, loaded, whole, manifest, timings, destination, loop)
+    result.estimated_bytes = sink.estimated_bytes
+    return result
 
 
 def _result(
