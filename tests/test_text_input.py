@@ -292,3 +292,32 @@ def test_an_interrupted_per_token_dump_resumes_to_the_same_dump(
     assert (b.num_samples, b.manifest["num_sequences"]) == (a.num_samples, 4)
     assert b.manifest["sample_ids"] == a.manifest["sample_ids"]
     assert torch.equal(b["__sample__"], a["__sample__"])
+
+
+def test_a_byte_level_bpe_gpt2_without_a_pad_token(tmp_path: Path) -> None:
+    """GPT-2's usual setup: byte-level BPE, no pad token (padding is EOS, which may also be a
+    real token): token rows follow the mask, never the id."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    folder = tmp_path / "gpt2-bpe"
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=300, special_tokens=["<|endoftext|>"])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,
+                                                eos_token="<|endoftext|>")  # fmt: skip
+    fast.save_pretrained(folder)
+    torch.manual_seed(7)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=320,
+                                     n_positions=64)  # fmt: skip
+    transformers.GPT2Model(config).save_pretrained(folder)
+    corpus = tmp_path / "c.txt"
+    docs = [d for d in CORPUS if d] + ["ends with <|endoftext|>"]  # EOS as a real token
+    corpus.write_text("\n".join(docs) + "\n")
+    out = tmp_path / "d"
+    result = invoke("run", str(folder), "--text", str(corpus), "--per-token", "-l", "h.0",
+                    "--max-length", "64", "-q", "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    real = [fast(d)["input_ids"] for d in docs]
+    dump = hookdump.load(out)
+    assert dump["__token_ids__"].tolist() == [t for ids in real for t in ids]
+    assert fast.eos_token_id in dump["__token_ids__"].tolist()  # the real one is kept
+    assert dump.num_samples == sum(map(len, real))  # and no padding row
