@@ -321,3 +321,13 @@ def test_a_byte_level_bpe_gpt2_without_a_pad_token(tmp_path: Path) -> None:
     assert dump["__token_ids__"].tolist() == [t for ids in real for t in ids]
     assert fast.eos_token_id in dump["__token_ids__"].tolist()  # the real one is kept
     assert dump.num_samples == sum(map(len, real))  # and no padding row
+
+
+def test_text_under_torchrun_is_refused_rather_than_fed_to_every_rank(corpus: Path) -> None:
+    from hookdump.run.distributed import Ranks
+    from hookdump.run.options import RunOptions
+    from hookdump.run.runner import _feed
+
+    options = RunOptions(model="hf:x", text=str(corpus))
+    with pytest.raises(hookdump.HookdumpError, match="text under torchrun is not supported"):
+        _feed(options, None, None, None, None, Ranks(0, 2, 0))  # type: ignore[arg-type]

@@ -259,6 +259,10 @@ def _feed(
     ranks: Ranks | None,
 ) -> Feed:
     if options.text is not None:
+        if ranks is not None:  # each rank would read the whole corpus: refuse, never duplicate
+            raise HookdumpError(
+                f"{opt('text')} under torchrun is not supported yet; run it in one process"
+            )
         feed = _text_feed(options, loaded, destination)
         refuse_reads_inside(options.out, opt("text"), feed.files)
         return feed
