@@ -189,7 +189,7 @@ def ensure_cached(weights: Any) -> Path:
     if path.is_file():
         return path
     host = urlparse(weights.url).hostname or ""
-    if os.environ.get("HOOKDUMP_OFFLINE") or not _reachable(host):
+    if not can_download(host):
         raise HookdumpError(
             f"{opt('weights')} {weights}: not in torch's cache and {host} cannot be reached; put "
             f"{weights.url} at {path} (or set TORCH_HOME to a cache that has it)"
@@ -199,7 +199,17 @@ def ensure_cached(weights: Any) -> Path:
     return path
 
 
-def _reachable(host: str, timeout: float = 3.0) -> bool:
+def offline() -> bool:
+    """Whether downloads are off: HOOKDUMP_OFFLINE set, or HF_HUB_OFFLINE=1."""
+    hub = os.environ.get("HF_HUB_OFFLINE", "")
+    return bool(os.environ.get("HOOKDUMP_OFFLINE")) or hub not in ("", "0")
+
+
+def can_download(host: str, timeout: float = 3.0) -> bool:
+    """Whether a download from `host` may be tried: downloads are on and the host answers
+    within `timeout` (so a closed network is never a hang)."""
+    if offline():
+        return False
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
     except OSError:

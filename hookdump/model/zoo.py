@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
-import socket
 from collections.abc import Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -21,6 +19,7 @@ import torch
 from PIL import Image
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.model.weights import can_download, offline
 
 HF_PREFIX, TIMM_PREFIX = "hf:", "timm:"
 HUB_HOST = "huggingface.co"
@@ -33,13 +32,6 @@ def is_zoo_spec(spec: str) -> bool:
     return spec.startswith((HF_PREFIX, TIMM_PREFIX)) or (Path(spec) / "config.json").is_file()
 
 
-def offline() -> bool:
-    """Whether downloads are off (HF_HUB_OFFLINE=1 or HOOKDUMP_OFFLINE=1)."""
-    return any(
-        os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HOOKDUMP_OFFLINE")
-    )
-
-
 def require(module: str, extra: str, spec: str) -> Any:
     """Import an optional dependency, or say which extra installs it."""
     try:
@@ -49,17 +41,6 @@ def require(module: str, extra: str, spec: str) -> Any:
             f"{opt('model')} {spec} needs {module}, which is not installed; install it with "
             f"pip install 'hookdump[{extra}]'"
         ) from None
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers (downloads are then tried)."""
-    if offline():
-        return False
-    try:
-        socket.create_connection((HUB_HOST, 443), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 # --- Hugging Face -------------------------------------------------------------------------
@@ -82,7 +63,7 @@ def hf_folder(spec: str) -> Path:
         )
     hub = require("huggingface_hub", "hf", spec)
     try:
-        return Path(hub.snapshot_download(target, local_files_only=not hub_reachable()))
+        return Path(hub.snapshot_download(target, local_files_only=not can_download(HUB_HOST)))
     except Exception as exc:
         where = hub.constants.HF_HUB_CACHE
         why = "downloads are off" if offline() else f"{HUB_HOST} cannot be reached"
@@ -216,7 +197,7 @@ def load_timm(spec: str, model_args: dict[str, Any], pretrained: bool) -> dict[s
             "lists them (timm:NAME)"
         )
     try:
-        with _cache_only(pretrained and not hub_reachable()):
+        with _cache_only(pretrained and not can_download(HUB_HOST)):
             module = timm.create_model(name, pretrained=pretrained, **model_args)
     except TypeError as exc:
         raise HookdumpError(f"building {spec} failed: {exc}; check {opt('model_args')}") from exc

@@ -263,10 +263,22 @@ def _feed(
             raise HookdumpError(
                 f"{opt('text')} under torchrun is not supported yet; run it in one process"
             )
-        feed = _text_feed(options, loaded, destination)
-        refuse_reads_inside(options.out, opt("text"), feed.files)
-        return feed
-    feed = open_feed(
+        feed, what = _text_feed(options, loaded, destination), opt("text")
+    else:
+        feed, what = _file_feed(options, checked, loaded, spec, destination, ranks), opt("input")
+    refuse_reads_inside(options.out, what, feed.files)
+    return feed
+
+
+def _file_feed(
+    options: RunOptions,
+    checked: _Checked,
+    loaded: LoadedModel,
+    spec: Callable[[], InputSpec],
+    destination: Destination,
+    ranks: Ranks | None,
+) -> Feed:
+    return open_feed(
         InputOptions(
             source=options.input,
             num_samples=checked.num_samples if options.input == "random" else options.num_samples,
@@ -281,8 +293,6 @@ def _feed(
         done=destination.done_ids,
         part=ranks.part if ranks else None,
     )
-    refuse_reads_inside(options.out, opt("input"), feed.files)
-    return feed
 
 
 def _text_feed(options: RunOptions, loaded: LoadedModel, destination: Destination) -> Feed:
@@ -371,7 +381,7 @@ class _BatchLoop:
         cap.token_mask = batch.kwargs.get("attention_mask") if batch.stored else None
         stop, stored, sequences = batch.stop, batch.stored, None
         if self.tokens is not None:  # rows are the batch's selected tokens
-            count, stored = self.tokens.rows(batch, first_row)
+            count, stored = self.tokens.rows(batch)
             stop, sequences = first_row + count, batch.stop
         self.sink.begin(first_row, stop, len(cap.info) + len(stored), sequences)
         for key, tensor in stored.items():  # the input itself: token ids, the mask

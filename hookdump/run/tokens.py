@@ -48,7 +48,7 @@ class TokenRows:
     _kept_modules: set[str] = field(default_factory=set)
     _seen_modules: set[str] = field(default_factory=set)
 
-    def rows(self, batch: Batch, first_row: int) -> tuple[int, dict[str, torch.Tensor]]:
+    def rows(self, batch: Batch) -> tuple[int, dict[str, torch.Tensor]]:
         """Select the current batch's tokens: how many rows, and the token keys' values."""
         ids = batch.kwargs["input_ids"]
         mask = batch.kwargs["attention_mask"].bool()
