@@ -127,6 +127,8 @@ class PlannedShard:
     def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:
         """Rows `row:row + len(tensor)` of `key` (contiguous, on the CPU)."""
         _, _, offset, row_bytes = self.layout[key]
+        if row + tensor.shape[0] > self.rows:  # would run into the next key's rows
+            raise ValueError(f"{key!r}: rows {row}:{row + tensor.shape[0]} past {self.rows}")
         if tensor.numel():
             data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
             self.file.pwrite(data, self.reserve + offset + row * row_bytes)

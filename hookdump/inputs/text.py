@@ -16,6 +16,7 @@ Two ways to make samples:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
@@ -257,5 +258,8 @@ def _prefetch(items: Iterator[Any], depth: int = PREFETCH) -> Iterator[Any]:
             if kind == "error":
                 raise value
             yield value
-    finally:
+    finally:  # the consumer stopped early (an error, Ctrl-C): let the producer end too
         stop.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                ahead.get_nowait()  # frees a producer waiting on a full queue
