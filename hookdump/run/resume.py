@@ -103,7 +103,7 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
         raise HookdumpError(
             f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"
         )
-    manifest = _one_process(out, ranks) if ranks is None else _this_rank(out, ranks)
+    manifest = _one_process(out) if ranks is None else _this_rank(out, ranks)
     if manifest is None or not manifest["shards"]:
         return manifest  # nothing was finished (by this rank): it starts anew
     fed = manifest.get("num_sequences", manifest["num_samples"])  # rows may be tokens
@@ -123,7 +123,7 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
     return manifest
 
 
-def _one_process(out: Path, ranks: None) -> dict[str, Any] | None:
+def _one_process(out: Path) -> dict[str, Any] | None:
     """The manifest a one-process run left (None: none, the run starts anew)."""
     if (out / MANIFEST).exists():
         manifest = Dump(out).manifest
