@@ -323,11 +323,66 @@ def test_a_byte_level_bpe_gpt2_without_a_pad_token(tmp_path: Path) -> None:
     assert dump.num_samples == sum(map(len, real))  # and no padding row
 
 
-def test_text_under_torchrun_is_refused_rather_than_fed_to_every_rank(corpus: Path) -> None:
-    from hookdump.run.distributed import Ranks
-    from hookdump.run.options import RunOptions
-    from hookdump.run.runner import _feed
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("limit", [[], ["--num-samples", "7"], ["--max-tokens", "40"]])
+def test_ranks_slices_of_the_text_join_into_the_whole(
+    gpt2: Path, tmp_path: Path, packed: bool, limit: list[str]
+) -> None:
+    """What each torchrun rank feeds (`part`), joined in rank order, is what one process
+    feeds: the same sample ids and token ids, with or without a limit."""
+    from hookdump.inputs.text import TextOptions, text_feed
 
-    options = RunOptions(model="hf:x", text=str(corpus))
-    with pytest.raises(hookdump.HookdumpError, match="text under torchrun is not supported"):
-        _feed(options, None, None, None, None, Ranks(0, 2, 0))  # type: ignore[arg-type]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
+    options = TextOptions(
+        str(corpus), context_size=5 if packed else None, max_length=None if packed else 8,
+        num_samples=7 if "--num-samples" in limit else None,
+        max_tokens=40 if "--max-tokens" in limit else None,
+    )  # fmt: skip
+
+    def fed(part: tuple[int, int] | None) -> tuple[list[object], list[list[int]], int]:
+        feed = text_feed(options, tokenizer, part=part)
+        ids = [row for b in feed.batches(3) for row in b.kwargs["input_ids"].tolist()]
+        return list(feed.ids), ids, feed.first
+
+    whole_ids, whole_tokens, _ = fed(None)
+    parts = [fed((rank, 3)) for rank in range(3)]
+    assert [i for p in parts for i in p[0]] == whole_ids
+    assert [t for p in parts for t in p[1]] == whole_tokens
+    assert [p[2] for p in parts] == [0, len(parts[0][0]), len(parts[0][0]) + len(parts[1][0])]
+    allowed = {"--num-samples": 7, "--max-tokens": 40 // (5 if packed else 8)}
+    stream = sum(len(tokenizer.encode(d, add_special_tokens=False)) + 1 for d in CORPUS * 3 if d)
+    corpus_samples = stream // 4 if packed else 12  # windows of BOS + 4, or documents
+    assert len(whole_ids) == (allowed[limit[0]] if limit else corpus_samples)
+
+
+def test_standard_input_under_torchrun_is_refused(gpt2: Path) -> None:
+    from hookdump.inputs.text import TextOptions, text_feed
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
+    with pytest.raises(hookdump.HookdumpError, match="every rank would read its own standard"):
+        text_feed(TextOptions("-"), tokenizer, part=(0, 2))
+
+
+def test_the_disk_estimate_of_token_rows_comes_from_the_corpus_size(
+    gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No sample count is known ahead: the estimate extrapolates the first batch's bytes by
+    the corpus's size, and refuses a dump the disk cannot hold before writing a shard."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(CORPUS * 40) + "\n")
+    args = ["run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "8", "--per-token",
+            "-l", "h.*", "-b", "2"]  # fmt: skip
+    result = invoke(*args, "-o", str(tmp_path / "a"), "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert 0.8 < report["estimated_bytes"] / report["total_bytes"] < 1.25
+
+    import hookdump.dump.writer as writer
+
+    free = report["total_bytes"] // 2
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda _: type("U", (), {"free": free}))
+    result = invoke(*args, "-o", str(tmp_path / "b"))
+    assert_usage_error(result, "the dump needs about", "is free under --out")
+    assert not (tmp_path / "b").exists()

@@ -26,7 +26,9 @@ def torchrun(*args: str, cwd: Path = TESTS) -> subprocess.CompletedProcess[str]:
 
 def one_process(*args: str, cwd: Path = TESTS) -> None:
     command = [sys.executable, "-m", "hookdump", *args]
-    subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True, timeout=300)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as each rank has: the same kernels' sums
+    subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=True,
+                   timeout=300)  # fmt: skip
 
 
 def same_dump(a: Path, b: Path) -> None:
@@ -96,3 +98,35 @@ def test_an_interrupted_torchrun_dump_resumes_under_torchrun(tmp_path: Path) -> 
     assert not list(out.glob("manifest-r*.json")) and not list(out.glob("*.tmp*"))
     one_process(*args, "-o", str(tmp_path / "one"))
     same_dump(tmp_path / "one", out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "shape", [["--context-size", "6", "--per-token", "--positions", "1:"], ["--max-length", "9"]]
+)
+def test_two_ranks_split_a_corpus(tmp_path: Path, shape: list[str]) -> None:
+    """Text under torchrun: each rank takes a contiguous slice of the samples (counted
+    first, as no limit is given), and token rows keep `__sample__` as the whole dump's."""
+    transformers = pytest.importorskip("transformers")
+    from tiny_text import CORPUS, save_tokenizer
+
+    folder = tmp_path / "gpt2"
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=32,
+                                     n_positions=16)  # fmt: skip
+    transformers.GPT2Model(config).save_pretrained(folder)
+    save_tokenizer(folder, cls_sep=False)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n")
+    args = ["run", f"hf:{folder}", "--text", str(corpus), *shape, "-l", "h.*", "-b", "2", "-q"]
+    result = torchrun(*args, "-o", str(tmp_path / "two"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    one_process(*args, "-o", str(tmp_path / "one"), cwd=tmp_path)
+    same_dump(tmp_path / "one", tmp_path / "two")
+    two = hookdump.load(tmp_path / "two")
+    files = [s["file"] for s in two.manifest["shards"]]
+    assert any(f.startswith("shard-r01-") for f in files)  # rank 1 did dump its part
+    if "--per-token" in shape:
+        one = hookdump.load(tmp_path / "one")
+        assert two.manifest["num_sequences"] == one.manifest["num_sequences"] > 4
+        samples = two["__sample__"].tolist()
+        assert samples == sorted(samples) and samples[-1] == two.manifest["num_sequences"] - 1

@@ -16,6 +16,7 @@ import os
 import queue
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -80,7 +81,14 @@ class BatchSink:
         save_dtype: torch.dtype | None,
         total: int | None = None,
         pending: int = 1,
+        *,
+        expected: Callable[[], int | None] | None = None,
+        copies: int = 1,
     ) -> None:
+        """`total`: the rows expected (None: not known; shards are then sized by what
+        arrives); `expected`: the samples expected, asked after the first batch for the
+        disk-space estimate (default: `total`); `copies`: processes writing as much as this
+        one (torchrun ranks), whose room is needed too."""
         self.writer = writer
         self.save_dtype = save_dtype
         self.summaries: dict[str, KeySummary] = {}
@@ -95,7 +103,10 @@ class BatchSink:
         self._batch = (0, 0)
         self._sequences: int | None = None
         self._keys: list[str] = []
-        self._total = total  # samples expected (an upper bound when images may be skipped)
+        self._total = total  # rows expected (an upper bound when images may be skipped)
+        self._expected = expected or (lambda: total)
+        self._copies = copies
+        self._samples = (0, 0)  # the samples whose rows the current batch holds
         self._shard: ShardFile | None = None
         self._planned: PlannedShard | None = None
         self._planned_start = 0
@@ -108,14 +119,18 @@ class BatchSink:
     # --- the main thread's side ---------------------------------------------------------
 
     def begin(
-        self, start: int, stop: int, keys_expected: int = 0, sequences: int | None = None
+        self,
+        start: int,
+        stop: int,
+        keys_expected: int = 0,
+        samples: tuple[int, int] | None = None,
     ) -> None:
-        """Rows `start:stop` come next (`sequences`: the samples fed so far, when rows are
+        """Rows `start:stop` come next (`samples`: the samples they come from, when rows are
         tokens); waits while `pending` batches are still in flight."""
         while not self._slots.acquire(timeout=0.05):
             self._raise_if_failed()
         self._raise_if_failed()
-        self._queue.put(("begin", start, stop, keys_expected, sequences))
+        self._queue.put(("begin", start, stop, keys_expected, samples))
 
     def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
         """One captured tensor of the current batch, as a hook hands it over (a `Receiver`):
@@ -192,8 +207,12 @@ class BatchSink:
                 shard.abort()
         self._shard = self._planned = None
 
-    def _on_begin(self, start: int, stop: int, keys_expected: int, sequences: int | None) -> None:
+    def _on_begin(
+        self, start: int, stop: int, keys_expected: int, samples: tuple[int, int] | None
+    ) -> None:
         self._batch, self._keys, self._batch_bytes = (start, stop), [], 0
+        self._samples = samples or (start, stop)
+        sequences = samples[1] if samples is not None else None
         if self.writer is None:
             self._sequences = sequences
             return
@@ -264,14 +283,10 @@ class BatchSink:
             )
         if self._shard is not None:
             shard, self._shard = self._shard, None
-            if not self._room_checked and self._total is not None:
-                # before the first shard is listed (or an old dump moved aside)
+            if not self._room_checked:  # before the first shard is listed (or a dump moved)
                 self._room_checked = True
-                rows_left = self._total - start
-                needed = self._batch_bytes * rows_left // max(1, stop - start)
-                self.estimated_bytes = needed
                 try:
-                    self.writer.check_room(needed, written=self._batch_bytes)
+                    self._check_room()
                 except BaseException:
                     shard.abort()
                     raise
@@ -282,6 +297,17 @@ class BatchSink:
                 self._rows_per_shard = batches * (stop - start)
         elif self._planned is not None and self._planned.filled >= self._planned.rows:
             self._commit_planned()
+
+    def _check_room(self) -> None:
+        """Estimate the dump's bytes from this first batch's (per sample, times the samples
+        expected) and refuse it if the disk cannot hold them."""
+        expected = self._expected()
+        if expected is None or self.writer is None:
+            return
+        first, stop = self._samples
+        needed = self._batch_bytes * max(0, expected - first) // max(1, stop - first)
+        self.estimated_bytes = needed = needed * self._copies
+        self.writer.check_room(needed, written=self._batch_bytes)
 
     def _commit_planned(self) -> None:
         if self.writer is None or self._planned is None or not self._planned.filled:

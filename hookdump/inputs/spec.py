@@ -74,6 +74,9 @@ class Feed:
     skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
     files: list[Path] = field(default_factory=list)  # every file it reads, for the checks
     special_ids: list[int] = field(default_factory=list)  # text: the tokenizer's special ids
+    first: int = 0  # a torchrun rank's first sample in the whole dump
+    # samples expected in all when `total` is not known (text: from the corpus's size)
+    estimate: Callable[[], int | None] = lambda: None
 
 
 def part_of(total: int, part: tuple[int, int] | None) -> tuple[int, int]:

@@ -17,6 +17,7 @@ Two ways to make samples:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import queue
 import sys
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.inputs.spec import Batch, Feed
+from hookdump.inputs.spec import Batch, Feed, part_of
 
 PREFETCH = 4  # batches tokenized ahead of the forward
 
@@ -78,18 +79,23 @@ def text_files(source: str) -> list[Path]:
     return [path]
 
 
-def documents(options: TextOptions) -> Iterator[tuple[str, str]]:
-    """(sample id, document) in corpus order, read as needed."""
+def documents(options: TextOptions, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+    """(sample id, document) in corpus order, read as needed; `progress` counts the bytes
+    read."""
     if options.source == "-":
-        yield from _lines(sys.stdin, "-", jsonl=False, field=options.text_field)
+        yield from _lines(sys.stdin, "-", False, options.text_field, progress)
         return
     path = Path(options.source)
     if path.is_dir():
         for file in text_files(options.source):
-            yield str(file), _read_text(file)
+            text = _read_text(file)
+            if progress is not None:
+                progress.read += file.stat().st_size
+            yield str(file), text
         return
     with path.open(encoding="utf-8", errors="strict") as handle:
-        yield from _lines(handle, str(path), path.suffix == ".jsonl", options.text_field)
+        yield from _lines(handle, str(path), path.suffix == ".jsonl", options.text_field,
+                          progress)  # fmt: skip
 
 
 def _read_text(path: Path) -> str:
@@ -99,9 +105,13 @@ def _read_text(path: Path) -> str:
         raise HookdumpError(f"{opt('text')}: cannot read {path} as UTF-8 text ({exc})") from None
 
 
-def _lines(handle: Any, name: str, jsonl: bool, field: str) -> Iterator[tuple[str, str]]:
+def _lines(
+    handle: Any, name: str, jsonl: bool, field: str, progress: Progress | None
+) -> Iterator[tuple[str, str]]:
     try:
         for number, line in enumerate(handle, start=1):
+            if progress is not None:
+                progress.read += len(line) if line.isascii() else len(line.encode())
             if not line.strip():
                 continue
             yield f"{name}:{number}", _document(line, name, number, jsonl, field)
@@ -125,25 +135,82 @@ def _document(line: str, name: str, number: int, jsonl: bool, field: str) -> str
     return text
 
 
-def samples(
-    options: TextOptions, tokenizer: Any, model_positions: int | None
-) -> Iterator[tuple[Any, list[int], int]]:
-    """(sample id, token ids, real tokens) for each sample, in order, as many as allowed."""
+def sample_length(options: TextOptions, model_positions: int | None) -> int:
+    """Every sample's tokens (padding included): the window, or the padded length."""
     if options.context_size is not None:
-        made = _packed(options, tokenizer)
+        return options.context_size
+    return options.max_length or min(128, model_positions or 128)
+
+
+def sample_limit(options: TextOptions, model_positions: int | None) -> int | None:
+    """The most samples `--num-samples` and `--max-tokens` allow (None: the whole corpus);
+    every sample has the same number of tokens, so a token budget is a sample count."""
+    limits = [options.num_samples] if options.num_samples is not None else []
+    if options.max_tokens is not None:
+        limits.append(options.max_tokens // sample_length(options, model_positions))
+    return min(limits) if limits else None
+
+
+@dataclass
+class Progress:
+    """How far the reading got, for an estimate of a corpus's samples before they are all
+    made: the corpus's bytes, the bytes read so far, the samples made from them."""
+
+    corpus_bytes: int | None
+    read: int = 0
+    made: int = 0
+
+    def estimate(self) -> int | None:
+        """Samples in the whole corpus, extrapolated from those made so far."""
+        if self.corpus_bytes is None or not self.read or not self.made:
+            return None
+        return max(self.made, round(self.made * self.corpus_bytes / self.read))
+
+
+def corpus_bytes(source: str) -> int | None:
+    """The corpus's size on disk (None for standard input)."""
+    return sum(p.stat().st_size for p in text_files(source)) if source != "-" else None
+
+
+def samples(
+    options: TextOptions,
+    tokenizer: Any,
+    model_positions: int | None,
+    *,
+    first: int = 0,
+    stop: int | None = None,
+    progress: Progress | None = None,
+) -> Iterator[tuple[Any, list[int], int]]:
+    """(sample id, token ids, real tokens) for samples `first:stop` of the corpus, in order,
+    as many as the limits allow; samples before `first` are passed over (one document per
+    sample: without tokenizing them)."""
+    limit = sample_limit(options, model_positions)
+    if limit is not None:
+        stop = limit if stop is None else min(stop, limit)
+    progress = progress or Progress(None)
+    if options.context_size is not None:
+        made = _packed(options, tokenizer, progress)
     else:
-        made = _per_document(options, tokenizer, model_positions)
-    tokens = 0
-    for count, sample in enumerate(made):
-        if options.num_samples is not None and count >= options.num_samples:
-            return
-        tokens += len(sample[1])
-        if options.max_tokens is not None and tokens > options.max_tokens:
-            return
-        yield sample
+        made = _per_document(options, tokenizer, model_positions, first, progress)
+        first, stop = 0, None if stop is None else max(0, stop - first)
+    yield from itertools.islice(made, first, stop)
 
 
-def _packed(options: TextOptions, tokenizer: Any) -> Iterator[tuple[Any, list[int], int]]:
+def count_samples(options: TextOptions, tokenizer: Any, model_positions: int | None) -> int:
+    """How many samples the corpus makes, within the limits: the documents are counted
+    (one per sample), or the corpus is tokenized once (packed)."""
+    limit = sample_limit(options, model_positions)
+    if options.context_size is None:
+        counted = sum(1 for _ in itertools.islice(documents(options), limit))
+    else:
+        made = _packed(options, tokenizer, Progress(None))
+        counted = sum(1 for _ in itertools.islice(made, limit))
+    return counted
+
+
+def _packed(
+    options: TextOptions, tokenizer: Any, progress: Progress
+) -> Iterator[tuple[Any, list[int], int]]:
     size = options.context_size or 0
     eos = tokenizer.eos_token_id
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
@@ -155,27 +222,33 @@ def _packed(options: TextOptions, tokenizer: Any) -> Iterator[tuple[Any, list[in
     take = size - 1 if options.bos else size
     stream: list[int] = []
     window = 0
-    for _, text in documents(options):
+    for _, text in documents(options, progress):
         stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
         while len(stream) >= take:
             ids = ([bos] if options.bos else []) + stream[:take]
             del stream[:take]
+            progress.made += 1
             yield window, ids, size
             window += 1
 
 
 def _per_document(
-    options: TextOptions, tokenizer: Any, model_positions: int | None
+    options: TextOptions,
+    tokenizer: Any,
+    model_positions: int | None,
+    first: int,
+    progress: Progress,
 ) -> Iterator[tuple[Any, list[int], int]]:
-    length = options.max_length or min(128, model_positions or 128)
+    length = sample_length(options, model_positions)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
         raise HookdumpError(
             f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
             f"with; pack them with {opt('context_size')}"
         )
-    for sample_id, text in documents(options):
+    for sample_id, text in itertools.islice(documents(options, progress), first, None):
         ids = tokenizer(text)["input_ids"][:length]
+        progress.made += 1
         yield sample_id, ids + [pad] * (length - len(ids)), len(ids)
 
 
@@ -186,21 +259,39 @@ def text_feed(
     model_positions: int | None = None,
     done: list[Any] | None = None,
     tokenizer_files: list[Path] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> Feed:
     """The samples as a `Feed` of batches (`input_ids`, and `attention_mask` for document
     samples), tokenized on a thread a few batches ahead; `done`: the ids of the samples
-    already dumped (resuming: the feed goes on after them)."""
+    already dumped (resuming: the feed goes on after them); `part` (rank, world): a torchrun
+    rank's contiguous slice of the samples, counted first when no limit gives their number
+    (`feed.first` is the slice's first sample)."""
     ids: list[Any] = list(done or [])
-    feed = Feed("text", options.num_samples, ids, lambda _: iter(()))
+    total = sample_limit(options, model_positions)
+    first, stop = 0, None
+    if part is not None:
+        if options.source == "-":
+            raise HookdumpError(
+                f"{opt('text')} - under torchrun: every rank would read its own standard "
+                "input; give the corpus as a file or folder"
+            )
+        if total is None:
+            total = count_samples(options, tokenizer, model_positions)
+        first, stop = part_of(total, part)
+        total = stop - first
+    feed = Feed("text", total, ids, lambda _: iter(()))
+    feed.first = first
     feed.files = text_files(options.source) + list(tokenizer_files or [])
     feed.special_ids = list(getattr(tokenizer, "all_special_ids", []))
+    progress = Progress(corpus_bytes(options.source))
+    if total is None:
+        feed.estimate = progress.estimate
     packed = options.context_size is not None
 
     def batches(batch_size: int) -> Iterator[Batch]:
-        made = samples(options, tokenizer, model_positions)
-        rows = len(done or [])
-        for _ in range(rows):  # resuming: the samples already in the dump
-            next(made, None)
+        rows = len(done or [])  # resuming: the samples already in the dump are passed over
+        made = samples(options, tokenizer, model_positions, first=first + rows, stop=stop,
+                       progress=progress)  # fmt: skip
         for chunk in _prefetch(_chunks(made, batch_size)):
             sample_ids, tokens, real = zip(*chunk, strict=True)
             ids.extend(sample_ids)

@@ -115,14 +115,12 @@ def merge_ranks(ranks: Ranks, mine: RankPart) -> RankPart | None:
                 "the ranks captured different keys: the model's control flow depends on its "
                 f"input; {opt('exclude')} the modules that differ"
             )
-    shards, offset = [], 0
+    shards, offset, samples = [], 0, 0
     summaries: dict[str, KeySummary] = {}
     for part in everyone:
-        shards += [
-            {**shard, "start": shard["start"] + offset, "stop": shard["stop"] + offset}
-            for shard in part.shards
-        ]
+        shards += [_moved(shard, offset, samples) for shard in part.shards]
         offset += part.rows
+        samples += len(part.ids)
         for key, summary in part.summaries.items():
             if key in summaries:
                 summaries[key].nbytes += summary.nbytes
@@ -139,6 +137,14 @@ def merge_ranks(ranks: Ranks, mine: RankPart) -> RankPart | None:
         skipped=mine.skipped + [s for p in everyone[1:] for s in p.skipped if s["key"] not in seen],
         skipped_inputs=[s for p in everyone for s in p.skipped_inputs],
     )
+
+
+def _moved(shard: dict[str, Any], rows: int, samples: int) -> dict[str, Any]:
+    """A rank's shard entry placed after `rows` rows of `samples` samples of earlier ranks."""
+    moved = {**shard, "start": shard["start"] + rows, "stop": shard["stop"] + rows}
+    if "sequences" in shard:  # token rows: the samples fed up to the shard's end
+        moved["sequences"] = shard["sequences"] + samples
+    return moved
 
 
 def drop_rank_manifests(out: Path) -> None:

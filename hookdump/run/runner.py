@@ -192,11 +192,14 @@ def _run(
         }
 
     destination.start(shard_bytes=options.shard_bytes, fields=fields)
-    # token rows are not known ahead: no size estimate, shards sized by what arrives
-    sink = BatchSink(destination.writer, checked.save_dtype,
-                     None if options.per_token else feed.total)  # fmt: skip
+    sink = BatchSink(
+        destination.writer, checked.save_dtype,
+        None if options.per_token else feed.total,  # token rows: not known ahead
+        expected=lambda: feed.total if feed.total is not None else feed.estimate(),
+        copies=ranks.world if ranks else 1,
+    )  # fmt: skip
     sink.summaries = destination.summaries_before()  # resuming: the whole dump's statistics
-    tokens = _token_rows(options, sink, feed, ranks) if options.per_token else None
+    tokens = _token_rows(options, sink, feed) if options.per_token else None
     cap = Capture(
         loaded.module, options.layers, options.exclude, options.types, options.capture,
         reduce=options.reduce, receiver=tokens or sink,
@@ -246,7 +249,7 @@ def _result(
         skipped_inputs=whole.skipped_inputs,
         warnings=[*loaded.warnings, *(f"skipped {s['path']}: {s['error']}" for s in skips)],
         timings=timings,
-        num_sequences=loop.sequences if loop.tokens is not None else None,
+        num_sequences=len(whole.ids) if loop.tokens is not None else None,
     )
 
 
@@ -259,11 +262,7 @@ def _feed(
     ranks: Ranks | None,
 ) -> Feed:
     if options.text is not None:
-        if ranks is not None:  # each rank would read the whole corpus: refuse, never duplicate
-            raise HookdumpError(
-                f"{opt('text')} under torchrun is not supported yet; run it in one process"
-            )
-        feed, what = _text_feed(options, loaded, destination), opt("text")
+        feed, what = _text_feed(options, loaded, destination, ranks), opt("text")
     else:
         feed, what = _file_feed(options, checked, loaded, spec, destination, ranks), opt("input")
     refuse_reads_inside(options.out, what, feed.files)
@@ -295,7 +294,9 @@ def _file_feed(
     )
 
 
-def _text_feed(options: RunOptions, loaded: LoadedModel, destination: Destination) -> Feed:
+def _text_feed(
+    options: RunOptions, loaded: LoadedModel, destination: Destination, ranks: Ranks | None
+) -> Feed:
     folder = options.tokenizer or loaded.about.get("folder")
     if folder is None:
         raise HookdumpError(
@@ -315,15 +316,13 @@ def _text_feed(options: RunOptions, loaded: LoadedModel, destination: Destinatio
     )
     return text_feed(
         text, tokenizer, model_positions=positions, done=destination.done_ids,
-        tokenizer_files=files,
+        tokenizer_files=files, part=ranks.part if ranks else None,
     )  # fmt: skip
 
 
-def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed, ranks: Ranks | None) -> TokenRows:
-    if ranks is not None:
-        raise HookdumpError(f"{opt('per_token', True)} under torchrun is not supported yet")
+def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed) -> TokenRows:
     special = feed.special_ids if options.skip_special_tokens else []
-    return TokenRows(sink, parse_positions(options.positions), list(special))
+    return TokenRows(sink, parse_positions(options.positions), list(special), feed.first)
 
 
 class _BatchLoop:
@@ -379,11 +378,11 @@ class _BatchLoop:
         if self.early and cap.stop_after is None:
             self.early = calibrate(cap, self.model, batch, self.label)
         cap.token_mask = batch.kwargs.get("attention_mask") if batch.stored else None
-        stop, stored, sequences = batch.stop, batch.stored, None
+        stop, stored, samples = batch.stop, batch.stored, None
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)
-            stop, sequences = first_row + count, batch.stop
-        self.sink.begin(first_row, stop, len(cap.info) + len(stored), sequences)
+            stop, samples = first_row + count, (batch.start, batch.stop)
+        self.sink.begin(first_row, stop, len(cap.info) + len(stored), samples)
         for key, tensor in stored.items():  # the input itself: token ids, the mask
             info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
             self.sink.keep(key, tensor, info, fresh=True)

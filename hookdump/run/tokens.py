@@ -43,6 +43,7 @@ class TokenRows:
     receiver: Receiver
     positions: slice = field(default_factory=lambda: slice(None))
     special_ids: list[int] = field(default_factory=list)
+    first_sample: int = 0  # a torchrun rank's first sample in the whole dump
     skipped: dict[str, dict[str, str]] = field(default_factory=dict)
     _select: torch.Tensor | None = None  # [B, T] booleans of the current batch
     _kept_modules: set[str] = field(default_factory=set)
@@ -59,7 +60,7 @@ class TokenRows:
         samples, positions = select.nonzero(as_tuple=True)
         return int(select.sum()), {
             "__token_ids__": ids[select].cpu(),
-            "__sample__": (samples + batch.start).cpu(),
+            "__sample__": (samples + batch.start + self.first_sample).cpu(),
             "__position__": positions.cpu(),
         }
 
