@@ -29,10 +29,32 @@ def test_the_forward_stops_after_the_last_selected_module() -> None:
     assert calls_past_the_selection("-l", "early", "--capture", "grad") == 3
 
 
-def test_early_stop_gives_the_same_dump(tmp_path: Path) -> None:
+def test_a_selection_that_ends_the_forward_is_counted_in_the_first_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`middle` is followed by no parameters: no forward of one sample to count its calls;
+    the first batch runs whole and counts them, the later ones stop after it."""
+    import hookdump.run.runner as runner
+
+    calibrations = []
+    real = runner.calibrate
+    monkeypatch.setattr(runner, "calibrate", lambda *a: calibrations.append(1) or real(*a))
+    assert calls_past_the_selection("-l", "middle") == 1  # the first batch's
+    assert calibrations == []
+    assert calls_past_the_selection("-l", "early") == 1  # the calibration's
+    assert calibrations == [1]
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [
+        ["-l", "layer1.0.conv1", "-l", "layer1.0.relu"],  # relu is called twice; calibrated
+        ["-l", "layer4.1.relu", "-l", "avgpool"],  # only fc follows: counted in batch 1
+    ],
+)
+def test_early_stop_gives_the_same_dump(tmp_path: Path, selection: list[str]) -> None:
     for name, extra in (("early", []), ("full", ["--no-early-stop"])):
-        args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "4", "-b", "2", "-q"]
-        selection = ["-l", "layer1.0.conv1", "-l", "layer1.0.relu"]  # relu is called twice
+        args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "6", "-b", "2", "-q"]
         assert invoke(*args, *selection, *extra, "-o", str(tmp_path / name)).exit_code == 0
     result = invoke("diff", str(tmp_path / "early"), str(tmp_path / "full"), "--atol", "0")
     assert result.exit_code == 0, result.stdout

@@ -386,3 +386,30 @@ def test_the_disk_estimate_of_token_rows_comes_from_the_corpus_size(
     result = invoke(*args, "-o", str(tmp_path / "b"))
     assert_usage_error(result, "the dump needs about", "is free under --out")
     assert not (tmp_path / "b").exists()
+
+
+def test_token_rows_of_a_known_count_fill_their_last_shard_exactly(
+    gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed windows of a known count make a known number of token rows: the shard that
+    gathers the batches after the first is planned to that size, so it is never compacted
+    (read back and written again) at the end."""
+    import hookdump.dump.writer as writer
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(CORPUS * 5) + "\n")
+    args = ["run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "6", "--per-token",
+            "--positions", "1:", "-n", "9", "-l", "h.*", "-b", "2", "-q"]  # fmt: skip
+    assert invoke(*args, "--shard-size", "1", "-o", str(tmp_path / "each")).exit_code == 0
+
+    def compacting(*_: object) -> None:
+        raise AssertionError("the last shard was compacted")
+
+    monkeypatch.setattr(writer.PlannedShard, "_read_rows", compacting)
+    result = invoke(*args, "-o", str(tmp_path / "planned"))
+    assert result.exit_code == 0, result.stderr
+    planned, each = hookdump.load(tmp_path / "planned"), hookdump.load(tmp_path / "each")
+    assert [(s["start"], s["stop"]) for s in planned.shards] == [(0, 10), (10, 45)]
+    assert len(each.shards) == 5
+    for key in each:
+        assert torch.equal(planned[key], each[key]), key

@@ -12,6 +12,7 @@ they are written): memory stays bounded by a batch, whatever `--num-samples` is.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -111,6 +112,7 @@ class BatchSink:
         self._planned: PlannedShard | None = None
         self._planned_start = 0
         self._rows_per_shard = 0  # 0: every batch streams into a shard of its own
+        self._rows_per_sample = 0.0  # token rows: the first batch's rows per sample
         self._batch_bytes = 0
         self._room_checked = False
         self._thread = threading.Thread(target=self._work, name="hookdump-sink", daemon=True)
@@ -224,9 +226,21 @@ class BatchSink:
             self._shard = self.writer.open_shard(keys_expected)
         elif self._planned is None:
             rows = max(self._rows_per_shard, stop - start)
-            if self._total is not None:
-                rows = max(stop - start, min(rows, self._total - start))
+            left = self._rows_left(start, stop)
+            if left is not None:  # a last shard no bigger than needed: never compacted
+                rows = max(stop - start, min(rows, left))
             self._planned, self._planned_start = self.writer.plan_shard(rows), start
+
+    def _rows_left(self, start: int, stop: int) -> int | None:
+        """The rows still to come from `start` on: known (`total`), or, for token rows,
+        expected from the samples still to come at the first batch's rows per sample (exact
+        for packed windows of a known count)."""
+        if self._total is not None:
+            return self._total - start
+        expected = self._expected() if self._rows_per_sample else None
+        if expected is None:
+            return None
+        return stop - start + math.ceil(self._rows_per_sample * max(0, expected - self._samples[1]))
 
     def _on_tensor(self, key: str, tensor: torch.Tensor, info: KeyInfo, ready: Any) -> None:
         if ready is not None:
@@ -285,6 +299,8 @@ class BatchSink:
             shard, self._shard = self._shard, None
             if not self._room_checked:  # before the first shard is listed (or a dump moved)
                 self._room_checked = True
+                first, last = self._samples
+                self._rows_per_sample = (stop - start) / max(1, last - first)
                 try:
                     self._check_room()
                 except BaseException:

@@ -30,7 +30,7 @@ from hookdump.dump.sink import BatchSink
 from hookdump.errors import HookdumpError, Interrupted, opt
 from hookdump.format import KeyInfo
 from hookdump.hooks.capture import Capture
-from hookdump.hooks.forward import calibrate, forward, out_of_memory
+from hookdump.hooks.forward import calibrate, ends_late, forward, out_of_memory
 from hookdump.hooks.gradients import backward, inputs_requiring_grad, parse_grad_target
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, input_spec, parse_shape
@@ -344,6 +344,8 @@ class _BatchLoop:
         self.forward_dtype, self.grad_target = checked.forward_dtype, checked.grad_target
         self.grads = "grad" in cap.kinds
         self.early = options.early_stop and not self.grads and not options.train
+        # the selection ends the forward (nearly): count the calls in the first batch itself
+        self.count_in_first = self.early and ends_late(cap, self.model)
 
     def run(
         self,
@@ -375,7 +377,7 @@ class _BatchLoop:
     def _one(self, batch: Batch, first_row: int) -> int:
         """One batch, its rows from `first_row` on; the next batch's first row."""
         cap = self.cap
-        if self.early and cap.stop_after is None:
+        if self.early and cap.stop_after is None and not self.count_in_first:
             self.early = calibrate(cap, self.model, batch, self.label)
         cap.token_mask = batch.kwargs.get("attention_mask") if batch.stored else None
         stop, stored, samples = batch.stop, batch.stored, None
@@ -393,6 +395,8 @@ class _BatchLoop:
         del output
         if self.tokens is not None and first_row == 0:
             self.tokens.check_modules()
+        if self.early and cap.stop_after is None:  # the first batch ran whole, counted
+            cap.stop_early(dict(cap.calls))
         cap.clear()
         self.sink.end()
         return stop
