@@ -10,24 +10,20 @@ one process (the model built once, outside the timings). Printed as ratios; lowe
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import torch
 import torchvision
 from safetensors.torch import save_file
 
-import hookdump
 from hookdump.dump.direct_io import AppendFile
 from hookdump.hooks.selection import select_modules
 from hookdump.run.options import RunOptions
@@ -320,28 +316,5 @@ BENCHMARKS = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--only", default=",".join(BENCHMARKS))
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
-    scratch = Path(tempfile.mkdtemp(prefix="hookdump-bench-", dir=os.environ.get("BENCH_DIR")))
-    results = {
-        "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, hookdump "
-        f"{hookdump.__version__}",
-    }
-    try:
-        job = Job(scratch)
-        for name in args.only.split(","):
-            results[name] = BENCHMARKS[name](job, args.reps)
-            print(name, json.dumps(results[name], indent=2), flush=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    harness.main(__doc__.splitlines()[0], BENCHMARKS, Job)

@@ -22,20 +22,18 @@ Runs are paired (A B A B ...) after a warm-up round; figures are medians, with t
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
 CONTEXT, BATCH, LAYERS = 128, 8, ["h.[0-9]", "h.1[01]"]  # the 12 blocks, not their parts
@@ -259,31 +257,5 @@ def bench_reading(job: Job, reps: int) -> dict[str, Any]:
 BENCHMARKS = {"throughput": bench_throughput, "memory": bench_memory, "reading": bench_reading}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--only", default=",".join(BENCHMARKS))
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
-    import hookdump
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    scratch = Path(tempfile.mkdtemp(prefix="hookdump-text-", dir=os.environ.get("BENCH_DIR")))
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    results: dict[str, Any] = {
-        "machine": f"{os.cpu_count()} CPU cores, {device}, torch {torch.__version__}, "
-        f"hookdump {hookdump.__version__}",
-    }
-    try:
-        job = Job(scratch)
-        for name in args.only.split(","):
-            results[name] = BENCHMARKS[name](job, args.reps)
-            print(name, json.dumps(results[name], indent=2), flush=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    harness.main(__doc__.splitlines()[0], BENCHMARKS, Job)
