@@ -113,6 +113,7 @@ class BatchSink:
         self._planned_start = 0
         self._rows_per_shard = 0  # 0: every batch streams into a shard of its own
         self._rows_per_sample = 0.0  # token rows: the first batch's rows per sample
+        self._released = False  # the current batch's slot was given back
         self._batch_bytes = 0
         self._room_checked = False
         self._thread = threading.Thread(target=self._work, name="hookdump-sink", daemon=True)
@@ -182,7 +183,13 @@ class BatchSink:
             if self._error is None:
                 self._guard(getattr(self, f"_on_{item[0]}"), *item[1:])
             if item[0] == "end":
-                self._slots.release()
+                self._release()
+
+    def _release(self) -> None:
+        """The current batch's values are written: the next batch may come (once)."""
+        if not self._released:
+            self._released = True
+            self._slots.release()
 
     def _guard(self, step: Any, *args: Any) -> None:
         try:
@@ -213,6 +220,7 @@ class BatchSink:
         self, start: int, stop: int, keys_expected: int, samples: tuple[int, int] | None
     ) -> None:
         self._batch, self._keys, self._batch_bytes = (start, stop), [], 0
+        self._released = False
         self._samples = samples or (start, stop)
         sequences = samples[1] if samples is not None else None
         if self.writer is None:
@@ -297,6 +305,8 @@ class BatchSink:
             )
         if self._shard is not None:
             shard, self._shard = self._shard, None
+            # the values are in the file: the next forward need not wait for the syncs
+            self._release()
             if not self._room_checked:  # before the first shard is listed (or a dump moved)
                 self._room_checked = True
                 first, last = self._samples

@@ -1,5 +1,5 @@
 """One forward pass under the hooks: a model's own failure becomes an error that says where it
-happened, and early stop is calibrated on one sample."""
+happened, and early stop is calibrated on one sample (or counted in the first batch)."""
 
 from __future__ import annotations
 
