@@ -246,6 +246,7 @@ def _per_document(
             f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
             f"with; pack them with {opt('context_size')}"
         )
+    progress.made += first  # passed over, but read: the estimate counts them
     for sample_id, text in itertools.islice(documents(options, progress), first, None):
         ids = tokenizer(text)["input_ids"][:length]
         progress.made += 1
