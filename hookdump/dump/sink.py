@@ -222,14 +222,12 @@ class BatchSink:
         self._batch, self._keys, self._batch_bytes = (start, stop), [], 0
         self._released = False
         self._samples = samples or (start, stop)
-        sequences = samples[1] if samples is not None else None
         if self.writer is None:
-            self._sequences = sequences
             return
         planned = self._planned
         if planned is not None and start - self._planned_start + stop - start > planned.rows:
             self._commit_planned()  # batches of varying rows (tokens): this one would not fit
-        self._sequences = sequences
+        self._sequences = samples[1] if samples is not None else None  # what shards record
         if not self._rows_per_shard:
             self._shard = self.writer.open_shard(keys_expected)
         elif self._planned is None:

@@ -167,11 +167,6 @@ class Progress:
         return max(self.made, round(self.made * self.corpus_bytes / self.read))
 
 
-def corpus_bytes(source: str) -> int | None:
-    """The corpus's size on disk (None for standard input)."""
-    return sum(p.stat().st_size for p in text_files(source)) if source != "-" else None
-
-
 def samples(
     options: TextOptions,
     tokenizer: Any,
@@ -199,13 +194,11 @@ def samples(
 def count_samples(options: TextOptions, tokenizer: Any, model_positions: int | None) -> int:
     """How many samples the corpus makes, within the limits: the documents are counted
     (one per sample), or the corpus is tokenized once (packed)."""
-    limit = sample_limit(options, model_positions)
     if options.context_size is None:
-        counted = sum(1 for _ in itertools.islice(documents(options), limit))
+        made: Iterator[Any] = documents(options)
     else:
         made = _packed(options, tokenizer, Progress(None))
-        counted = sum(1 for _ in itertools.islice(made, limit))
-    return counted
+    return sum(1 for _ in itertools.islice(made, sample_limit(options, model_positions)))
 
 
 def _packed(
@@ -282,10 +275,12 @@ def text_feed(
         total = stop - first
     feed = Feed("text", total, ids, lambda _: iter(()))
     feed.first = first
-    feed.files = text_files(options.source) + list(tokenizer_files or [])
+    corpus = text_files(options.source)
+    feed.files = corpus + list(tokenizer_files or [])
     feed.special_ids = list(getattr(tokenizer, "all_special_ids", []))
-    progress = Progress(corpus_bytes(options.source))
-    if total is None:
+    progress = None
+    if total is None and corpus:  # estimated from the corpus's size (none for stdin)
+        progress = Progress(sum(path.stat().st_size for path in corpus))
         feed.estimate = progress.estimate
     packed = options.context_size is not None
 
