@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import assert_usage_error, invoke
-from tiny_text import CORPUS, ctrl_c_in_batch, save_tokenizer
+from tiny_text import CORPUS, ctrl_c_in_batch, tiny_bert, tiny_gpt2
 
 import hookdump
 
@@ -21,25 +21,12 @@ pytestmark = pytest.mark.usefixtures("in_tests_dir")
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("gpt2")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=32,
-                                     n_positions=64)  # fmt: skip
-    transformers.GPT2Model(config).save_pretrained(folder)
-    save_tokenizer(folder, cls_sep=False)
-    return folder
+    return tiny_gpt2(tmp_path_factory.mktemp("gpt2"), n_positions=64)
 
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bert")
-    torch.manual_seed(1)
-    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=32,
-                                     max_position_embeddings=12)  # fmt: skip
-    transformers.BertModel(config).save_pretrained(folder)
-    save_tokenizer(folder, cls_sep=True)
-    return folder
+    return tiny_bert(tmp_path_factory.mktemp("bert"), max_position_embeddings=12)
 
 
 @pytest.fixture

@@ -107,14 +107,10 @@ def test_an_interrupted_torchrun_dump_resumes_under_torchrun(tmp_path: Path) -> 
 def test_two_ranks_split_a_corpus(tmp_path: Path, shape: list[str]) -> None:
     """Text under torchrun: each rank takes a contiguous slice of the samples (counted
     first, as no limit is given), and token rows keep `__sample__` as the whole dump's."""
-    transformers = pytest.importorskip("transformers")
-    from tiny_text import CORPUS, save_tokenizer
+    pytest.importorskip("transformers")
+    from tiny_text import CORPUS, tiny_gpt2
 
-    folder = tmp_path / "gpt2"
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=32,
-                                     n_positions=16)  # fmt: skip
-    transformers.GPT2Model(config).save_pretrained(folder)
-    save_tokenizer(folder, cls_sep=False)
+    folder = tiny_gpt2(tmp_path / "gpt2", n_embd=16, n_positions=16)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(CORPUS * 3) + "\n")
     args = ["run", f"hf:{folder}", "--text", str(corpus), *shape, "-l", "h.*", "-b", "2", "-q"]

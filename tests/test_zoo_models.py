@@ -15,7 +15,7 @@ import torch
 from clitools import assert_usage_error, invoke
 from PIL import Image
 from safetensors.torch import save_file
-from tiny_text import save_tokenizer
+from tiny_text import tiny_bert, tiny_gpt2
 
 import hookdump
 
@@ -26,25 +26,14 @@ pytestmark = pytest.mark.usefixtures("in_tests_dir")
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("gpt2")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
-                                     n_positions=48, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    transformers.GPT2Model(config).save_pretrained(folder)
-    save_tokenizer(folder, cls_sep=False)
-    return folder
+    return tiny_gpt2(tmp_path_factory.mktemp("gpt2"), vocab_size=64, n_positions=48,
+                     bos_token_id=0, eos_token_id=0)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bert")
-    torch.manual_seed(1)
-    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=64,
-                                     max_position_embeddings=40)  # fmt: skip
-    transformers.BertForMaskedLM(config).save_pretrained(folder)
-    save_tokenizer(folder, cls_sep=True)
-    return folder
+    return tiny_bert(tmp_path_factory.mktemp("bert"), masked_lm=True, vocab_size=64,
+                     max_position_embeddings=40)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -53,3 +53,31 @@ def ctrl_c_in_batch(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
         return real_forward(cap, module, batch, label)
 
     monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
+
+
+def tiny_gpt2(folder: Path, seed: int = 0, **config: object) -> Path:
+    """A 2-layer GPT-2 with random weights (`config` overrides its sizes) and the CORPUS
+    word-level tokenizer (EOS, no pad token), saved as a model folder."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    sizes = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 32, **config}
+    transformers.GPT2Model(transformers.GPT2Config(**sizes)).save_pretrained(folder)
+    save_tokenizer(folder, cls_sep=False)
+    return folder
+
+
+def tiny_bert(folder: Path, seed: int = 1, masked_lm: bool = False, **config: object) -> Path:
+    """A 2-layer BERT (or BertForMaskedLM) with random weights and the CORPUS tokenizer with
+    [CLS]/[SEP]/[PAD] and a template post-processor, saved as a model folder."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    sizes = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+             "intermediate_size": 64, "vocab_size": 32, **config}  # fmt: skip
+    model = transformers.BertForMaskedLM if masked_lm else transformers.BertModel
+    model(transformers.BertConfig(**sizes)).save_pretrained(folder)
+    save_tokenizer(folder, cls_sep=True)
+    return folder
