@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,23 @@ def test_early_stop_gives_the_same_dump(tmp_path: Path, selection: list[str]) ->
     result = invoke("diff", str(tmp_path / "early"), str(tmp_path / "full"), "--atol", "0")
     assert result.exit_code == 0, result.stdout
     assert "all 3 keys match" in result.stdout
+
+
+def test_the_first_shard_has_room_for_its_header_before_any_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every leaf of resnet18, counted in the first batch (no calibration forward to name
+    the keys first): the header still fits the room kept for it, so the shard's data is
+    never copied along to make room (that copy cost seconds per gigabyte)."""
+    import hookdump.dump.writer as writer
+
+    def refuse(*args: object) -> int:
+        raise AssertionError("the shard's data was moved to grow its header")
+
+    monkeypatch.setattr(writer, "_move_data", refuse)
+    args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "2", "-b", "2", "-q"]
+    result = invoke(*args, "-o", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.stderr
+    keys = json.loads((tmp_path / "d" / "manifest.json").read_text())["tensors"]
+    calls = Counter(meta["module"] for meta in keys.values())
+    assert len(keys) == 60 and calls["layer4.1.relu"] == 2  # more keys than modules

@@ -83,25 +83,30 @@ def _seal(tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, 
     """Write the header into the `reserve` bytes before the data and sync the file."""
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     if len(header) + 8 > reserve:  # more keys than reserved for: move the data along once
-        grown_reserve = round_up(len(header) + 8 + 4096)
-        grown = tmp.with_name(tmp.name + "-grow")  # not .tmp2: a PlannedShard's
-        try:
-            with (
-                os.fdopen(open_existing(tmp, os.O_RDONLY), "rb") as src,
-                os.fdopen(create_new(grown), "wb") as dst,
-            ):
-                src.seek(reserve)
-                dst.seek(grown_reserve)
-                shutil.copyfileobj(src, dst, 1 << 24)
-            os.replace(grown, tmp)
-        finally:
-            remove_entry(grown)
-        reserve = grown_reserve
+        reserve = _move_data(tmp, reserve, round_up(len(header) + 8 + 4096))
     room = reserve - 8
     with os.fdopen(open_existing(tmp, os.O_WRONLY), "wb") as file:
         file.write(struct.pack("<Q", room) + header + b" " * (room - len(header)))
         file.flush()
         os.fsync(file.fileno())  # the data too: it went to the same file
+
+
+def _move_data(tmp: Path, reserve: int, grown_reserve: int) -> int:
+    """Copy the data of `tmp` to start at `grown_reserve` instead of `reserve` (slow: the
+    whole shard is read back and written again); returns `grown_reserve`."""
+    grown = tmp.with_name(tmp.name + "-grow")  # not .tmp2: a PlannedShard's
+    try:
+        with (
+            os.fdopen(open_existing(tmp, os.O_RDONLY), "rb") as src,
+            os.fdopen(create_new(grown), "wb") as dst,
+        ):
+            src.seek(reserve)
+            dst.seek(grown_reserve)
+            shutil.copyfileobj(src, dst, 1 << 24)
+        os.replace(grown, tmp)
+    finally:
+        remove_entry(grown)
+    return grown_reserve
 
 
 class PlannedShard:

@@ -212,6 +212,13 @@ class Capture:
         """key -> captured copy, in the order the hooks fired (empty with a `receiver`)."""
         return self._own.tensors
 
+    @property
+    def keys_expected(self) -> int:
+        """The keys one forward makes: those seen so far, or before any forward an estimate
+        from the selection (each module called twice per kind), which sizes a shard's
+        header room."""
+        return len(self.info) or 2 * len(self.modules) * len(self.kinds)
+
     @contextlib.contextmanager
     def counting_only(self) -> Iterator[None]:
         """Inside: hooks count calls and note keys, but keep no values."""

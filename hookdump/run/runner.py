@@ -384,7 +384,7 @@ class _BatchLoop:
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)
             stop, samples = first_row + count, (batch.start, batch.stop)
-        self.sink.begin(first_row, stop, len(cap.info) + len(stored), samples)
+        self.sink.begin(first_row, stop, cap.keys_expected + len(stored), samples)
         for key, tensor in stored.items():  # the input itself: token ids, the mask
             info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
             self.sink.keep(key, tensor, info, fresh=True)
