@@ -192,3 +192,25 @@ def test_an_error_after_the_progress_bar_starts_is_the_first_line_of_stderr(
                     "-o", str(tmp_path / "d"))  # fmt: skip
     assert result.exit_code == 2
     assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+
+
+def test_the_quick_exit_still_waits_for_threads_and_runs_atexit_callbacks(tmp_path: Path) -> None:
+    """`main` ends the process with os._exit (skipping the interpreter's slow teardown), but
+    only after what the teardown would wait for: other threads, then atexit callbacks."""
+    code = (
+        "import atexit, pathlib, sys, threading, time\n"
+        f"out = pathlib.Path({str(tmp_path)!r})\n"
+        "atexit.register(lambda: (out / 'atexit').write_text('ran'))\n"
+        "def late():\n"
+        "    time.sleep(0.5)\n"
+        "    (out / 'thread').write_text('ran')\n"
+        "threading.Thread(target=late).start()\n"
+        f"sys.argv = ['hookdump', 'run', 'tiny_models:TwoLinear', '-o', {str(tmp_path / 'd')!r}]\n"
+        "from hookdump.cli import main\n"
+        "main()\n"
+    )
+    result = _python(code, TESTS)
+    assert result.returncode == 0, result.stderr
+    assert "relu6" in result.stdout and "estimated" in result.stdout  # the table, flushed
+    assert (tmp_path / "thread").read_text() == (tmp_path / "atexit").read_text() == "ran"
+    assert hookdump.load(tmp_path / "d")["relu6"].shape == (8, 1)

@@ -5,7 +5,13 @@ Nothing here imports torch at import time, so `hookdump --help` stays instant.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
+import sys
+import threading
+from typing import NoReturn
 
 import typer
 
@@ -39,4 +45,22 @@ def main() -> None:
             # a second Ctrl-C while the interpreter shuts down (joining worker processes and
             # threads) would print a traceback from an atexit callback: the first one counts
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise
+        _exit(exc.code)
+    _exit(0)
+
+
+def _exit(code: object) -> NoReturn:
+    """End the process without the interpreter's teardown, which frees torch's modules and
+    objects one by one: 0.6 to 0.9 s of every run on the development machine. What the
+    teardown would wait for still runs first: other threads, then the atexit callbacks
+    (DataLoader workers, torch.distributed); the dump itself is synced before this."""
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, say
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
