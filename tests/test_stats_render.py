@@ -31,6 +31,18 @@ def test_non_finite_values_are_counted_and_left_out() -> None:
     assert (stats.mean, stats.min, stats.max, stats.std) == (2.0, 1.0, 3.0, 1.0)
 
 
+def test_extremes_and_non_finite_values_in_a_later_chunk_are_found() -> None:
+    """The pass goes chunk by chunk (2**18 elements): what sits past the first chunk counts."""
+    x = torch.zeros(3 * 2**18 + 5)
+    x[2**18 + 7], x[-1], x[-2] = float("nan"), 9.0, -4.0
+    x[2 * 2**18] = float("inf")
+    stats = TensorStats()
+    stats.update(x)
+    assert (stats.nan, stats.inf, stats.count) == (1, 1, x.numel() - 2)
+    assert (stats.min, stats.max) == (-4.0, 9.0)
+    assert math.isclose(stats.mean, 5.0 / (x.numel() - 2), rel_tol=1e-6)
+
+
 def test_histogram_and_sparkline_by_hand() -> None:
     stats = TensorStats()
     # 0 .. 11 once each, plus nine more zeros: bin 0 holds 10, every other bin 1
@@ -56,7 +68,7 @@ def test_format_bytes() -> None:
 def test_stats_stay_exact_when_the_mean_dwarfs_the_spread() -> None:
     torch.manual_seed(0)
     for offset in (0.0, 5.0, 1000.0):  # 1000: E[x^2] - E[x]^2 would cancel in float32
-        x = torch.randn(3, 70_001) * 2 + offset  # rows of more than one 2**16 chunk, and a tail
+        x = torch.randn(3, 100_001) * 2 + offset  # more than one 2**18 chunk, and a tail
         stats = TensorStats()
         stats.update(x)
         exact = x.double()

@@ -15,16 +15,28 @@ if TYPE_CHECKING:
 
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram
-_ROW = 1 << 16  # sums of squares are taken per row of this many elements, then in float64
+# elements per chunk of the one pass: 1 MiB of float32, read from memory once and then from
+# the cache; measured on 200 MB, 19 ms against 53 ms for whole-tensor passes (2 threads)
+_CHUNK = 1 << 18
 
 
-def _sum_of_squares(flat: torch.Tensor) -> float:
-    """Sum of x*x: float32 dot products per row, added in float64 (accurate and fast)."""
-    whole = flat.numel() - flat.numel() % _ROW
-    rows = flat[:whole].view(-1, _ROW)
-    total = float(torch.einsum("ij,ij->i", rows, rows).double().sum()) if whole else 0.0
-    tail = flat[whole:]
-    return total + float(torch.dot(tail, tail).double())
+def _one_pass(flat: torch.Tensor) -> tuple[float, float, float, float]:
+    """Min, max, sum and sum of squares of a flat float tensor, chunk by chunk: each
+    chunk's four reductions read it while it is in the cache. Chunks' sums (float32
+    within a chunk) are added in float64: relative error about 1e-6."""
+    mins, maxs, sums, squares = [], [], [], []
+    for chunk in flat.split(_CHUNK):
+        lo, hi = torch.aminmax(chunk)
+        mins.append(lo)
+        maxs.append(hi)
+        sums.append(chunk.sum())
+        squares.append(torch.dot(chunk, chunk))
+    return (
+        float(torch.stack(mins).min()),
+        float(torch.stack(maxs).max()),
+        float(torch.stack(sums).double().sum()),
+        float(torch.stack(squares).double().sum()),
+    )
 
 
 @dataclass
@@ -56,20 +68,20 @@ class TensorStats:
             x = x.float()
         if x.numel() == 0:
             return
-        lo, hi = (float(v) for v in torch.aminmax(x))  # NaN and Inf propagate to these
+        flat = x.reshape(-1)
+        lo, hi, summed, squares = _one_pass(flat)  # NaN and Inf propagate to these
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            finite = torch.isfinite(x)
-            nan = int(torch.isnan(x).sum())
+            finite = torch.isfinite(flat)
+            nan = int(torch.isnan(flat).sum())
             self.nan += nan
             self.inf += int((~finite).sum()) - nan
-            x = x[finite]
-            if x.numel() == 0:
+            flat = flat[finite]
+            if flat.numel() == 0:
                 return
-            lo, hi = (float(v) for v in torch.aminmax(x))
-        flat = x.reshape(-1)
+            lo, hi, summed, squares = _one_pass(flat)
         n = flat.numel()
-        batch_mean = float(flat.sum()) / n
-        batch_m2 = _sum_of_squares(flat) - n * batch_mean * batch_mean
+        batch_mean = summed / n
+        batch_m2 = squares - n * batch_mean * batch_mean
         if batch_m2 <= 1e-3 * n * batch_mean * batch_mean:
             # the mean dwarfs the spread: E[x^2] - E[x]^2 cancels, so take the slow exact way
             var, mean = torch.var_mean(flat, correction=0)
