@@ -300,3 +300,104 @@ def test_a_file_system_that_refuses_o_direct_at_open_gets_the_page_cache(
     positional.pwrite(memoryview(b"xyz"), 7)
     positional.close()
     assert (tmp_path / "g").read_bytes() == bytes(7) + b"xyz"
+
+
+def _aligned_bytes(pattern: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """Block-aligned byte tensors of the given (value, length) pairs."""
+    from hookdump.dump.sink import aligned_empty
+
+    out = []
+    for value, length in pattern:
+        tensor = aligned_empty(torch.empty(length, dtype=torch.uint8))
+        out.append(tensor.fill_(value))
+    return out
+
+
+def test_aligned_buffers_are_written_from_where_they_lie_and_released_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole blocks of an aligned buffer go to the disk with no staging copy (`lend`) and
+    are released once written; a buffer after an unaligned one is copied (the file is no
+    longer at a block boundary), and released at once. The bytes land in order."""
+    from hookdump.dump import direct_io
+
+    block = direct_io.BLOCK
+    monkeypatch.setattr(direct_io, "STAGE_BYTES", 2 * block)
+    lent: list[int] = []
+    real_lend = direct_io._DiskThread.lend
+
+    def spy(self: direct_io._DiskThread, data: memoryview, offset: int, release: object) -> None:
+        lent.append(len(data))
+        real_lend(self, data, offset, release)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(direct_io._DiskThread, "lend", spy)
+    # aligned, aligned with a tail, then (past the tail) aligned but staged, and too small
+    sizes = [3 * block, 2 * block + 100, 4 * block, 50]
+    tensors = _aligned_bytes([(i + 1, n) for i, n in enumerate(sizes)])
+    released: list[int] = []
+    file = direct_io.AppendFile(tmp_path / "f", start=block)
+    if not file.direct:
+        file.abort()
+        pytest.skip("this file system refuses O_DIRECT")
+    for i, tensor in enumerate(tensors):
+        file.write(memoryview(tensor.numpy()), lambda i=i: released.append(i))
+    assert file.close() == block + sum(sizes)
+    assert lent == [3 * block, 2 * block]  # the tail of the second one was staged
+    assert sorted(released) == [0, 1, 2, 3]  # each exactly once
+    data = (tmp_path / "f").read_bytes()[block:]
+    assert data == b"".join(bytes([i + 1]) * n for i, n in enumerate(sizes))
+
+
+def test_a_lent_buffer_is_released_when_its_write_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from hookdump.dump import direct_io
+
+    file = direct_io.AppendFile(tmp_path / "f", start=0)
+    if not file.direct:
+        file.abort()
+        pytest.skip("this file system refuses O_DIRECT")
+
+    def full(fd: int, data: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    released: list[int] = []
+    (tensor,) = _aligned_bytes([(7, 2 * direct_io.BLOCK)])
+    file.write(memoryview(tensor.numpy()), lambda: released.append(1))
+    with pytest.raises(OSError, match="No space left"):
+        file.close()
+    file.abort()
+    assert released == [1]
+
+
+def test_pooled_buffers_are_not_reused_before_the_disk_has_read_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow disk, every copy pooled and lent to it: if a buffer went back to the pool
+    before its write, the next batch's copy would overwrite it and the dump would differ
+    from one written through the page cache (where nothing is lent)."""
+    import time
+
+    from hookdump.dump import direct_io
+
+    real_write = direct_io._DiskThread._write
+
+    def slow(self: direct_io._DiskThread, data: memoryview, offset: int) -> None:
+        time.sleep(0.002)
+        real_write(self, data, offset)
+
+    args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "6", "-b", "2", "-q"]
+    args += ["--shard-size", "1KB"]  # a shard per batch: every batch streams
+    monkeypatch.setenv("HOOKDUMP_POOL_MIN_BYTES", "1")
+    monkeypatch.setenv("HOOKDUMP_DIRECT_IO", "0")
+    assert invoke(*args, "-o", str(tmp_path / "cache")).exit_code == 0
+    monkeypatch.setenv("HOOKDUMP_DIRECT_IO", "1")
+    monkeypatch.setattr(direct_io._DiskThread, "_write", slow)
+    result = invoke(*args, "-o", str(tmp_path / "direct"))
+    assert result.exit_code == 0, result.stderr
+    result = invoke("diff", str(tmp_path / "direct"), str(tmp_path / "cache"), "--atol", "0")
+    assert result.exit_code == 0, result.stdout
+    assert "all 60 keys match" in result.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -112,10 +113,10 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
     out = tmp_path / "d"
     real_write = ShardFile.write
 
-    def write_until_full(self: ShardFile, key: str, tensor: torch.Tensor) -> None:
+    def write_until_full(self: ShardFile, key: str, tensor: torch.Tensor, *release: Any) -> None:
         if self.path.name == "shard-00002.safetensors":
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(self, key, tensor)
+        real_write(self, key, tensor, *release)
 
     monkeypatch.setattr(ShardFile, "write", write_until_full)
     result = invoke(*RUN, "-o", str(out))
@@ -124,6 +125,36 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
     assert (manifest["complete"], manifest["num_samples"]) == (False, 4)
     assert not list(out.glob("*.tmp"))
     monkeypatch.setattr(ShardFile, "write", real_write)
+    assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
+    assert hookdump.load(out).num_samples == 10
+
+
+def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shards are synced and listed by a thread of their own while the next is written:
+    its error reaches the user as the same one line, the shards before stay listed, and
+    none after the failed one is (the dump has no gap)."""
+    import errno
+
+    from hookdump.dump import writer
+
+    out = tmp_path / "d"
+    real_seal = writer._seal
+
+    def seal_until_full(tmp: Path, *args: Any) -> None:
+        if tmp.name.startswith("shard-00001."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_seal(tmp, *args)
+
+    monkeypatch.setattr(writer, "_seal", seal_until_full)
+    result = invoke(*RUN, "-o", str(out))
+    assert_usage_error(result, "No space left on device", "--resume")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["complete"], manifest["num_samples"]) == (False, 2)
+    assert [s["file"] for s in manifest["shards"]] == ["shard-00000.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-00000.safetensors"]
+    monkeypatch.setattr(writer, "_seal", real_seal)
     assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
     assert hookdump.load(out).num_samples == 10
 

@@ -2,21 +2,23 @@
 
 Written through the page cache, a 3.8 GiB shard cost the kernel 0.5 to 9 s of CPU time on
 the development machine (a VM), on the same two cores the forward pass needs. With
-O_DIRECT the disk reads the data straight from a few reused, aligned staging buffers: 0.3
-to 0.5 s of CPU, the rest is waiting, done by a disk thread while the caller fills the
-next buffer. Where the file system refuses O_DIRECT (tmpfs, macOS; some refuse only the
-first write) the same classes write through the page cache; `HOOKDUMP_DIRECT_IO=0` asks
-for that everywhere.
+O_DIRECT the disk reads the data straight from memory: from the caller's own buffer where
+it is block-aligned (no copy at all), else from a few reused, aligned staging buffers. The
+waiting is done by a disk thread while the caller goes on. Where the file system refuses
+O_DIRECT (tmpfs, macOS; some refuse only the first write) the same classes write through
+the page cache; `HOOKDUMP_DIRECT_IO=0` asks for that everywhere.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import mmap
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from hookdump.dump.folder import create_new, open_existing
@@ -24,6 +26,7 @@ from hookdump.dump.folder import create_new, open_existing
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
 STAGE_BYTES = 8 << 20
 STAGES = 3  # one being filled, two on their way to the disk
+LENT = 4  # callers' own buffers queued for the disk at once (each written, then released)
 # how file systems say no to O_DIRECT (EINVAL on Linux; FUSE and others may say unsupported)
 _REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
@@ -37,8 +40,9 @@ def direct_io_wanted() -> bool:
 
 
 class _DiskThread:
-    """Writes filled staging buffers at their offsets, in the background; the caller takes
-    an empty buffer (waiting while all are on their way) and hands it over once filled.
+    """Writes buffers at their offsets, in the background: staging buffers (the caller takes
+    an empty one, waiting while all are on their way, and hands it over once filled) and
+    the caller's own block-aligned buffers (`lend`), each released once written.
 
     Buffers go out with O_DIRECT; where that is refused, through `path` opened normally."""
 
@@ -49,7 +53,8 @@ class _DiskThread:
         self._free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
         for _ in range(STAGES):  # page-aligned; never closed, only dropped
             self._free.put(memoryview(mmap.mmap(-1, STAGE_BYTES)))
-        self._jobs: queue.Queue[tuple[memoryview, int, int] | None] = queue.Queue()
+        self._lent = threading.Semaphore(LENT)
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._error: OSError | None = None
         self._thread = threading.Thread(target=self._run, name="hookdump-disk", daemon=True)
         self._thread.start()
@@ -65,7 +70,19 @@ class _DiskThread:
 
     def put(self, buffer: memoryview, nbytes: int, offset: int) -> None:
         """Write `buffer[:nbytes]` at `offset` (both multiples of BLOCK), then free it."""
-        self._jobs.put((buffer, nbytes, offset))
+        self._jobs.put((buffer[:nbytes], offset, lambda: self._free.put(buffer)))
+
+    def lend(self, data: memoryview, offset: int, release: Callable[[], None]) -> None:
+        """Write the caller's `data` (block-aligned in memory, its length and `offset`
+        multiples of BLOCK) from where it lies, then call `release` (from this thread, also
+        when the write failed). Waits while LENT buffers are queued."""
+        self._lent.acquire()
+
+        def done() -> None:
+            self._lent.release()
+            release()
+
+        self._jobs.put((data, offset, done))
 
     def flush(self) -> None:
         """Wait until everything handed over is written."""
@@ -85,13 +102,13 @@ class _DiskThread:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            buffer, nbytes, offset = job
+            data, offset, done = job
             if self._error is None:
                 try:
-                    self._write(buffer[:nbytes], offset)
+                    self._write(data, offset)
                 except OSError as exc:
                     self._error = exc
-            self._free.put(buffer)
+            done()
             self._jobs.task_done()
         self._jobs.task_done()
 
@@ -104,6 +121,17 @@ class _DiskThread:
             os.close(self._fd)  # accepted at open, refused at write: the page cache from now
             self._fd, self._direct = open_existing(self.path, os.O_WRONLY), False
             _pwrite_all(self._fd, data, offset)
+
+
+_Job = tuple[memoryview, int, Callable[[], None]]
+
+
+def _aligned(data: memoryview) -> bool:
+    """Whether `data` (flat bytes) starts at a block boundary in memory (read-only
+    buffers, whose address ctypes cannot take, count as not)."""
+    if data.readonly or not len(data):
+        return False
+    return ctypes.addressof(ctypes.c_char.from_buffer(data)) % BLOCK == 0
 
 
 def _open_direct(path: Path) -> _DiskThread | None:
@@ -142,9 +170,40 @@ class AppendFile:
     def direct(self) -> bool:
         return self._disk is not None and self._disk.direct
 
-    def write(self, data: memoryview) -> None:
-        """Append `data` (a flat, contiguous buffer)."""
+    def write(self, data: memoryview, release: Callable[[], None] | None = None) -> None:
+        """Append `data` (a flat, contiguous buffer).
+
+        With `release`, `data`'s whole blocks may be written from its own memory, with no
+        copy, when it is block-aligned there and the file is at a block boundary; `release`
+        is then called (on the disk thread) once they are written, and otherwise at once:
+        exactly once, whatever happens. Until then the caller leaves the memory as it is.
+        """
         data = data.cast("B")
+        whole = len(data) - len(data) % BLOCK
+        if (
+            release is None
+            or self._disk is None
+            or self._fill % BLOCK
+            or whole < BLOCK
+            or not _aligned(data)
+        ):
+            try:
+                self._append(data)
+            finally:
+                if release is not None:
+                    release()
+            return
+        try:
+            if self._fill:
+                self._hand_over()  # whole blocks: nothing padded
+            offset, self.end = self.end, self.end + whole
+            self._append(data[whole:])  # the tail is copied before the memory goes back
+        except BaseException:
+            release()
+            raise
+        self._disk.lend(data[:whole], offset, release)
+
+    def _append(self, data: memoryview) -> None:
         if self._disk is None:
             _pwrite_all(self._fd, data, self.end)
             self.end += len(data)

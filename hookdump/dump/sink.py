@@ -12,6 +12,8 @@ they are written): memory stays bounded by a batch, whatever `--num-samples` is.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import queue
@@ -22,6 +24,8 @@ from typing import Any
 
 import torch
 
+from hookdump.dump.commit import Committer
+from hookdump.dump.direct_io import BLOCK
 from hookdump.dump.folder import describe_os_error
 from hookdump.dump.stats import KeySummary
 from hookdump.dump.writer import DumpWriter, PlannedShard, ShardFile
@@ -31,6 +35,18 @@ from hookdump.format import KeyInfo, dtype_name
 # glibc's largest dynamic mmap threshold: a freed block above it always goes back to the OS
 # and is faulted in again when allocated, while smaller ones are recycled by malloc itself
 POOL_MIN_BYTES = 32 << 20
+
+
+def aligned_empty(like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised contiguous CPU tensor of `like`'s shape and dtype whose data starts
+    at a BLOCK boundary (a slice of a slightly larger allocation); where that cannot be
+    viewed (quantized, sparse or sub-byte tensors), a plain one."""
+    if like.layout != torch.strided or like.is_quantized or like.element_size() < 1:
+        return torch.empty(like.shape, dtype=like.dtype)
+    nbytes = like.numel() * like.element_size()
+    raw = torch.empty(nbytes + BLOCK, dtype=torch.uint8)
+    skip = -raw.data_ptr() % BLOCK
+    return raw[skip : skip + nbytes].view(like.dtype).view(like.shape)
 
 
 class BufferPool:
@@ -47,17 +63,16 @@ class BufferPool:
         self._lock = threading.Lock()
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy of `tensor` in a reused buffer of its shape and dtype (or a new one)."""
+        """A copy of `tensor` in a reused buffer of its shape and dtype (or a new one),
+        block-aligned so that the disk can read it where it lies (see `direct_io`)."""
         if tensor.numel() * tensor.element_size() < self.min_bytes:
-            return tensor.clone(memory_format=torch.contiguous_format)
+            return aligned_empty(tensor).copy_(tensor)
         key = (tuple(tensor.shape), tensor.dtype)
         with self._lock:
             free = self._free.get(key)
             buffer = free.pop() if free else None
             self._lent[key] += 1
-        if buffer is None:
-            return tensor.clone(memory_format=torch.contiguous_format)
-        return buffer.copy_(tensor)
+        return (aligned_empty(tensor) if buffer is None else buffer).copy_(tensor)
 
     def give_back(self, tensor: torch.Tensor) -> None:
         """Keep `tensor` for reuse, if a buffer of its kind is out on loan (a reduction's own
@@ -114,8 +129,10 @@ class BatchSink:
         self._rows_per_shard = 0  # 0: every batch streams into a shard of its own
         self._rows_per_sample = 0.0  # token rows: the first batch's rows per sample
         self._released = False  # the current batch's slot was given back
+        self._lent = False  # the tensor in hand went to the shard with its release
         self._batch_bytes = 0
         self._room_checked = False
+        self._committer = Committer(writer) if writer is not None else None
         self._thread = threading.Thread(target=self._work, name="hookdump-sink", daemon=True)
         self._thread.start()
 
@@ -176,9 +193,10 @@ class BatchSink:
             if item[0] in ("close", "abort"):
                 if self._error is None and item[0] == "close":
                     self._guard(self._commit_planned)
-                for shard in (self._shard, self._planned):
-                    if shard is not None:
-                        shard.abort()
+                    self._guard(self._wait_for_commits)
+                self._drop_open_shards()
+                if self._committer is not None:
+                    self._committer.close()
                 return
             if self._error is None:
                 self._guard(getattr(self, f"_on_{item[0]}"), *item[1:])
@@ -191,10 +209,15 @@ class BatchSink:
             self._released = True
             self._slots.release()
 
+    def _wait_for_commits(self) -> None:
+        if self._committer is not None:
+            self._committer.wait()
+
     def _guard(self, step: Any, *args: Any) -> None:
         try:
             step(*args)
         except OSError as exc:  # a full disk, say: the shards written so far stay usable
+            self._drop_open_shards()  # first: the shards being committed are listed or not
             where = self.writer.out if self.writer else "the dump"
             then = (
                 "the complete shards are kept: once that is fixed, run the same command "
@@ -205,16 +228,19 @@ class BatchSink:
             self._error = HookdumpError(
                 f"writing to {where} failed: {describe_os_error(exc)}; {then}"
             )
-            self._drop_open_shards()
         except BaseException as exc:  # handed to the main thread, which raises it
             self._error = exc
             self._drop_open_shards()
 
     def _drop_open_shards(self) -> None:
+        """Drop the shards being written; those complete are committed (or fail) first."""
         for shard in (self._shard, self._planned):
             if shard is not None:
                 shard.abort()
         self._shard = self._planned = None
+        if self._committer is not None:
+            with contextlib.suppress(BaseException):  # the error being handled comes first
+                self._committer.wait()
 
     def _on_begin(
         self, start: int, stop: int, keys_expected: int, samples: tuple[int, int] | None
@@ -224,6 +250,8 @@ class BatchSink:
         self._samples = samples or (start, stop)
         if self.writer is None:
             return
+        assert self._committer is not None
+        self._committer.raise_if_failed()  # no more batches once a commit has failed
         planned = self._planned
         if planned is not None and start - self._planned_start + stop - start > planned.rows:
             self._commit_planned()  # batches of varying rows (tokens): this one would not fit
@@ -251,13 +279,22 @@ class BatchSink:
     def _on_tensor(self, key: str, tensor: torch.Tensor, info: KeyInfo, ready: Any) -> None:
         if ready is not None:
             ready.synchronize()
+            self._take(key, tensor, info, None)
+            return
+        # once written (or dropped) the buffer goes back to the pool and the next batch
+        # reuses it: the shard may hand it back later, after the disk has read it
+        self._lent = False
         try:
-            self._take(key, tensor, info)
+            self._take(key, tensor, info, functools.partial(self.pool.give_back, tensor))
         finally:
-            if ready is None and not tensor.is_cuda:
-                self.pool.give_back(tensor)  # written (or dropped): the next batch reuses it
+            if not self._lent:
+                self.pool.give_back(tensor)
 
-    def _take(self, key: str, tensor: torch.Tensor, info: KeyInfo) -> None:
+    def _take(
+        self, key: str, tensor: torch.Tensor, info: KeyInfo, release: Callable[[], None] | None
+    ) -> None:
+        """Summarise and write one tensor; `release` (giving its buffer back) is either
+        handed to the shard, which calls it once the data is written (`_lent`), or left."""
         start, stop = self._batch
         if tensor.dim() < 1 or tensor.shape[0] != stop - start:
             self.unbatched.setdefault(
@@ -268,6 +305,7 @@ class BatchSink:
                 },
             )
             return
+        given = tensor
         if self.save_dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(self.save_dtype)
         tensor = tensor.cpu().contiguous()
@@ -285,7 +323,9 @@ class BatchSink:
             return
         self.writer.describe(key, info, tensor, start)
         if self._shard is not None:
-            self._shard.write(key, tensor)
+            lent = release if tensor is given else None  # a cast copy is the shard's alone
+            self._lent = lent is not None
+            self._shard.write(key, tensor, lent)
         elif self._planned is not None:
             self._planned.write_rows(key, start - self._planned_start, tensor)
 
@@ -294,7 +334,7 @@ class BatchSink:
         if self.writer is None:
             return
         known = list(self.writer.tensors)
-        if self.writer.shards and self._keys != known:
+        if self.writer.keys_fixed and self._keys != known:
             missing = sorted(set(known) - set(self._keys))
             new = sorted(set(self._keys) - set(known))
             raise HookdumpError(
@@ -314,7 +354,7 @@ class BatchSink:
                 except BaseException:
                     shard.abort()
                     raise
-            self.writer.commit_shard(shard, start, stop, self._sequences)
+            self._commit(shard, start, stop)
             if 2 * self._batch_bytes < self.writer.shard_bytes:
                 # small batches from now on go into planned shards of about --shard-size
                 batches = max(1, self.writer.shard_bytes // max(1, self._batch_bytes))
@@ -338,4 +378,8 @@ class BatchSink:
             return
         planned, self._planned = self._planned, None
         stop = self._planned_start + planned.filled
-        self.writer.commit_shard(planned, self._planned_start, stop, self._sequences)
+        self._commit(planned, self._planned_start, stop)
+
+    def _commit(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
+        assert self._committer is not None
+        self._committer.commit(shard, start, stop, self._sequences)

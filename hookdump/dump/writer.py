@@ -57,12 +57,25 @@ class ShardFile:
         self.size = 0
         self.file = AppendFile(self.tmp, self.reserve)
 
-    def write(self, key: str, tensor: torch.Tensor) -> None:
-        """Append one tensor (contiguous, on the CPU) under `key`."""
-        if dtype_name(tensor.dtype) not in SAFETENSORS_DTYPES:
-            raise HookdumpError(f"{key!r} has dtype {tensor.dtype}, which safetensors cannot hold")
+    def write(
+        self, key: str, tensor: torch.Tensor, release: Callable[[], None] | None = None
+    ) -> None:
+        """Append one tensor (contiguous, on the CPU) under `key`. With `release`, the data
+        may go to the disk from the tensor's own memory; `release` is called once it is no
+        longer needed (see `AppendFile.write`), whatever happens."""
+        try:
+            if dtype_name(tensor.dtype) not in SAFETENSORS_DTYPES:
+                raise HookdumpError(
+                    f"{key!r} has dtype {tensor.dtype}, which safetensors cannot hold"
+                )
+        except BaseException:
+            if release is not None:
+                release()
+            raise
         if tensor.numel():
-            self.file.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+            self.file.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()), release)
+        elif release is not None:
+            release()
         nbytes = tensor.numel() * tensor.element_size()
         self.entries[key] = _entry(tensor.dtype, list(tensor.shape), self.size, nbytes)
         self.size += nbytes
@@ -219,6 +232,9 @@ class DumpWriter:
         self.shard_bytes = shard_bytes
         self.tensors: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
+        self._named = 0  # shard files named so far (listed ones may lag behind: `Committer`)
+        self._made: set[str] = set()  # temporary files of this writer's shards, in `out`
+        self._keys_fixed = False  # the first shard is complete: its keys are the dump's
         # the rest of the manifest (model, command, sample ids...), built anew for each write
         self.fields = fields
         self._prepared = False
@@ -230,17 +246,33 @@ class DumpWriter:
         Its temporary file sits beside an old dump until the shard commits, so a run that
         fails in its first batch leaves the old dump as it was.
         """
-        name = f"{self.shard_prefix}{len(self.shards):05d}.safetensors"
-        return ShardFile(self.out / name, 4096 + 256 * max(keys_expected, len(self.tensors)))
+        reserve = 4096 + 256 * max(keys_expected, len(self.tensors))
+        name = self._next_name()
+        self._made.add(name + ".tmp")  # before it exists: see `_prepare`
+        return ShardFile(self.out / name, reserve)
 
     def plan_shard(self, rows: int) -> PlannedShard:
         """A shard of `rows` rows laid out from the keys seen so far (see PlannedShard)."""
-        name = f"{self.shard_prefix}{len(self.shards):05d}.safetensors"
+        name = self._next_name()
+        self._made.add(name + ".tmp2")
         layout = [
             (key, getattr(torch, meta["dtype"]), meta["shape"])
             for key, meta in self.tensors.items()
         ]
         return PlannedShard(self.out / name, layout, rows)
+
+    def _next_name(self) -> str:
+        self._named = max(self._named, len(self.shards)) + 1
+        return f"{self.shard_prefix}{self._named - 1:05d}.safetensors"
+
+    def fix_keys(self) -> None:
+        """The first shard is complete (if not yet committed): later batches must bring
+        the same keys (see `describe`)."""
+        self._keys_fixed = True
+
+    @property
+    def keys_fixed(self) -> bool:
+        return self._keys_fixed or bool(self.shards)
 
     def commit_shard(
         self,
@@ -284,7 +316,7 @@ class DumpWriter:
     def describe(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
         """Note a key's manifest entry (first batch), or check it did not change (later)."""
         shape = list(tensor.shape[1:])
-        if not self.shards and key not in self.tensors:
+        if not self.keys_fixed and key not in self.tensors:
             self.tensors[key] = {
                 "module": info.module,
                 "module_type": info.module_type,
@@ -311,10 +343,12 @@ class DumpWriter:
     def _prepare(self, keep: str | None = None) -> None:
         if self._prepared:
             return
-        kept = {keep} if keep else set()
-        check_out_dir(self.out, self.overwrite, kept)  # again: it may have changed meanwhile
+        check_out_dir(self.out, self.overwrite, {keep} | self._made if keep else self._made)
+        entries = list(self.out.iterdir())  # again: it may have changed meanwhile
+        # read after the listing: a shard begun meanwhile (named before it was created) stays
+        kept = {keep} | self._made if keep else set(self._made)
         old = sorted(
-            (p for p in self.out.iterdir() if p.name not in kept),
+            (p for p in entries if p.name not in kept),
             key=lambda p: p.name != MANIFEST,
         )
         if old:
