@@ -235,3 +235,21 @@ def test_ctrl_c_exits_130_without_a_manifest(tmp_path: Path) -> None:
     assert result.exit_code == 130
     assert "Interrupted" in result.stderr
     assert not (tmp_path / "d" / "manifest.json").exists()
+
+
+def test_the_garbage_collector_is_paused_while_the_model_loads_and_then_back_on(
+    tmp_path: Path,
+) -> None:
+    import gc
+
+    import tiny_models
+
+    assert gc.isenabled()
+    result = invoke("run", "tiny_models:NotesGC", "-n", "6", "-b", "2", "-q",
+                    "-o", str(tmp_path / "d"))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    # built and first batch: paused; later batches: on (the calibration forward comes first)
+    assert tiny_models.NotesGC.seen[0] is False and tiny_models.NotesGC.seen[-2:] == [True, True]
+    assert gc.isenabled()
+    result = invoke("run", "tiny_models:NotesGC", "--layers", "nope", "-q")
+    assert result.exit_code == 2 and gc.isenabled()  # also after an error

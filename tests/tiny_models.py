@@ -5,8 +5,9 @@ Importable as `tiny_models:NAME` from this folder, so the CLI tests use them as 
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -321,3 +322,19 @@ def no_guess_factory(scale: float = 1.0) -> NoGuess:
     model = NoGuess()
     model.scale = scale
     return model
+
+
+class NotesGC(nn.Module):
+    """Linear(2, 2) that notes whether Python's garbage collector was on when it was built
+    and at each forward (`hookdump run` pauses it while torch and the model load)."""
+
+    seen: ClassVar[list[bool]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        NotesGC.seen = [gc.isenabled()]
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        NotesGC.seen.append(gc.isenabled())
+        return self.fc(x)
