@@ -42,8 +42,9 @@ def check_out_dir(out: Path, overwrite: bool, ignore: Iterable[str] = ()) -> Non
         raise HookdumpError(f"{opt('out')} {out} is a file; give a folder (new or empty)")
     if not out.is_dir():
         return
-    skip = set(ignore)
-    present = sorted(p.name for p in out.iterdir() if p.name not in skip)
+    listed = [p.name for p in out.iterdir()]
+    skip = set(ignore)  # read after the listing: a writer names its files before making them
+    present = sorted(name for name in listed if name not in skip)
     if not present:
         return
     if not overwrite:

@@ -343,10 +343,13 @@ class DumpWriter:
     def _prepare(self, keep: str | None = None) -> None:
         if self._prepared:
             return
-        check_out_dir(self.out, self.overwrite, {keep} | self._made if keep else self._made)
-        entries = list(self.out.iterdir())  # again: it may have changed meanwhile
-        # read after the listing: a shard begun meanwhile (named before it was created) stays
-        kept = {keep} | self._made if keep else set(self._made)
+        if keep:
+            self._made.add(keep)
+        # the shards begun meanwhile stay (the set is read after each listing: a shard is
+        # named before its file is made)
+        check_out_dir(self.out, self.overwrite, self._made)  # again: it may have changed
+        entries = list(self.out.iterdir())
+        kept = set(self._made)
         old = sorted(
             (p for p in entries if p.name not in kept),
             key=lambda p: p.name != MANIFEST,
