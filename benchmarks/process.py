@@ -1,7 +1,7 @@
 """hookdump as a user sees it: fresh `hookdump run` processes, wall time, against the
 hand-written loop it replaces (`handwritten.py`) and against the physical limit.
 
-    python benchmarks/process.py                 # all three jobs, 5 paired runs each
+    python benchmarks/process.py                 # all four jobs, 5 paired runs each
     python benchmarks/process.py --reps 3 --only multi --json figures.json
 
 Each repetition runs, one after the other and each as a fresh process: hookdump; the
@@ -32,12 +32,30 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 HOOKDUMP = Path(sys.executable).with_name("hookdump")  # the console script, as users run it
-MODEL = "resnet50"
-JOBS = {  # name: what both hookdump and the loop are asked for
+IMAGES = {  # name: what both hookdump and the loop are asked for, of resnet50 on random input
     "ci": ["--layers", "layer1.*", "--batch-size", "8"],
     "big": ["--batch-size", "32"],
     "multi": ["--batch-size", "16", "--num-samples", "64"],
 }
+JOBS = [*IMAGES, "tokens"]
+
+
+def job_args(name: str, scratch: Path) -> tuple[list[str], list[str]]:
+    """What `hookdump run` and the loop are given for a job. `tokens`: a GPT-2-small-shaped
+    model (random weights, tokenizer trained here; see text.py), every block's output
+    per token, 64 windows of 128 tokens in batches of 8 (302 MB)."""
+    if name in IMAGES:
+        return ["resnet50", *IMAGES[name]], IMAGES[name]
+    folder, corpus = scratch / "gpt2", scratch / "corpus.txt"
+    if not folder.exists():
+        import text
+
+        text.synthetic_corpus(corpus, 400, seed=0)
+        text.build_model(folder, corpus)
+    blocks = ["--layers", "h.[0-9]", "--layers", "h.1[01]"]
+    common = [*blocks, "--text", str(corpus), "--context-size", "128"]
+    common += ["--batch-size", "8", "--num-samples", "64"]
+    return [f"hf:{folder}", *common, "--per-token"], ["--model", f"hf:{folder}", *common]
 
 
 def run_measured(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
@@ -71,11 +89,12 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir())
 
 
-def one_rep(job: list[str], scratch: Path, device: str, page_cache: bool) -> dict[str, float]:
+def one_rep(name: str, scratch: Path, device: str, page_cache: bool) -> dict[str, float]:
     hd_out, loop_out, dd_file = scratch / "hd", scratch / "loop", scratch / "dd"
     figures: dict[str, float] = {}
     on = ["--device", device]
-    hookdump = [str(HOOKDUMP), "run", MODEL, *job, *on, "--out", str(hd_out)]
+    hd_args, loop_args = job_args(name, scratch)
+    hookdump = [str(HOOKDUMP), "run", *hd_args, *on, "--out", str(hd_out)]
 
     settle(hd_out, loop_out, dd_file)
     wall, peak, _ = run_measured(hookdump)
@@ -88,7 +107,7 @@ def one_rep(job: list[str], scratch: Path, device: str, page_cache: bool) -> dic
         figures["hookdump_page_cache"] = wall
 
     settle(hd_out)
-    loop = [sys.executable, str(HERE / "handwritten.py"), *job, *on]
+    loop = [sys.executable, str(HERE / "handwritten.py"), *loop_args, *on]
     wall, peak, out = run_measured([*loop, str(loop_out)])
     start = time.perf_counter()
     os.sync()
@@ -155,7 +174,7 @@ def main() -> None:
         for name in args.only.split(","):
             reps = []
             for rep in range(args.reps):
-                reps.append(one_rep(JOBS[name], scratch, args.device, args.page_cache))
+                reps.append(one_rep(name, scratch, args.device, args.page_cache))
                 print(f"  {name} {rep + 1}/{args.reps}", json.dumps(reps[-1]), flush=True)
             results[name] = {"reps": reps, **summary(reps)}
             print(name, json.dumps(summary(reps), indent=2), flush=True)

@@ -401,3 +401,37 @@ def test_pooled_buffers_are_not_reused_before_the_disk_has_read_them(
     result = invoke("diff", str(tmp_path / "direct"), str(tmp_path / "cache"), "--atol", "0")
     assert result.exit_code == 0, result.stdout
     assert "all 60 keys match" in result.stdout
+
+
+def test_the_hooks_wait_for_the_disk_past_a_budget_of_bytes_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow disk and a small budget: the forward waits in the hooks, so the captured bytes
+    not yet written never pass the budget by more than one tensor, and the dump is whole."""
+    import time
+
+    from hookdump.dump import direct_io, sink
+
+    real_write = direct_io._DiskThread._write
+
+    def slow(self: direct_io._DiskThread, data: memoryview, offset: int) -> None:
+        time.sleep(0.002)
+        real_write(self, data, offset)
+
+    peaks: list[int] = []
+    real_take = sink._Budget.take
+
+    def noting(self: sink._Budget, n: int, failed: object) -> None:
+        real_take(self, n, failed)  # type: ignore[arg-type]
+        peaks.append(self.used)
+
+    monkeypatch.setattr(direct_io._DiskThread, "_write", slow)
+    monkeypatch.setattr(sink, "IN_FLIGHT_BYTES", 300_000)
+    monkeypatch.setattr(sink._Budget, "take", noting)
+    args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "4", "-b", "2", "-q"]
+    result = invoke(*args, "-o", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.stderr
+    biggest = 2 * 64 * 16 * 16 * 4  # conv1's output, the largest tensor
+    assert max(peaks) <= 300_000 + biggest
+    assert max(peaks) > 300_000 - biggest  # it did fill up: the hooks waited
+    assert hookdump.load(tmp_path / "d")["fc"].shape == (4, 1000)

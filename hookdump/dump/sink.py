@@ -35,6 +35,31 @@ from hookdump.format import KeyInfo, dtype_name
 # glibc's largest dynamic mmap threshold: a freed block above it always goes back to the OS
 # and is faulted in again when allocated, while smaller ones are recycled by malloc itself
 POOL_MIN_BYTES = 32 << 20
+# captured bytes not yet written that the forward may run ahead by: past this the hooks wait
+# for the disk (a batch bigger than the disk can take while its forward runs would otherwise
+# sit in memory whole; the wait costs no time, the disk being the slower of the two)
+IN_FLIGHT_BYTES = 512 << 20
+
+
+class _Budget:
+    """Bytes in flight, taken by the hooks and given back once written or dropped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._changed = threading.Condition()
+
+    def take(self, n: int, failed: Callable[[], bool]) -> None:
+        """Wait until `n` more bytes fit (one tensor always does), or the worker failed."""
+        with self._changed:
+            while self.used and self.used + n > self.limit and not failed():
+                self._changed.wait(0.05)
+            self.used += n
+
+    def give(self, n: int) -> None:
+        with self._changed:
+            self.used -= n
+            self._changed.notify_all()
 
 
 def aligned_empty(like: torch.Tensor) -> torch.Tensor:
@@ -133,6 +158,7 @@ class BatchSink:
         self._batch_bytes = 0
         self._room_checked = False
         self._committer = Committer(writer) if writer is not None else None
+        self._budget = _Budget(IN_FLIGHT_BYTES)
         self._thread = threading.Thread(target=self._work, name="hookdump-sink", daemon=True)
         self._thread.start()
 
@@ -164,6 +190,7 @@ class BatchSink:
             ready.record()
             self._queue.put(("tensor", key, host, info, ready))
             return
+        self._budget.take(tensor.numel() * tensor.element_size(), lambda: self._error is not None)
         self._queue.put(("tensor", key, tensor if fresh else self.pool.copy(tensor), info, None))
 
     def end(self) -> None:
@@ -283,12 +310,19 @@ class BatchSink:
             return
         # once written (or dropped) the buffer goes back to the pool and the next batch
         # reuses it: the shard may hand it back later, after the disk has read it
+        nbytes = tensor.numel() * tensor.element_size()
         self._lent = False
         try:
-            self._take(key, tensor, info, functools.partial(self.pool.give_back, tensor))
+            self._take(key, tensor, info, functools.partial(self._written, tensor, nbytes))
         finally:
             if not self._lent:
-                self.pool.give_back(tensor)
+                self._written(tensor, nbytes)
+
+    def _written(self, tensor: torch.Tensor, nbytes: int) -> None:
+        """`tensor`'s bytes are on their way to the file (or dropped): its buffer goes back
+        to the pool, and the hooks may capture that much more."""
+        self.pool.give_back(tensor)
+        self._budget.give(nbytes)
 
     def _take(
         self, key: str, tensor: torch.Tensor, info: KeyInfo, release: Callable[[], None] | None
