@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-HOOKDUMP = Path(sys.executable).with_name("hookdump")  # the console script, as users run it
+# the console script, as users run it (or, where hookdump is not installed, `python -m`)
+SCRIPT = Path(sys.executable).with_name("hookdump")
+HOOKDUMP = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hookdump"]
 IMAGES = {  # name: what both hookdump and the loop are asked for, of resnet50 on random input
     "ci": ["--layers", "layer1.*", "--batch-size", "8"],
     "big": ["--batch-size", "32"],
@@ -94,7 +96,7 @@ def one_rep(name: str, scratch: Path, device: str, page_cache: bool) -> dict[str
     figures: dict[str, float] = {}
     on = ["--device", device]
     hd_args, loop_args = job_args(name, scratch)
-    hookdump = [str(HOOKDUMP), "run", *hd_args, *on, "--out", str(hd_out)]
+    hookdump = [*HOOKDUMP, "run", *hd_args, *on, "--out", str(hd_out)]
 
     settle(hd_out, loop_out, dd_file)
     wall, peak, _ = run_measured(hookdump)
@@ -149,7 +151,7 @@ def summary(reps: list[dict[str, float]]) -> dict[str, Any]:
 
 def help_seconds(reps: int) -> dict[str, Any]:
     """`hookdump --help`: median wall time, and whether torch was imported for it."""
-    times = [run_measured([str(HOOKDUMP), "--help"])[0] for _ in range(reps)]
+    times = [run_measured([*HOOKDUMP, "--help"])[0] for _ in range(reps)]
     probe = [sys.executable, "-X", "importtime", "-c", "from hookdump.cli import main; main()"]
     imports = subprocess.run([*probe, "--help"], capture_output=True, text=True).stderr
     torch = any(line.rsplit("|", 1)[-1].strip() == "torch" for line in imports.splitlines())
