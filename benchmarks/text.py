@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import handwritten
 import harness
 import torch
 
@@ -116,18 +117,7 @@ class Job:
 def pack(tokenizer: Any, corpus: Path, samples: int) -> list[list[int]]:
     """The contract's packed windows, as a hand-written loop makes them: BOS, then the
     next CONTEXT - 1 tokens of the documents joined with EOS."""
-    eos = bos = tokenizer.eos_token_id
-    stream: list[int] = []
-    windows: list[list[int]] = []
-    with corpus.open() as lines:
-        for line in lines:
-            stream += tokenizer(line.rstrip("\n"), add_special_tokens=False)["input_ids"] + [eos]
-            while len(stream) >= CONTEXT - 1 and len(windows) < samples:
-                windows.append([bos, *stream[: CONTEXT - 1]])
-                del stream[: CONTEXT - 1]
-            if len(windows) == samples:
-                break
-    return windows
+    return handwritten.pack(tokenizer, corpus, CONTEXT, samples)
 
 
 def bench_throughput(job: Job, reps: int) -> dict[str, Any]:
