@@ -56,7 +56,7 @@ def instrument() -> None:
     timed(direct_io._DiskThread, "take", "wait for a staging buffer")
     timed(direct_io._DiskThread, "_write", "disk write")
     timed(writer, "_seal", "header + fsync")
-    timed(writer.DumpWriter, "commit_shard", "commit")
+    timed(writer.DumpWriter, "commit_shards", "commit")
     timed(writer.DumpWriter, "write_manifest", "manifest")
     timed(writer.DumpWriter, "finish", "finish")
     timed(torch.Tensor, "to", "cast")

@@ -26,6 +26,17 @@ def interrupted(out: Path, monkeypatch: pytest.MonkeyPatch, at: int, *extra: str
     return result.stderr
 
 
+@pytest.fixture(params=[0.0, 60.0], ids=["commit_each", "commit_grouped"])
+def commit_every(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> float:
+    """Shards committed one by one, or (60 s apart) all but the first only once the run
+    stops: Ctrl-C and errors must commit the finished ones all the same."""
+    from hookdump.dump import commit
+
+    monkeypatch.setattr(commit, "COMMIT_EVERY", request.param)
+    return float(request.param)
+
+
+@pytest.mark.usefixtures("commit_every")
 def test_ctrl_c_then_resume_equals_an_uninterrupted_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -103,6 +114,7 @@ def test_resume_an_image_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert torch.equal(a["__root__:input.0"], b["__root__:input.0"])
 
 
+@pytest.mark.usefixtures("commit_every")
 def test_a_full_disk_is_a_clear_error_and_resume_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -157,6 +169,39 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     monkeypatch.setattr(writer, "_seal", real_seal)
     assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
     assert hookdump.load(out).num_samples == 10
+
+
+def test_shards_finished_close_together_are_committed_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each commit syncs the disk, which slows the writes beside it: shards finished within
+    COMMIT_EVERY of the last commit go in one, every listed shard on disk before the
+    manifest names it, and the end of the run commits at once rather than waiting."""
+    import time
+
+    from hookdump.dump import commit
+    from hookdump.dump.writer import DumpWriter
+
+    monkeypatch.setattr(commit, "COMMIT_EVERY", 60.0)
+    listings: list[tuple[bool, list[str]]] = []
+    real_write_manifest = DumpWriter.write_manifest
+
+    def spy(self: DumpWriter, complete: bool, extra: Any = None) -> dict[str, Any]:
+        files = [s["file"] for s in self.shards]
+        assert all((self.out / f).is_file() for f in files)
+        listings.append((complete, files))
+        return real_write_manifest(self, complete, extra)
+
+    monkeypatch.setattr(DumpWriter, "write_manifest", spy)
+    started = time.monotonic()
+    result = invoke(*RUN, "-o", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.stderr
+    assert time.monotonic() - started < 60  # did not wait out the interval at the end
+    files = [f"shard-{i:05d}.safetensors" for i in range(5)]
+    assert listings[-1] == (True, files)
+    commits = [listed for complete, listed in listings if not complete]
+    assert 1 <= len(commits) <= 2 and commits[-1] == files  # the first at once, the rest at the end
+    assert hookdump.load(tmp_path / "d").num_samples == 10
 
 
 def test_resume_under_torchrun_refuses_a_dump_of_another_shape(

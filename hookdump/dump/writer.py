@@ -274,16 +274,34 @@ class DumpWriter:
     def keys_fixed(self) -> bool:
         return self._keys_fixed or bool(self.shards)
 
-    def commit_shard(
-        self,
-        shard: ShardFile | PlannedShard,
-        start: int,
-        stop: int,
-        sequences: int | None = None,
+    def commit_shards(
+        self, shards: list[tuple[ShardFile | PlannedShard, int, int, int | None]]
     ) -> None:
-        """Finish a shard's file and sync it; then (first shard) move an old dump aside; then
-        move the shard into place, list it and rewrite the manifest (still incomplete)."""
+        """Commit finished shards, each given as (shard, start, stop, sequences): its rows
+        `start:stop` (token rows: the samples they come from end at `sequences`).
+
+        Each shard's file is finished and synced; then (first shard) an old dump is moved
+        aside; then the shard is moved into place. The manifest (still incomplete) is
+        rewritten once, listing those moved in. After an error, the shards not listed are
+        dropped and the error raised."""
+        listed = len(self.shards)
+        try:
+            for done, (shard, start, stop, sequences) in enumerate(shards):
+                try:
+                    self._move_in(shard, start, stop, sequences)
+                except BaseException:
+                    for later, *_ in shards[done + 1 :]:
+                        later.abort()
+                    raise
+        finally:
+            if len(self.shards) > listed:
+                self.write_manifest(complete=False)
+
+    def _move_in(
+        self, shard: ShardFile | PlannedShard, start: int, stop: int, sequences: int | None
+    ) -> None:
         if start != (self.shards[-1]["stop"] if self.shards else 0):
+            shard.abort()
             raise ValueError(f"shards out of order: a shard starting at row {start}")
         meta = {"format": FORMAT, "start": str(start), "stop": str(stop)}
         try:
@@ -298,7 +316,6 @@ class DumpWriter:
         if sequences is not None:  # token rows: the samples whose tokens the shards hold
             entry["sequences"] = sequences
         self.shards.append(entry)
-        self.write_manifest(complete=False)
 
     def check_room(self, needed: int, written: int) -> None:
         """Refuse a dump of about `needed` bytes (`written` of them already in the first
