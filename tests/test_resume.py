@@ -141,12 +141,15 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
     assert hookdump.load(out).num_samples == 10
 
 
+@pytest.mark.usefixtures("commit_every")
+@pytest.mark.parametrize("failing", [1, 2])
 def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
 ) -> None:
     """Shards are synced and listed by a thread of their own while the next is written:
-    its error reaches the user as the same one line, the shards before stay listed, and
-    none after the failed one is (the dump has no gap)."""
+    its error reaches the user as the same one line, the shards before stay listed (also
+    those committed in the same group as the failed one), and none after the failed one
+    is (the dump has no gap)."""
     import errno
 
     from hookdump.dump import writer
@@ -155,7 +158,7 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     real_seal = writer._seal
 
     def seal_until_full(tmp: Path, *args: Any) -> None:
-        if tmp.name.startswith("shard-00001."):
+        if tmp.name.startswith(f"shard-{failing:05d}."):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_seal(tmp, *args)
 
@@ -163,9 +166,10 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     result = invoke(*RUN, "-o", str(out))
     assert_usage_error(result, "No space left on device", "--resume")
     manifest = json.loads((out / "manifest.json").read_text())
-    assert (manifest["complete"], manifest["num_samples"]) == (False, 2)
-    assert [s["file"] for s in manifest["shards"]] == ["shard-00000.safetensors"]
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-00000.safetensors"]
+    assert (manifest["complete"], manifest["num_samples"]) == (False, 2 * failing)
+    kept = [f"shard-{i:05d}.safetensors" for i in range(failing)]
+    assert [s["file"] for s in manifest["shards"]] == kept
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *kept]
     monkeypatch.setattr(writer, "_seal", real_seal)
     assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
     assert hookdump.load(out).num_samples == 10
