@@ -403,11 +403,22 @@ def test_pooled_buffers_are_not_reused_before_the_disk_has_read_them(
     assert "all 60 keys match" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ),
+    ],
+)
 def test_the_hooks_wait_for_the_disk_past_a_budget_of_bytes_in_flight(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
     """A slow disk and a small budget: the forward waits in the hooks, so the captured bytes
-    not yet written never pass the budget by more than one tensor, and the dump is whole."""
+    not yet written never pass the budget by more than one tensor, and the dump is whole.
+    On a GPU the pinned host copies count too."""
     import time
 
     from hookdump.dump import direct_io, sink
@@ -429,7 +440,7 @@ def test_the_hooks_wait_for_the_disk_past_a_budget_of_bytes_in_flight(
     monkeypatch.setattr(sink, "IN_FLIGHT_BYTES", 300_000)
     monkeypatch.setattr(sink._Budget, "take", noting)
     args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "4", "-b", "2", "-q"]
-    result = invoke(*args, "-o", str(tmp_path / "d"))
+    result = invoke(*args, "--device", device, "-o", str(tmp_path / "d"))
     assert result.exit_code == 0, result.stderr
     biggest = 2 * 64 * 16 * 16 * 4  # conv1's output, the largest tensor
     assert max(peaks) <= 300_000 + biggest

@@ -181,16 +181,17 @@ class BatchSink:
     def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
         """One captured tensor of the current batch, as a hook hands it over (a `Receiver`):
         copied now unless `fresh`, so no later in-place op can change it."""
+        self._budget.take(tensor.numel() * tensor.element_size(), lambda: self._error is not None)
         if tensor.is_cuda:
             # straight to pinned host memory, queued on the stream before any later in-place
-            # op; the worker waits on the event, never a synchronize() per module
+            # op; the worker waits on the event, never a synchronize() per module. Freed
+            # once written, the pinned block goes back to torch's cache for the next copy.
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
             self._queue.put(("tensor", key, host, info, ready))
             return
-        self._budget.take(tensor.numel() * tensor.element_size(), lambda: self._error is not None)
         self._queue.put(("tensor", key, tensor if fresh else self.pool.copy(tensor), info, None))
 
     def end(self) -> None:
@@ -306,8 +307,6 @@ class BatchSink:
     def _on_tensor(self, key: str, tensor: torch.Tensor, info: KeyInfo, ready: Any) -> None:
         if ready is not None:
             ready.synchronize()
-            self._take(key, tensor, info, None)
-            return
         # once written (or dropped) the buffer goes back to the pool and the next batch
         # reuses it: the shard may hand it back later, after the disk has read it
         nbytes = tensor.numel() * tensor.element_size()
