@@ -262,9 +262,15 @@ def test_inputs_reached_through_links_or_lists_are_refused_too(tmp_path: Path) -
 # --- durability ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["commit_each", "commit_grouped"])
 def test_each_shard_is_on_disk_before_the_manifest_lists_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grouped: bool
 ) -> None:
+    """Committed one by one or (within COMMIT_EVERY) together, each shard is synced,
+    renamed and its folder entry synced before a manifest names it."""
+    from hookdump.dump import commit
+
+    monkeypatch.setattr(commit, "COMMIT_EVERY", 60.0 if grouped else 0.0)
     out = tmp_path / "d"
     events: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -290,8 +296,12 @@ def test_each_shard_is_on_disk_before_the_manifest_lists_it(
         "rename manifest.json.tmp manifest.json",
         "fsync DIR",
     ]
-    second = [e.replace("00000", "00001") for e in durable[:3]] + durable[3:]
-    assert events == durable + second + durable[3:]  # the last: the complete manifest
+    shard, manifest = durable[:3], durable[3:]
+    second = [e.replace("00000", "00001") for e in shard]
+    if grouped:
+        assert events == shard + second + manifest + manifest  # the last: complete
+    else:
+        assert events == shard + manifest + second + manifest + manifest
 
 
 # --- error messages that name the real cause ----------------------------------------------

@@ -28,8 +28,8 @@ def interrupted(out: Path, monkeypatch: pytest.MonkeyPatch, at: int, *extra: str
 
 @pytest.fixture(params=[0.0, 60.0], ids=["commit_each", "commit_grouped"])
 def commit_every(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> float:
-    """Shards committed one by one, or (60 s apart) all but the first only once the run
-    stops: Ctrl-C and errors must commit the finished ones all the same."""
+    """Shards committed one by one, or (60 s apart) all only once the run stops: Ctrl-C and
+    errors must commit the finished ones all the same."""
     from hookdump.dump import commit
 
     monkeypatch.setattr(commit, "COMMIT_EVERY", request.param)
@@ -175,17 +175,23 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     assert hookdump.load(out).num_samples == 10
 
 
-def test_shards_finished_close_together_are_committed_together(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("old_dump", [False, True], ids=["new_folder", "overwrite"])
+def test_shards_are_committed_together_every_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old_dump: bool
 ) -> None:
     """Each commit syncs the disk, which slows the writes beside it: shards finished within
-    COMMIT_EVERY of the last commit go in one, every listed shard on disk before the
-    manifest names it, and the end of the run commits at once rather than waiting."""
+    COMMIT_EVERY of the run's start or of the last commit go in one, every listed shard on
+    disk before the manifest names it, and the end of the run commits at once rather than
+    waiting. Over an old dump the first shard is committed at once: it moves the old dump
+    aside, and the disk should not hold both for longer."""
     import time
 
     from hookdump.dump import commit
     from hookdump.dump.writer import DumpWriter
 
+    out = tmp_path / "d"
+    if old_dump:
+        assert invoke(*RUN, "-o", str(out)).exit_code == 0
     monkeypatch.setattr(commit, "COMMIT_EVERY", 60.0)
     listings: list[tuple[bool, list[str]]] = []
     real_write_manifest = DumpWriter.write_manifest
@@ -198,14 +204,14 @@ def test_shards_finished_close_together_are_committed_together(
 
     monkeypatch.setattr(DumpWriter, "write_manifest", spy)
     started = time.monotonic()
-    result = invoke(*RUN, "-o", str(tmp_path / "d"))
+    result = invoke(*RUN, "--overwrite", "-o", str(out))
     assert result.exit_code == 0, result.stderr
     assert time.monotonic() - started < 60  # did not wait out the interval at the end
     files = [f"shard-{i:05d}.safetensors" for i in range(5)]
     assert listings[-1] == (True, files)
     commits = [listed for complete, listed in listings if not complete]
-    assert 1 <= len(commits) <= 2 and commits[-1] == files  # the first at once, the rest at the end
-    assert hookdump.load(tmp_path / "d").num_samples == 10
+    assert commits == ([files[:1], files] if old_dump else [files])
+    assert hookdump.load(out).num_samples == 10
 
 
 def test_resume_under_torchrun_refuses_a_dump_of_another_shape(

@@ -357,6 +357,16 @@ class DumpWriter:
         """Another process cleared the folder: leave it alone."""
         self._prepared = True
 
+    def replaces_old_dump(self) -> bool:
+        """Whether the folder still holds files of an old dump (`overwrite`), which the
+        first commit moves aside."""
+        if not self.overwrite or self._prepared:
+            return False
+        try:
+            return any(path.name not in self._made for path in self.out.iterdir())
+        except FileNotFoundError:  # made with the first shard
+            return False
+
     def _prepare(self, keep: str | None = None) -> None:
         if self._prepared:
             return
