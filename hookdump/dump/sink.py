@@ -181,7 +181,8 @@ class BatchSink:
     def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
         """One captured tensor of the current batch, as a hook hands it over (a `Receiver`):
         copied now unless `fresh`, so no later in-place op can change it."""
-        self._budget.take(tensor.numel() * tensor.element_size(), lambda: self._error is not None)
+        nbytes = tensor.numel() * tensor.element_size()  # given back once written
+        self._budget.take(nbytes, lambda: self._error is not None)
         if tensor.is_cuda:
             # straight to pinned host memory, queued on the stream before any later in-place
             # op; the worker waits on the event, never a synchronize() per module. Freed
@@ -190,9 +191,10 @@ class BatchSink:
             host.copy_(tensor, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
-            self._queue.put(("tensor", key, host, info, ready))
+            self._queue.put(("tensor", key, host, info, nbytes, ready))
             return
-        self._queue.put(("tensor", key, tensor if fresh else self.pool.copy(tensor), info, None))
+        copy = tensor if fresh else self.pool.copy(tensor)
+        self._queue.put(("tensor", key, copy, info, nbytes, None))
 
     def end(self) -> None:
         """The current batch is complete."""
@@ -304,12 +306,14 @@ class BatchSink:
             return None
         return stop - start + math.ceil(self._rows_per_sample * max(0, expected - self._samples[1]))
 
-    def _on_tensor(self, key: str, tensor: torch.Tensor, info: KeyInfo, ready: Any) -> None:
+    def _on_tensor(
+        self, key: str, tensor: torch.Tensor, info: KeyInfo, nbytes: int, ready: Any
+    ) -> None:
+        """`nbytes`: what `keep` took from the budget for it, given back once written."""
         if ready is not None:
             ready.synchronize()
         # once written (or dropped) the buffer goes back to the pool and the next batch
         # reuses it: the shard may hand it back later, after the disk has read it
-        nbytes = tensor.numel() * tensor.element_size()
         self._lent = False
         try:
             self._take(key, tensor, info, functools.partial(self._written, tensor, nbytes))

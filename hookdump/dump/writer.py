@@ -363,24 +363,25 @@ class DumpWriter:
         if not self.overwrite or self._prepared:
             return False
         try:
-            return any(path.name not in self._made for path in self.out.iterdir())
+            return bool(self._old_files())
         except FileNotFoundError:  # made with the first shard
             return False
+
+    def _old_files(self) -> list[Path]:
+        """The folder's entries that are not this writer's own shards."""
+        entries = list(self.out.iterdir())
+        # the shards begun meanwhile stay (the set is read after the listing: a shard is
+        # named before its file is made)
+        kept = set(self._made)
+        return [p for p in entries if p.name not in kept]
 
     def _prepare(self, keep: str | None = None) -> None:
         if self._prepared:
             return
         if keep:
             self._made.add(keep)
-        # the shards begun meanwhile stay (the set is read after each listing: a shard is
-        # named before its file is made)
         check_out_dir(self.out, self.overwrite, self._made)  # again: it may have changed
-        entries = list(self.out.iterdir())
-        kept = set(self._made)
-        old = sorted(
-            (p for p in entries if p.name not in kept),
-            key=lambda p: p.name != MANIFEST,
-        )
+        old = sorted(self._old_files(), key=lambda p: p.name != MANIFEST)
         if old:
             # the manifest goes first, so a half-removed dump never reads as complete; the
             # rest is deleted in the background (unlinking gigabytes takes a while)
