@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from typing import Any
@@ -10,6 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from hookdump.cli._config import config_value_error
+from hookdump.cli._output import no_stdin
 from hookdump.errors import HookdumpError, Interrupted
 
 EXIT_INTERRUPTED = 130
@@ -24,8 +26,12 @@ class HookdumpGroup(TyperGroup):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: typer.Context) -> Any:
+        # `run` reads stdin for `--input -` or `--text -` alone, and closes it itself
+        command = next((a for a in ctx.meta["hookdump.argv"][1:] if not a.startswith("-")), None)
+        guard = contextlib.nullcontext() if command == "run" else no_stdin()
         try:
-            return super().invoke(ctx)
+            with guard:
+                return super().invoke(ctx)
         except Interrupted as exc:
             typer.echo(f"Interrupted: {exc.render(flag)}", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,3 +32,17 @@ def stderr() -> Console:
 def print_json(data: Any) -> None:
     """Machine-readable output: one JSON document on stdout."""
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def no_stdin() -> Iterator[None]:
+    """Standard input reads as empty inside: hookdump reads it only for `--input -` and
+    `--text -`, so nothing else (a library's "run this code? [y/N]" prompt) can take an
+    answer from it."""
+    saved = sys.stdin
+    with open(os.devnull) as empty:
+        sys.stdin = empty
+        try:
+            yield
+        finally:
+            sys.stdin = saved

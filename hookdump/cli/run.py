@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -305,7 +306,8 @@ def run(
         if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports
             quiet, json_output = True, False
         show_progress = not (quiet or json_output)
-        with _progress(show_progress) as progress:
+        reads_stdin = "-" in (options.input, options.text)
+        with _progress(show_progress) as progress, _stdin_unless(reads_stdin):
             result = run_dump(options, on_batch=pause.chain(progress))
         if not quiet:
             for warning in result.warnings:
@@ -325,6 +327,10 @@ def run(
 
     finally:
         pause.end()
+
+
+def _stdin_unless(reads_stdin: bool) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if reads_stdin else _output.no_stdin()
 
 
 class _GCPause:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from collections.abc import Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -24,6 +25,18 @@ from hookdump.model.weights import can_download, offline
 HF_PREFIX, TIMM_PREFIX = "hf:", "timm:"
 HUB_HOST = "huggingface.co"
 _HF_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+# the files through which transformers' Auto classes find code in the folder (`auto_map`)
+_HF_CONFIGS = (
+    "config.json",
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
+_CONFIG_BYTES = 64 << 20  # a config.json is a few KB: more is not a config
+# what every from_pretrained gets: the folder's own code never runs (unset, transformers
+# asks on stdin whether to run it)
+_NO_CODE = {"trust_remote_code": False}
 
 
 def is_zoo_spec(spec: str) -> bool:
@@ -79,21 +92,27 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> dict[str, An
     saved. Returns the module and what the rest of hookdump needs to know about it."""
     transformers = require("transformers", "hf", spec)
     folder = hf_folder(spec)
-    with _quiet(transformers):
-        config = transformers.AutoConfig.from_pretrained(folder)
-    names = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, names[0], None) if names else transformers.AutoModel
-    if cls is None:
+    refuse_folder_code(folder, f"{opt('model')} {spec}")
+    config = _hf_config(transformers, folder, spec)
+    cls = _hf_class(transformers, config, spec)
+    if "trust_remote_code" in model_args:
         raise HookdumpError(
-            f"{opt('model')} {spec}: config.json names the class {names[0]!r}, which "
-            f"transformers {transformers.__version__} does not have"
+            f"{opt('model_args')} trust_remote_code: hookdump never runs a model folder's own "
+            "code; load the model in Python and give it as package.module:attribute"
         )
     try:
         with _quiet(transformers):
-            module, info = cls.from_pretrained(folder, output_loading_info=True, **model_args)
+            module, info = cls.from_pretrained(
+                folder, output_loading_info=True, **_NO_CODE, **model_args
+            )
     except (TypeError, ValueError) as exc:
         raise HookdumpError(
-            f"building {spec} failed: {' '.join(str(exc).split())[:200]}; check {opt('model_args')}"
+            f"building {spec} failed: {_short(exc)}; check {opt('model_args')}"
+        ) from exc
+    except Exception as exc:  # a pickled .bin, a weights file of the wrong size...
+        raise HookdumpError(
+            f"{opt('model')} {spec}: loading the weights failed ({type(exc).__name__}: "
+            f"{_short(exc)}); check the folder's weights files"
         ) from exc
     problems = [
         f"{len(keys)} {kind.replace('_', ' ')} ({', '.join(list(keys)[:3])})"
@@ -115,6 +134,96 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> dict[str, An
         "config": config,
         "warnings": [f"{opt('model')} {spec}: {p}" for p in problems],
     }
+
+
+def refuse_folder_code(folder: Path, label: str) -> None:
+    """Refuse a folder whose config files point transformers at code in the folder or on the
+    hub (`auto_map`): hookdump never runs it, and never asks. `label` names the folder in
+    the message (`MODEL hf:x`)."""
+    for name in _HF_CONFIGS:
+        data = read_config(folder / name, label)
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if auto_map:
+            code = sorted({str(v).split(".")[0] for v in _strings(auto_map)})
+            raise HookdumpError(
+                f"{label}: {name} names code to run ({', '.join(code[:3])}; "
+                "auto_map), and hookdump never runs a model folder's own code; load the model "
+                "in Python and give it as package.module:attribute"
+            )
+
+
+def read_config(path: Path, label: str) -> Any:
+    """A folder's JSON config file, parsed (None where there is none)."""
+    if not path.is_file():
+        return None
+    try:
+        with path.open("rb") as file:
+            raw = file.read(_CONFIG_BYTES + 1)
+        if len(raw) > _CONFIG_BYTES:
+            raise ValueError(f"over {_CONFIG_BYTES >> 20} MiB")
+        return json.loads(raw)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise HookdumpError(
+            f"{label}: {path.name} is not a readable JSON file "
+            f"({_short(exc)}); give a folder saved with save_pretrained"
+        ) from None
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """The strings in an `auto_map` value (a string, a list, or a mapping of them)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _hf_config(transformers: Any, folder: Path, spec: str) -> Any:
+    """The folder's config, as transformers reads it; every way it can fail is one line."""
+    data = read_config(folder / "config.json", f"{opt('model')} {spec}")
+    if not isinstance(data, dict):
+        raise HookdumpError(
+            f"{opt('model')} {spec}: config.json holds {type(data).__name__}, not an object; "
+            "give a folder saved with save_pretrained"
+        )
+    try:
+        with _quiet(transformers):
+            return transformers.AutoConfig.from_pretrained(folder, **_NO_CODE)
+    except Exception as exc:  # an unknown model_type, a value of the wrong type...
+        raise HookdumpError(
+            f"{opt('model')} {spec}: transformers cannot read its config.json "
+            f"({type(exc).__name__}: {_short(exc)})"
+        ) from exc
+
+
+def _hf_class(transformers: Any, config: Any, spec: str) -> Any:
+    """The model class `architectures` names first (AutoModel when it names none)."""
+    names = getattr(config, "architectures", None) or []
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise HookdumpError(
+            f"{opt('model')} {spec}: config.json's architectures is {names!r:.60}, not a list "
+            "of class names"
+        )
+    if not names:
+        return transformers.AutoModel
+    cls = getattr(transformers, names[0], None) if names[0].isidentifier() else None
+    if not (isinstance(cls, type) and hasattr(cls, "from_pretrained")):
+        raise HookdumpError(
+            f"{opt('model')} {spec}: config.json names the class {names[0]!r:.80}, which "
+            f"transformers {transformers.__version__} does not have"
+        )
+    return cls
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line, cut at a word."""
+    text = " ".join(str(exc).split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 @contextlib.contextmanager
@@ -151,7 +260,14 @@ def _hf_image_processor(transformers: Any, folder: Path) -> Any:
     without one)."""
     if not (folder / "preprocessor_config.json").is_file():
         return None
-    processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    try:
+        with _quiet(transformers):
+            processor = transformers.AutoImageProcessor.from_pretrained(folder, **_NO_CODE)
+    except Exception as exc:
+        raise HookdumpError(
+            f"{opt('model')} {folder}: its preprocessor_config.json cannot be read "
+            f"({type(exc).__name__}: {_short(exc)})"
+        ) from exc
 
     def transform(image: Image.Image) -> torch.Tensor:
         return processor(images=image, return_tensors="pt")["pixel_values"][0]
@@ -173,12 +289,14 @@ def load_tokenizer(folder: str | Path, spec: str) -> tuple[Any, list[Path]]:
             f"{opt('tokenizer')} {folder}: no tokenizer files there; give a folder saved with "
             "save_pretrained"
         )
+    refuse_folder_code(path, f"{opt('tokenizer')} {folder}")
     try:
         with _quiet(transformers):
-            return transformers.AutoTokenizer.from_pretrained(path), files
-    except (OSError, ValueError) as exc:
+            return transformers.AutoTokenizer.from_pretrained(path, **_NO_CODE), files
+    except Exception as exc:  # a wrong tokenizer.json raises whatever its parser raises
         raise HookdumpError(
-            f"{opt('tokenizer')} {folder}: cannot load a tokenizer ({str(exc)[:200]})"
+            f"{opt('tokenizer')} {folder}: cannot load a tokenizer ({type(exc).__name__}: "
+            f"{_short(exc)})"
         ) from exc
 
 
