@@ -73,9 +73,12 @@ class CheckFailed(HookdumpError):
 
 
 class Interrupted(HookdumpError):
-    """Ctrl-C during a run: the message says what was kept and how to go on; exit code 130."""
+    """Ctrl-C (exit code 130) or SIGTERM (143) during a run: the message says what was kept
+    and how to go on."""
 
-    exit_code = 130
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def nearest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
 from typer.testing import CliRunner, Result
 
 from hookdump.cli import app
 
+TESTS = Path(__file__).parent
 # deterministic rendering whatever the environment: no colours, a fixed width
 ENV = {"COLUMNS": "160", "FORCE_COLOR": None, "TTY_COMPATIBLE": None, "NO_COLOR": "1"}
 
@@ -25,3 +32,28 @@ def assert_usage_error(result: Result, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+def hookdump_process(
+    *args: str, env: dict[str, str] | None = None, limit_bytes: int | None = None
+) -> subprocess.Popen[str]:
+    """`python -m hookdump ARGS` from tests/, optionally under a file-size limit."""
+
+    def limit() -> None:
+        if limit_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "hookdump", *args],
+        cwd=TESTS,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit,
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    stdout, stderr = process.communicate(timeout=120)
+    return process.returncode, stdout, stderr

@@ -32,7 +32,7 @@ def test_a_shard_file_is_plain_safetensors_for_every_dtype(tmp_path: Path) -> No
     shard = ShardFile(tmp_path / "s.safetensors", reserve=16)  # too small: the header grows
     for key, value in tensors.items():
         shard.write(key, value)
-    shard.close({"start": "0", "stop": "3"})
+    shard.finish({"start": "0", "stop": "3"})
     assert shard.sealed is not None
     publish(shard.sealed, shard.path)
     loaded = load_file(tmp_path / "s.safetensors")

@@ -10,15 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from clitools import assert_usage_error, invoke
+from clitools import assert_usage_error, finish, hookdump_process, invoke
 from safetensors.torch import save_file
 
 import hookdump
@@ -28,31 +25,6 @@ TESTS = Path(__file__).parent
 MARKER = "MARKER-outside-the-dump-7f3a"
 RUN = ["run", "tiny_models:TwoLinear", "-n", "6", "-b", "2", "-q"]
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
-
-
-def hookdump_process(
-    *args: str, env: dict[str, str] | None = None, limit_bytes: int | None = None
-) -> subprocess.Popen[str]:
-    """`python -m hookdump ARGS` from tests/, optionally under a file-size limit."""
-
-    def limit() -> None:
-        if limit_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-
-    return subprocess.Popen(
-        [sys.executable, "-m", "hookdump", *args],
-        cwd=TESTS,
-        env={**os.environ, "NO_COLOR": "1", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=limit,
-    )
-
-
-def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
-    stdout, stderr = process.communicate(timeout=120)
-    return process.returncode, stdout, stderr
 
 
 def fingerprint(folder: Path) -> dict[str, str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,55 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
     assert hookdump.load(out).num_samples == 10
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB file system (tmpfs): what fills it fails as a full disk does."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr!r:.100}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.usefixtures("commit_every")
+def test_a_disk_that_fills_mid_run_keeps_every_finished_shard(
+    small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real disk fills in the fourth batch: the shards finished before are listed (their
+    headers and the manifest need no new space; batch 3's may be, as its last bytes raced
+    the filling), the one that failed is gone, and --resume finishes the dump."""
+    out, whole = small_disk / "d", tmp_path / "whole"
+    filler = small_disk / "filler"
+    monkeypatch.setenv("HOOKDUMP_TEST_FILL", str(filler))
+    monkeypatch.setenv("HOOKDUMP_TEST_FILL_LEAVE", "0")
+    args = ["run", "tiny_models:FillsDisk", "-n", "40", "-b", "2", "--shard-size", "1", "-q"]
+    monkeypatch.setenv("HOOKDUMP_TEST_FILL_AT", "4")
+    result = invoke(*args, "-o", str(out))
+    assert_usage_error(result, "No space left on device", "--resume")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False and manifest["num_samples"] >= 4
+    listed = [s["file"] for s in manifest["shards"]]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *listed]
+    inspected = json.loads(invoke("inspect", str(out), "--json").stdout)
+    assert (inspected["num_samples"], inspected["shards"]) == (manifest["num_samples"], len(listed))
+
+    filler.unlink()
+    monkeypatch.delenv("HOOKDUMP_TEST_FILL_AT")
+    result = invoke(*args, "-o", str(out), "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert invoke(*args, "-o", str(whole)).exit_code == 0
+    a, b = hookdump.load(whole), hookdump.load(out)
+    assert b.complete and b.manifest["sample_ids"] == list(range(40))
+    for key in sorted(a.keys()):
+        assert torch.equal(a[key], b[key]), key
+
+
 @pytest.mark.usefixtures("commit_every")
 @pytest.mark.parametrize("failing", [1, 2])
 def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishes(
@@ -155,14 +206,14 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     from hookdump.dump import writer
 
     out = tmp_path / "d"
-    real_seal = writer._seal
+    real_fsync = writer._fsync
 
-    def seal_until_full(tmp: Path, *args: Any) -> None:
+    def fsync_until_full(tmp: Path) -> None:
         if tmp.name.startswith(f"shard-{failing:05d}."):
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_seal(tmp, *args)
+        real_fsync(tmp)
 
-    monkeypatch.setattr(writer, "_seal", seal_until_full)
+    monkeypatch.setattr(writer, "_fsync", fsync_until_full)
     result = invoke(*RUN, "-o", str(out))
     assert_usage_error(result, "No space left on device", "--resume")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -170,7 +221,7 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     kept = [f"shard-{i:05d}.safetensors" for i in range(failing)]
     assert [s["file"] for s in manifest["shards"]] == kept
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *kept]
-    monkeypatch.setattr(writer, "_seal", real_seal)
+    monkeypatch.setattr(writer, "_fsync", real_fsync)
     assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
     assert hookdump.load(out).num_samples == 10
 

@@ -392,7 +392,7 @@ def test_token_rows_of_a_known_count_fill_their_last_shard_exactly(
     def compacting(*_: object) -> None:
         raise AssertionError("the last shard was compacted")
 
-    monkeypatch.setattr(writer.PlannedShard, "_read_rows", compacting)
+    monkeypatch.setattr(writer, "_move_down", compacting)
     result = invoke(*args, "-o", str(tmp_path / "planned"))
     assert result.exit_code == 0, result.stderr
     planned, each = hookdump.load(tmp_path / "planned"), hookdump.load(tmp_path / "each")

@@ -295,6 +295,62 @@ class Slow(nn.Module):
         return self.inner(x)
 
 
+class Barrier(nn.Module):
+    """TwoLinear whose forward of batch N (counted from 1 over batches of more than one
+    sample; N from $HOOKDUMP_TEST_BARRIER_AT) makes the file `ready` in the folder
+    $HOOKDUMP_TEST_BARRIER, then waits until the test makes `go` there: a test acts on a run
+    known to be mid-batch, however slowly the machine started it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = TwoLinear()
+        self.batches = 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        import os
+        import time
+        from pathlib import Path
+
+        if x.shape[0] > 1:
+            self.batches += 1
+            if str(self.batches) == os.environ.get("HOOKDUMP_TEST_BARRIER_AT"):
+                folder = Path(os.environ["HOOKDUMP_TEST_BARRIER"])
+                (folder / "ready").touch()
+                while not (folder / "go").exists():
+                    time.sleep(0.01)
+        return self.inner(x)
+
+
+class FillsDisk(nn.Module):
+    """TwoLinear whose forward of batch N (counted from 1 over batches of more than one
+    sample; N from $HOOKDUMP_TEST_FILL_AT) fills the disk holding the file $HOOKDUMP_TEST_FILL
+    with it, all but $HOOKDUMP_TEST_FILL_LEAVE bytes: the dump itself then fills the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = TwoLinear()
+        self.batches = 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        import os
+
+        if x.shape[0] > 1:
+            self.batches += 1
+            if str(self.batches) == os.environ.get("HOOKDUMP_TEST_FILL_AT"):
+                path = os.environ["HOOKDUMP_TEST_FILL"]
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                try:
+                    while True:
+                        os.write(fd, bytes(4096))
+                except OSError:  # full
+                    size = os.fstat(fd).st_size
+                    leave = int(os.environ.get("HOOKDUMP_TEST_FILL_LEAVE", "0"))
+                    os.ftruncate(fd, max(0, size - leave))
+                finally:
+                    os.close(fd)
+        return self.inner(x)
+
+
 class NoGuess(nn.Module):
     """No Linear, Conv or Embedding to guess a random input from: it takes whatever it is fed."""
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import signal
 import sys
 import threading
 from typing import NoReturn
@@ -17,6 +16,7 @@ import typer
 
 from hookdump.cli import diff, inspect, layers, models, run, show
 from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
+from hookdump.run.signals import ignore_from_now, interrupts_once
 
 app = typer.Typer(
     cls=HookdumpGroup,
@@ -37,14 +37,16 @@ app.command("show")(show.show)
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: the first Ctrl-C or SIGTERM stops the command, and any
+    later one is ignored (see `run.signals`) until the process is gone."""
     try:
-        app(prog_name="hookdump")
+        with interrupts_once():
+            app(prog_name="hookdump")
     except SystemExit as exc:
-        if exc.code == EXIT_INTERRUPTED:
-            # a second Ctrl-C while the interpreter shuts down (joining worker processes and
+        if exc.code in EXIT_INTERRUPTED:
+            # a second signal while the interpreter shuts down (joining worker processes and
             # threads) would print a traceback from an atexit callback: the first one counts
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            ignore_from_now()
         _exit(exc.code)
     _exit(0)
 

@@ -13,8 +13,9 @@ from typer.core import TyperGroup
 from hookdump.cli._config import config_value_error
 from hookdump.cli._output import no_stdin
 from hookdump.errors import HookdumpError, Interrupted
+from hookdump.run.signals import EXIT_SIGINT, EXIT_SIGTERM, exit_code
 
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = (EXIT_SIGINT, EXIT_SIGTERM)
 
 
 class HookdumpGroup(TyperGroup):
@@ -33,8 +34,9 @@ class HookdumpGroup(TyperGroup):
             with guard:
                 return super().invoke(ctx)
         except Interrupted as exc:
-            typer.echo(f"Interrupted: {exc.render(flag)}", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            what = "Terminated" if exc.exit_code == EXIT_SIGTERM else "Interrupted"
+            typer.echo(f"{what}: {exc.render(flag)}", err=True)
+            raise typer.Exit(exc.exit_code) from None
         except HookdumpError as exc:
             typer.echo(f"Error: {exc.render(flag)}", err=True)
             if os.environ.get("HOOKDUMP_DEBUG") == "1" and exc.__cause__ is not None:
@@ -47,9 +49,10 @@ class HookdumpGroup(TyperGroup):
                 raise  # a value typed on the command line: Click's own usage error
             typer.echo(f"Error: {message}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            typer.echo("Interrupted.", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except KeyboardInterrupt as exc:  # SIGTERM too (`Terminated`)
+            code = exit_code(exc)
+            typer.echo("Terminated." if code == EXIT_SIGTERM else "Interrupted.", err=True)
+            raise typer.Exit(code) from None
 
 
 # library argument names whose flag is not `--` + the name with - for _

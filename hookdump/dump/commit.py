@@ -79,6 +79,7 @@ class Committer:
                 self._stop = True
                 self._changed.notify_all()
             self._thread.join()
+            self.writer.drop_room()
 
     def raise_if_failed(self) -> None:
         """Raise the error of a commit that failed, if one did."""

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from hookdump.dump.folder import create_new, open_existing
+from hookdump.dump.folder import create_new, open_existing, remove_entry
 
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
 STAGE_BYTES = 8 << 20
@@ -33,6 +33,26 @@ _REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPN
 
 def round_up(n: int, to: int = BLOCK) -> int:
     return n + (-n % to)
+
+
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Give bytes `offset:offset + length` of a new file (extended to cover them) disk blocks
+    now, so that writing them later needs no new space: a full disk then fails here, when
+    the file is made, never when a finished shard's header is written."""
+    if length <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+        return
+    except AttributeError:  # no posix_fallocate (macOS)
+        pass
+    except OSError as exc:
+        if exc.errno not in _REFUSED:
+            raise
+    zeros = bytes(min(length, 1 << 20))  # the file has nothing there yet: zeros cost nothing
+    end = offset + length
+    while offset < end:
+        offset += os.pwrite(fd, zeros[: end - offset], offset)
 
 
 def direct_io_wanted() -> bool:
@@ -114,13 +134,13 @@ class _DiskThread:
 
     def _write(self, data: memoryview, offset: int) -> None:
         try:
-            _pwrite_all(self._fd, data, offset)
+            pwrite_all(self._fd, data, offset)
         except OSError as exc:
             if exc.errno not in _REFUSED or not self._direct:
                 raise
             os.close(self._fd)  # accepted at open, refused at write: the page cache from now
             self._fd, self._direct = open_existing(self.path, os.O_WRONLY), False
-            _pwrite_all(self._fd, data, offset)
+            pwrite_all(self._fd, data, offset)
 
 
 _Job = tuple[memoryview, int, Callable[[], None]]
@@ -149,8 +169,9 @@ def _open_direct(path: Path) -> _DiskThread | None:
 
 class AppendFile:
     """A new file whose bytes from `start` (a multiple of BLOCK) on are appended in order;
-    the bytes before `start` are left for the caller to fill in later (a header). Whatever
-    was at `path` before is removed, never written through."""
+    the bytes before `start` are allocated (see `allocate`) for the caller to fill in later
+    (a header). Whatever was at `path` before is removed, never written through; a file
+    that cannot be made is not left behind."""
 
     def __init__(self, path: Path, start: int) -> None:
         if start % BLOCK:
@@ -159,9 +180,11 @@ class AppendFile:
         self.end = start  # the file offset the next byte goes to
         self._fd = create_new(path)
         try:
+            allocate(self._fd, 0, start)
             self._disk = _open_direct(path)
         except BaseException:
             os.close(self._fd)
+            remove_entry(path)
             raise
         self._stage: memoryview | None = None
         self._fill = 0  # bytes in the stage, not yet handed to the disk thread
@@ -205,7 +228,7 @@ class AppendFile:
 
     def _append(self, data: memoryview) -> None:
         if self._disk is None:
-            _pwrite_all(self._fd, data, self.end)
+            pwrite_all(self._fd, data, self.end)
             self.end += len(data)
             return
         while len(data):
@@ -250,18 +273,20 @@ class AppendFile:
 
 
 class PositionalFile:
-    """A new file of `size` bytes written at any offsets: the whole blocks of each write go
-    past the page cache (as in AppendFile), the partial blocks at its ends through it. No
-    block is written both ways, since writes do not overlap. Created as AppendFile is."""
+    """A new file of `size` bytes, allocated whole (see `allocate`), written at any offsets:
+    the whole blocks of each write go past the page cache (as in AppendFile), the partial
+    blocks at its ends through it. No block is written both ways, since writes do not
+    overlap. Created as AppendFile is."""
 
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
         self._fd = create_new(path, os.O_RDWR)  # also reads back
         try:
-            os.ftruncate(self._fd, size)
+            allocate(self._fd, 0, size)
             self._disk = _open_direct(path)
         except BaseException:
             os.close(self._fd)
+            remove_entry(path)
             raise
 
     def fileno(self) -> int:
@@ -273,15 +298,15 @@ class PositionalFile:
         data = data.cast("B")
         start, stop = round_up(offset), offset + len(data) - (offset + len(data)) % BLOCK
         if self._disk is None or stop <= start:
-            _pwrite_all(self._fd, data, offset)
+            pwrite_all(self._fd, data, offset)
             return
-        _pwrite_all(self._fd, data[: start - offset], offset)
+        pwrite_all(self._fd, data[: start - offset], offset)
         for position in range(start, stop, STAGE_BYTES):
             n = min(STAGE_BYTES, stop - position)
             stage = self._disk.take()
             stage[:n] = data[position - offset : position - offset + n]
             self._disk.put(stage, n, position)
-        _pwrite_all(self._fd, data[stop - offset :], stop)
+        pwrite_all(self._fd, data[stop - offset :], stop)
 
     def flush(self) -> None:
         """Wait until every write is on the file."""
@@ -300,7 +325,7 @@ class PositionalFile:
                 self._fd = -1
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written

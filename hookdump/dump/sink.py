@@ -418,5 +418,6 @@ class BatchSink:
         self._commit(planned, self._planned_start, stop)
 
     def _commit(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
-        assert self._committer is not None
+        assert self._committer is not None and self.writer is not None
+        self.writer.finish_shard(shard, start, stop)  # here, while the disk has room
         self._committer.commit(shard, start, stop, self._sequences)

@@ -10,13 +10,14 @@ import re
 import shutil
 import struct
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hookdump.dump.direct_io import AppendFile, PositionalFile, round_up
+from hookdump.dump.direct_io import AppendFile, PositionalFile, allocate, pwrite_all, round_up
 from hookdump.dump.folder import (
     DUMP_FILE,
     check_out_dir,
@@ -31,6 +32,7 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format import FORMAT, MANIFEST, SAFETENSORS_DTYPES, KeyInfo, dtype_name
 
 DEFAULT_SHARD_BYTES = 1 << 30
+MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the last one's
 __all__ = ["FORMAT", "MANIFEST", "DumpWriter"]
 
 
@@ -80,28 +82,40 @@ class ShardFile:
         self.entries[key] = _entry(tensor.dtype, list(tensor.shape), self.size, nbytes)
         self.size += nbytes
 
-    def close(self, metadata: dict[str, str]) -> None:
-        """Write the header and sync the file to disk (still under its temporary name)."""
+    def finish(self, metadata: dict[str, str]) -> None:
+        """Write the last bytes and the header (into room allocated when the file was made:
+        a full disk cannot stop it), still under the temporary name `sealed`."""
         self.file.close()
-        _seal(self.tmp, self.reserve, self.entries, metadata)
+        _write_header(self.tmp, self.reserve, self.entries, metadata)
         self.sealed = self.tmp
 
+    def sync(self) -> None:
+        """Make the finished file durable (before it is moved into place)."""
+        assert self.sealed is not None
+        _fsync(self.sealed)
+
     def abort(self) -> None:
-        """Drop the half-written (or sealed but unpublished) file."""
+        """Drop the half-written (or finished but unpublished) file."""
         self.file.abort()
         remove_entry(self.tmp)
 
 
-def _seal(tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str]) -> None:
-    """Write the header into the `reserve` bytes before the data and sync the file."""
+def _write_header(
+    tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str], size: int = -1
+) -> None:
+    """Write the header into the `reserve` bytes before the data (cutting the file to `size`
+    bytes first, when given)."""
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     if len(header) + 8 > reserve:  # more keys than reserved for: move the data along once
         reserve = _move_data(tmp, reserve, round_up(len(header) + 8 + 4096))
     room = reserve - 8
-    with os.fdopen(open_existing(tmp, os.O_WRONLY), "wb") as file:
-        file.write(struct.pack("<Q", room) + header + b" " * (room - len(header)))
-        file.flush()
-        os.fsync(file.fileno())  # the data too: it went to the same file
+    fd = open_existing(tmp, os.O_WRONLY)
+    try:
+        if size >= 0:
+            os.ftruncate(fd, size)
+        os.pwrite(fd, struct.pack("<Q", room) + header + b" " * (room - len(header)), 0)
+    finally:
+        os.close(fd)
 
 
 def _move_data(tmp: Path, reserve: int, grown_reserve: int) -> int:
@@ -120,6 +134,14 @@ def _move_data(tmp: Path, reserve: int, grown_reserve: int) -> int:
     finally:
         remove_entry(grown)
     return grown_reserve
+
+
+def _fsync(path: Path) -> None:
+    fd = open_existing(path, os.O_WRONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class PlannedShard:
@@ -152,48 +174,42 @@ class PlannedShard:
             self.file.pwrite(data, self.reserve + offset + row * row_bytes)
         self.filled = max(self.filled, row + tensor.shape[0])
 
-    def close(self, metadata: dict[str, str]) -> None:
-        """Finish the shard (compacted if it holds fewer rows) and sync it, under the
-        temporary name `sealed`."""
-        if self.filled == self.rows:  # the data is already in place: add the header
-            entries, size = {}, 0
-            for key, (dtype, shape, _, row_bytes) in self.layout.items():
-                nbytes = row_bytes * self.rows
-                entries[key] = _entry(dtype, [self.rows, *shape], size, nbytes)
-                size += nbytes
-            self.file.close()
-            _seal(self.tmp, self.reserve, entries, metadata)
-            self.sealed = self.tmp
-            return
-        self.file.flush()  # the rows are read back from the file
-        final = ShardFile(self.path, self.reserve)
-        try:
-            for key in self.layout:
-                final.write(key, self._read_rows(key))
-            final.close(metadata)
-        except BaseException:
-            final.abort()
-            raise
-        finally:
-            self.abort()
-        self.sealed = final.sealed
+    def finish(self, metadata: dict[str, str]) -> None:
+        """Write the header (a shard that ends short is first compacted in place: its
+        keys' rows moved down to follow each other), under the temporary name `sealed`.
+        The file was allocated whole when made, so this needs no new space."""
+        self.file.flush()
+        entries, size = {}, 0
+        for key, (dtype, shape, offset, row_bytes) in self.layout.items():
+            nbytes = row_bytes * self.filled
+            if size != offset:  # rows of later keys only ever move down, in order
+                _move_down(self.file.fileno(), self.reserve + offset, self.reserve + size, nbytes)
+            entries[key] = _entry(dtype, [self.filled, *shape], size, nbytes)
+            size += nbytes
+        self.file.close()
+        _write_header(self.tmp, self.reserve, entries, metadata, self.reserve + size)
+        self.sealed = self.tmp
 
-    def _read_rows(self, key: str) -> torch.Tensor:
-        """The rows of `key` written so far (one key in memory at a time)."""
-        dtype, shape, offset, row_bytes = self.layout[key]
-        if not row_bytes:
-            return torch.empty(self.filled, *shape, dtype=dtype)
-        data = os.pread(self.file.fileno(), row_bytes * self.filled, self.reserve + offset)
-        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        return flat.view(dtype).reshape(self.filled, *shape)
+    def sync(self) -> None:
+        """Make the finished file durable (before it is moved into place)."""
+        assert self.sealed is not None
+        _fsync(self.sealed)
 
     def abort(self) -> None:
-        """Drop the file (and a compacted copy that was sealed but not published)."""
+        """Drop the file."""
         with contextlib.suppress(OSError):  # already failing: the error was raised before
             self.file.close()
         remove_entry(self.tmp)
-        if self.sealed is not None and self.sealed != self.tmp:
-            remove_entry(self.sealed)
+
+
+def _move_down(fd: int, source: int, target: int, nbytes: int, chunk: int = 16 << 20) -> None:
+    """Copy `nbytes` at `source` to `target` (lower) in the same file, front first, so no
+    byte is overwritten before it is read."""
+    for done in range(0, nbytes, chunk):
+        data = os.pread(fd, min(chunk, nbytes - done), source + done)
+        if len(data) != min(chunk, nbytes - done):
+            raise OSError(f"the shard ends before byte {source + done + len(data)}")
+        pwrite_all(fd, memoryview(data), target + done)
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -239,6 +255,8 @@ class DumpWriter:
         self.fields = fields
         self._prepared = False
         self._cleanup: threading.Thread | None = None
+        # in the manifest and every shard: a reader can tell a shard of another run
+        self.run_id: str | None = uuid.uuid4().hex
 
     def open_shard(self, keys_expected: int) -> ShardFile:
         """A new shard file; `keys_expected` sizes the room kept for its header.
@@ -262,6 +280,8 @@ class DumpWriter:
         return PlannedShard(self.out / name, layout, rows)
 
     def _next_name(self) -> str:
+        if not self._named:
+            self._keep_room(MANIFEST_ROOM)
         self._named = max(self._named, len(self.shards)) + 1
         return f"{self.shard_prefix}{self._named - 1:05d}.safetensors"
 
@@ -295,7 +315,18 @@ class DumpWriter:
                     raise
         finally:
             if len(self.shards) > listed:
-                self.write_manifest(complete=False)
+                self._list(listed)
+
+    def _list(self, listed: int) -> None:
+        """Write the manifest listing the shards moved in after the first `listed`; if that
+        fails, take them out again: the folder holds what its manifest lists."""
+        try:
+            self.write_manifest(complete=False)
+        except BaseException:
+            for entry in self.shards[listed:]:
+                remove_entry(self.out / entry["file"])
+            del self.shards[listed:]
+            raise
 
     def _move_in(
         self, shard: ShardFile | PlannedShard, start: int, stop: int, sequences: int | None
@@ -303,9 +334,8 @@ class DumpWriter:
         if start != (self.shards[-1]["stop"] if self.shards else 0):
             shard.abort()
             raise ValueError(f"shards out of order: a shard starting at row {start}")
-        meta = {"format": FORMAT, "start": str(start), "stop": str(stop)}
         try:
-            shard.close(meta)
+            shard.sync()
             assert shard.sealed is not None
             self._prepare(keep=shard.sealed.name)
             publish(shard.sealed, shard.path)
@@ -316,6 +346,18 @@ class DumpWriter:
         if sequences is not None:  # token rows: the samples whose tokens the shards hold
             entry["sequences"] = sequences
         self.shards.append(entry)
+
+    def finish_shard(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
+        """Write the rest of a complete shard of rows `start:stop`, header included, so that
+        committing it needs no new space; drops it if that fails."""
+        meta = {"format": FORMAT, "start": str(start), "stop": str(stop)}
+        if self.run_id is not None:
+            meta["run_id"] = self.run_id
+        try:
+            shard.finish(meta)
+        except BaseException:
+            shard.abort()
+            raise
 
     def check_room(self, needed: int, written: int) -> None:
         """Refuse a dump of about `needed` bytes (`written` of them already in the first
@@ -403,6 +445,7 @@ class DumpWriter:
             fields["sample_ids"] = list(fields["sample_ids"][:samples])
         return {
             "format": FORMAT,
+            **({"run_id": self.run_id} if self.run_id is not None else {}),
             "complete": complete,
             "num_samples": num_samples,
             **fields,
@@ -417,8 +460,32 @@ class DumpWriter:
         """
         self._prepare()
         manifest = self.manifest(complete, extra)
-        write_json(self.out / self.manifest_name, manifest)
+        data = (json.dumps(manifest, indent=2) + "\n").encode()
+        write_durably(self.out / self.manifest_name, data)  # takes the room's place
+        if not complete:
+            self._keep_room(MANIFEST_ROOM + 2 * len(data))
         return manifest
+
+    def _keep_room(self, nbytes: int) -> None:
+        """Keep the manifest's next temporary file allocated, `nbytes` big: on a disk that
+        fills, the manifest listing the finished shards is written where it was (removed
+        just before), never refused for want of space. Best effort: a disk already full
+        gets none."""
+        room = self.out / (self.manifest_name + ".tmp")
+        self._made.add(room.name)
+        try:
+            fd = create_new(room)
+            try:
+                allocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except OSError:
+            remove_entry(room)
+
+    def drop_room(self) -> None:
+        """The run is over: no more manifests to write room for."""
+        if self._named:
+            remove_entry(self.out / (self.manifest_name + ".tmp"))
 
     def take_over(self, shards: list[dict[str, Any]], tensors: dict[str, dict[str, Any]]) -> None:
         """Become the writer of the whole dump (torchrun's rank 0, once every rank is done):
@@ -447,6 +514,7 @@ class DumpWriter:
             fields=fields,
         )
         writer.tensors, writer.shards = dict(manifest["tensors"]), list(manifest["shards"])
+        writer.run_id = manifest.get("run_id")  # one dump, one id: its shards carry it
         writer._prepared = True
         listed = {writer.manifest_name} | {s["file"] for s in writer.shards}
         # one process: every stray dump file; a torchrun rank: its own

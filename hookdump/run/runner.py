@@ -44,6 +44,7 @@ from hookdump.run.distributed import RankPart, Ranks, from_environment, rank_dev
 from hookdump.run.manifest import manifest_fields
 from hookdump.run.options import RunOptions, RunResult
 from hookdump.run.resume import sources
+from hookdump.run.signals import exit_code, interrupts_once
 from hookdump.run.tokens import TokenRows, parse_positions
 
 ProgressCallback = Callable[[int, int | None, int], None]
@@ -76,7 +77,8 @@ def run(options: RunOptions, on_batch: ProgressCallback | None = None) -> RunRes
         HookdumpError: bad options or input (the message names the argument); `out` is
             locked for the whole run (under torchrun, by rank 0 for all), and a run that
             fails leaves it as it found it, or, past its first shard, resumable.
-        Interrupted: Ctrl-C; the message says what was kept.
+        Interrupted: Ctrl-C or SIGTERM; the message says what was kept. The finished
+            shards are committed first, and a second signal meanwhile is ignored.
 
     Example:
         >>> result = run(RunOptions(model="resnet18", layers=["layer1.*"], out=Path("acts")))
@@ -89,7 +91,7 @@ def run(options: RunOptions, on_batch: ProgressCallback | None = None) -> RunRes
     if options.out is not None:  # a link is followed once, here: entries never are
         options = dataclasses.replace(options, out=options.out.resolve())
     ranks = from_environment(options.device)  # set when run under torchrun
-    with locked(options.out if ranks is None or ranks.main else None):
+    with interrupts_once(), locked(options.out if ranks is None or ranks.main else None):
         try:
             return dataclasses.replace(
                 _run(options, checked, ranks, started, on_batch), out=given_out
@@ -366,9 +368,9 @@ class _BatchLoop:
                     if on_batch:
                         on_batch(self.sequences, total, self.sink.bytes_done)
             self.sink.close()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: a second one is ignored
             self.sink.abort()
-            raise Interrupted(destination.interrupted()) from None
+            raise Interrupted(destination.interrupted(), exit_code(exc)) from None
         except BaseException:
             self.sink.abort()
             raise

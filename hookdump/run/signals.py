@@ -1,0 +1,77 @@
+"""Ctrl-C and SIGTERM: the first stops the run where the main thread is, as KeyboardInterrupt
+(SIGTERM as `Terminated`), so the finished shards are committed; any later one is ignored,
+so that commit cannot be cut short.
+
+SIGTERM is what `kill`, containers, batch schedulers and torchrun's agent send; unhandled,
+it ends the process at once, as `kill -9` does. `timeout -s INT` sends two SIGINTs (to the
+child, then to its group): the second used to land inside the first one's cleanup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal's number, as shells report them
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt."""
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an interrupt: 143 for SIGTERM, 130 for Ctrl-C."""
+    return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+
+
+class _Handler:
+    """The first signal raises; later ones are only counted."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1:
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+_active: _Handler | None = None
+
+
+@contextlib.contextmanager
+def interrupts_once() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM act as the module says; the handlers before are put back
+    after. A no-op outside the main thread, inside another such block, or where SIGTERM
+    already has a handler of the caller's own."""
+    global _active
+    if (
+        _active is not None
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    handler = _Handler()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        signal.signal(sig, handler)
+    _active = handler
+    try:
+        yield
+    finally:
+        _active = None
+        for sig, previous in before.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+
+
+def ignore_from_now() -> None:
+    """Ignore Ctrl-C and SIGTERM (the process is ending after an interrupt: its teardown
+    joins threads and runs atexit callbacks, which a second signal would cut short)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)

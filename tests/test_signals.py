@@ -1,0 +1,97 @@
+"""SIGTERM and a second Ctrl-C never throw a finished shard away: the run commits what is
+finished, marks the dump incomplete and says how to go on; `--resume` then makes the dump
+an uninterrupted run makes.
+
+The run is stopped in its third batch, known to be there by a file barrier (not by how long
+it has run): the first two batches' shards are finished, and with commits 30 s apart, not
+yet listed when the signal comes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import finish, hookdump_process, invoke
+
+import hookdump
+
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+RUN = ["run", "tiny_models:Barrier", "-n", "10", "-b", "2", "--shard-size", "1", "-q"]
+
+
+def stopped_in_batch_3(tmp_path: Path, out: Path) -> subprocess.Popen[str]:
+    """A run waiting inside its third batch."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = {"HOOKDUMP_TEST_BARRIER_AT": "3", "HOOKDUMP_TEST_BARRIER": str(barrier)}
+    process = hookdump_process(*RUN, "-o", str(out), env=env)
+    deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
+    while not (barrier / "ready").exists():
+        assert process.poll() is None, finish(process)
+        assert time.monotonic() < deadline, "the run never reached its third batch"
+        time.sleep(0.01)
+    return process
+
+
+def signal_until_gone(process: subprocess.Popen[str], first: int, then: int | None) -> None:
+    """Send `first`, then keep sending `then` until the process has ended (a second signal
+    lands wherever the first one's handling is, again and again)."""
+    process.send_signal(first)
+    while then is not None and process.poll() is None:
+        process.send_signal(then)
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "code", "word"),
+    [
+        (signal.SIGTERM, None, 143, "Terminated"),
+        (signal.SIGINT, signal.SIGINT, 130, "Interrupted"),
+        (signal.SIGTERM, signal.SIGTERM, 143, "Terminated"),
+        (signal.SIGINT, signal.SIGTERM, 130, "Interrupted"),
+    ],
+    ids=["sigterm", "ctrl_c_twice_and_more", "sigterm_twice_and_more", "ctrl_c_then_sigterm"],
+)
+def test_a_signal_commits_the_finished_shards_and_resume_finishes_the_dump(
+    tmp_path: Path, first: int, then: int | None, code: int, word: str
+) -> None:
+    out, whole = tmp_path / "resumed", tmp_path / "whole"
+    process = stopped_in_batch_3(tmp_path, out)
+    signal_until_gone(process, first, then)
+    returncode, stdout, stderr = finish(process)
+    assert returncode == code, stderr
+    assert stdout == ""
+    assert stderr.strip() == (
+        f"{word}: 4 samples are safe in {out}; run the same command with --resume to finish "
+        "the dump"
+    )
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["complete"], manifest["num_samples"]) == (False, 4)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json", "shard-00000.safetensors", "shard-00001.safetensors"
+    ]  # fmt: skip
+
+    listed = json.loads(invoke("inspect", str(out), "--json").stdout)
+    assert (listed["complete"], listed["num_samples"], listed["shards"]) == (False, 4, 2)
+    result = invoke(*RUN, "-o", str(out), "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert invoke(*RUN, "-o", str(whole)).exit_code == 0
+    a, b = hookdump.load(whole), hookdump.load(out)
+    assert b.complete and b.manifest["sample_ids"] == a.manifest["sample_ids"] == list(range(10))
+    for key in sorted(a.keys()):
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_the_library_puts_the_callers_signal_handlers_back() -> None:
+    from hookdump.run.options import RunOptions
+    from hookdump.run.runner import run
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    run(RunOptions(model="tiny_models:TwoLinear", num_samples=2, batch_size=2))
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
