@@ -247,23 +247,34 @@ class Grow(nn.Module):
         return x[:, : self.width]
 
 
-class CtrlC(nn.Module):
-    """TwoLinear that acts as if Ctrl-C were pressed during the forward of batch N (counted
-    from 1 over batches of more than one sample), N from $HOOKDUMP_TEST_CTRL_C_AT."""
+class _AtBatch(nn.Module):
+    """TwoLinear that calls `at_batch(n)` in the forward of each batch of more than one
+    sample (n counted from 1)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.inner = TwoLinear()
         self.batches = 0
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        import os
+    def at_batch(self, n: int) -> None:
+        raise NotImplementedError
 
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if x.shape[0] > 1:
             self.batches += 1
-            if str(self.batches) == os.environ.get("HOOKDUMP_TEST_CTRL_C_AT"):
-                raise KeyboardInterrupt
+            self.at_batch(self.batches)
         return self.inner(x)
+
+
+class CtrlC(_AtBatch):
+    """Acts as if Ctrl-C were pressed during the forward of batch N, N from
+    $HOOKDUMP_TEST_CTRL_C_AT."""
+
+    def at_batch(self, n: int) -> None:
+        import os
+
+        if str(n) == os.environ.get("HOOKDUMP_TEST_CTRL_C_AT"):
+            raise KeyboardInterrupt
 
 
 class Tokens(nn.Module):
@@ -295,60 +306,41 @@ class Slow(nn.Module):
         return self.inner(x)
 
 
-class Barrier(nn.Module):
-    """TwoLinear whose forward of batch N (counted from 1 over batches of more than one
-    sample; N from $HOOKDUMP_TEST_BARRIER_AT) makes the file `ready` in the folder
-    $HOOKDUMP_TEST_BARRIER, then waits until the test makes `go` there: a test acts on a run
-    known to be mid-batch, however slowly the machine started it."""
+class Barrier(_AtBatch):
+    """The forward of batch N ($HOOKDUMP_TEST_BARRIER_AT) makes the file `ready` in the
+    folder $HOOKDUMP_TEST_BARRIER, then waits until the test makes `go` there: a test acts on
+    a run known to be mid-batch, however slowly the machine started it."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = TwoLinear()
-        self.batches = 0
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def at_batch(self, n: int) -> None:
         import os
         import time
         from pathlib import Path
 
-        if x.shape[0] > 1:
-            self.batches += 1
-            if str(self.batches) == os.environ.get("HOOKDUMP_TEST_BARRIER_AT"):
-                folder = Path(os.environ["HOOKDUMP_TEST_BARRIER"])
-                (folder / "ready").touch()
-                while not (folder / "go").exists():
-                    time.sleep(0.01)
-        return self.inner(x)
+        if str(n) == os.environ.get("HOOKDUMP_TEST_BARRIER_AT"):
+            folder = Path(os.environ["HOOKDUMP_TEST_BARRIER"])
+            (folder / "ready").touch()
+            while not (folder / "go").exists():
+                time.sleep(0.01)
 
 
-class FillsDisk(nn.Module):
-    """TwoLinear whose forward of batch N (counted from 1 over batches of more than one
-    sample; N from $HOOKDUMP_TEST_FILL_AT) fills the disk holding the file $HOOKDUMP_TEST_FILL
-    with it, all but $HOOKDUMP_TEST_FILL_LEAVE bytes: the dump itself then fills the rest."""
+class FillsDisk(_AtBatch):
+    """The forward of batch N ($HOOKDUMP_TEST_FILL_AT) fills the disk holding the file
+    $HOOKDUMP_TEST_FILL with it, all but $HOOKDUMP_TEST_FILL_LEAVE bytes."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = TwoLinear()
-        self.batches = 0
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def at_batch(self, n: int) -> None:
         import os
 
-        if x.shape[0] > 1:
-            self.batches += 1
-            if str(self.batches) == os.environ.get("HOOKDUMP_TEST_FILL_AT"):
-                path = os.environ["HOOKDUMP_TEST_FILL"]
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                try:
-                    while True:
-                        os.write(fd, bytes(4096))
-                except OSError:  # full
-                    size = os.fstat(fd).st_size
-                    leave = int(os.environ.get("HOOKDUMP_TEST_FILL_LEAVE", "0"))
-                    os.ftruncate(fd, max(0, size - leave))
-                finally:
-                    os.close(fd)
-        return self.inner(x)
+        if str(n) != os.environ.get("HOOKDUMP_TEST_FILL_AT"):
+            return
+        fd = os.open(os.environ["HOOKDUMP_TEST_FILL"], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            while True:
+                os.write(fd, bytes(4096))
+        except OSError:  # full
+            leave = int(os.environ.get("HOOKDUMP_TEST_FILL_LEAVE", "0"))
+            os.ftruncate(fd, max(0, os.fstat(fd).st_size - leave))
+        finally:
+            os.close(fd)
 
 
 class NoGuess(nn.Module):
