@@ -76,7 +76,7 @@ _SHARD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 _OPTIONAL = {
     "sample_ids": list, "skipped": list, "skipped_inputs": list, "recipe": dict,
     "sources": dict, "model": dict, "input": dict, "selection": dict, "rows": str,
-    "num_sequences": int,
+    "num_sequences": int, "run_id": str,
 }  # fmt: skip
 
 

@@ -3,9 +3,12 @@ return values, torchvision's FX feature extractor, and recomputation."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torchvision
+from clitools import assert_usage_error, invoke
 from conftest import hook_state
 from tiny_models import (
     ConvNet,
@@ -211,3 +214,37 @@ def test_inference_mode_and_autograd_both_work() -> None:
 def test_bad_capture_kinds_are_refused(capture: str) -> None:
     with pytest.raises(HookdumpError, match="capture"):
         hookdump.capture(TwoLinear(), capture=capture)
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+@pytest.mark.parametrize(
+    ("layers", "first", "second"),
+    [
+        ("x*", "the output of module 'x' (Linear, call 2)", "the output of module 'x@1' (Linear)"),
+        (
+            "t*",
+            "the output 0 of module 't' (_TwoOutputs)",
+            "the output of module 't:output.0' (Identity)",
+        ),
+    ],
+    ids=["at", "colon"],
+)
+def test_a_module_name_that_would_repeat_a_key_is_refused_naming_both(
+    tmp_path: Path, layers: str, first: str, second: str
+) -> None:
+    out = tmp_path / "d"
+    result = invoke("run", "tiny_models:KeyClash", "-l", layers, "-o", str(out))
+    line = assert_usage_error(result, "two tensors would be saved under the key", first, second)
+    assert "--exclude" in line
+    assert not out.exists()
+
+
+def test_a_shard_never_takes_one_key_twice(tmp_path: Path) -> None:
+    from hookdump.dump.writer import ShardFile
+    from hookdump.errors import HookdumpError
+
+    shard = ShardFile(tmp_path / "s.safetensors", reserve=4096)
+    shard.write("x", torch.zeros(2, 2))
+    with pytest.raises(HookdumpError, match="'x' is in this shard already"):
+        shard.write("x", torch.ones(2, 2))
+    shard.abort()

@@ -300,3 +300,32 @@ def test_leftovers_of_an_interrupted_run_are_reported(base: Path, tmp_path: Path
 
 
 assert ENV  # the shared CLI environment is what `invoke` uses
+
+
+def test_a_reader_never_mixes_the_shards_of_two_runs(tmp_path: Path) -> None:
+    """A Dump opened before another run's --overwrite (shard names repeat from run to run)
+    meets the new run's shards: one InvalidDump, never some old rows and some new."""
+    from clitools import invoke
+    from safetensors import safe_open
+
+    from hookdump.errors import InvalidDump
+
+    out = tmp_path / "d"
+    run = ["run", "tiny_models:TwoLinear", "-n", "6", "-b", "2", "--shard-size", "1", "-q"]
+    cwd = os.getcwd()
+    os.chdir(Path(__file__).parent)
+    try:
+        assert invoke(*run, "-o", str(out)).exit_code == 0
+        old = hookdump.load(out)
+        run_id = old.manifest["run_id"]
+        for shard in old.manifest["shards"]:
+            with safe_open(out / shard["file"], framework="pt") as opened:
+                assert opened.metadata()["run_id"] == run_id
+        assert invoke(*run, "--seed", "1", "-o", str(out), "--overwrite").exit_code == 0
+    finally:
+        os.chdir(cwd)
+    assert hookdump.load(out).manifest["run_id"] != run_id
+    with pytest.raises(InvalidDump, match="the dump changed while it was read"):
+        old["linear_1"]
+    with pytest.raises(InvalidDump, match="the dump changed while it was read"):
+        next(iter(old.batches(["linear_1"], batch_size=2)))

@@ -364,3 +364,62 @@ def test_a_kill_before_the_first_shard_resumes_from_scratch(tmp_path: Path) -> N
         invoke(*RUN, "-o", str(tmp_path / "foreign"), "--resume"),
         "not part of a hookdump dump",
     )
+
+
+def test_resume_refuses_a_model_whose_definition_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edited config.json of an hf: folder, or an edited source file of a
+    module:attribute model's class: rows before and after would come from two models."""
+    from tiny_text import CORPUS, tiny_gpt2
+
+    gpt2 = tiny_gpt2(tmp_path / "gpt2")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(CORPUS * 4) + "\n")
+    source = tmp_path / "src" / "edited_model.py"
+    source.parent.mkdir()
+    source.write_text(
+        "from torch import nn\n\nclass Net(nn.Sequential):\n"
+        "    def __init__(self):\n        super().__init__(nn.Linear(4, 3), nn.ReLU())\n"
+    )
+    monkeypatch.syspath_prepend(str(source.parent))
+    runs = {
+        gpt2 / "config.json": ["run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "4"],
+        source: ["run", "edited_model:Net", "--input-shape", "4"],
+    }
+    for edited, args in runs.items():
+        args = [*args, "-n", "8", "-b", "2", "--shard-size", "1", "-q"]
+        out = tmp_path / f"d-{edited.stem}"
+        ctrl_c_in_batch(monkeypatch, 3)
+        assert invoke(*args, "-o", str(out)).exit_code == 130
+        monkeypatch.undo()
+        monkeypatch.syspath_prepend(str(source.parent))
+        before = edited.read_text()
+        comment = "" if edited.suffix == ".json" else "# edited\n"
+        edited.write_text(before.replace("1e-05", "2e-05") + comment)
+        assert edited.read_text() != before
+        result = invoke(*args, "-o", str(out), "--resume")
+        assert_usage_error(result, str(edited), "changed since the dump", "--overwrite")
+        edited.write_text(before)  # put back: it resumes
+        result = invoke(*args, "-o", str(out), "--resume")
+        assert result.exit_code == 0, result.stderr
+
+
+def test_resume_over_a_foreign_manifest_with_no_shards_starts_afresh(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    assert invoke(*RUN, "-o", str(out)).exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        (out / shard["file"]).unlink()
+    stale = {**manifest, "complete": False, "num_samples": 0, "shards": [], "sample_ids": []}
+    stale["tensors"] = {"stale.key": {**manifest["tensors"]["inner.linear_1"], "shape": [99]}}
+    (out / "manifest.json").write_text(json.dumps(stale))
+    result = invoke(*RUN, "-o", str(out), "--resume")
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    assert dump.complete and "stale.key" not in list(dump.keys()) and dump.num_samples == 10
+
+    stale["recipe"] = {**stale["recipe"], "batch_size": 5}  # another run's, even with no shards
+    (out / "manifest.json").write_text(json.dumps(stale))
+    (out / "shard-00000.safetensors").unlink()  # an incomplete folder again
+    assert_usage_error(invoke(*RUN, "-o", str(out), "--resume"), "--batch-size was 5")

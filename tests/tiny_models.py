@@ -343,6 +343,27 @@ class FillsDisk(_AtBatch):
             os.close(fd)
 
 
+class _TwoOutputs(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + 1, x * 2
+
+
+class KeyClash(nn.Module):
+    """A child `x` called twice (keys `x`, `x@1`) beside a child named `x@1`, and a child `t`
+    returning a tuple (`t:output.0`) beside a module named `t:output.0`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.x = nn.Linear(2, 2)
+        self.add_module("x@1", nn.Linear(2, 2))
+        self.t = _TwoOutputs()
+        self.add_module("t:output", nn.Sequential(nn.Identity()))  # its child: t:output.0
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        a = getattr(self, "x@1")(self.x(self.x(a)))
+        return getattr(self, "t:output")(self.t(a)[0])
+
+
 class NoGuess(nn.Module):
     """No Linear, Conv or Embedding to guess a random input from: it takes whatever it is fed."""
 

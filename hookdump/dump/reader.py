@@ -218,6 +218,7 @@ class Dump:
             where = self.path / shard["file"]
             raise InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}") from None
         try:
+            self._check_run(opened, shard)
             if self._headers_checked:
                 self._check_header(opened, shard, self.keys())
             unknown = [key for key in keys if key not in self.tensors]
@@ -226,6 +227,20 @@ class Dump:
             yield opened
         finally:
             handle.__exit__(None, None, None)
+
+    def _check_run(self, opened: Any, shard: dict[str, Any]) -> None:
+        """A shard of the run the manifest lists (another run's `--overwrite` may have
+        replaced it since the manifest was read)."""
+        run_id = self.manifest.get("run_id")
+        if run_id is None:  # a dump from before run ids
+            return
+        theirs = (opened.metadata() or {}).get("run_id")
+        if theirs != run_id:
+            raise InvalidDump(
+                f"shard {self.path / shard['file']} is not of the run its manifest lists "
+                f"(run id {str(theirs)[:32]!r}, not {run_id!r}): the dump changed while it was "
+                "read (another run wrote over it); open it again"
+            )
 
     def _check_header(self, opened: Any, shard: dict[str, Any], keys: list[str]) -> None:
         present = set(opened.keys())

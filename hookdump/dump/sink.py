@@ -353,6 +353,8 @@ class BatchSink:
         nbytes = tensor.numel() * tensor.element_size()
         summary.nbytes += nbytes
         summary.stats.update(tensor)
+        if key in self._keys:  # whatever the cause: never two tensors under one key
+            raise HookdumpError(f"two tensors of one batch came under the key {key!r}")
         self._keys.append(key)
         self._batch_bytes += nbytes
         self.bytes_done += nbytes

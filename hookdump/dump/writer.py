@@ -66,6 +66,8 @@ class ShardFile:
         may go to the disk from the tensor's own memory; `release` is called once it is no
         longer needed (see `AppendFile.write`), whatever happens."""
         try:
+            if key in self.entries:
+                raise HookdumpError(f"{key!r} is in this shard already; a key is written once")
             if dtype_name(tensor.dtype) not in SAFETENSORS_DTYPES:
                 raise HookdumpError(
                     f"{key!r} has dtype {tensor.dtype}, which safetensors cannot hold"

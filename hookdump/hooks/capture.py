@@ -336,9 +336,17 @@ class Capture:
         tensor: torch.Tensor,
     ) -> None:
         """Note where `key` came from (once) and keep a copy of its value."""
-        if key not in self.info:
+        known = self.info.get(key)
+        if known is None:
             self.info[key] = KeyInfo(
                 key, name, module_type, kind, call, part, tuple(tensor.shape), tensor.dtype
+            )
+        elif (known.module, known.kind, known.call, known.part) != (name, kind, call, part):
+            raise HookdumpError(
+                f"two tensors would be saved under the key {key!r}: {_origin(known)} and "
+                f"{_origin(KeyInfo(key, name, module_type, kind, call, part, (), tensor.dtype))} "
+                f"(a module's name holds '@' or ':', which keys use); {opt('exclude')} one of "
+                "them"
             )
         if not self._store:
             return
@@ -370,6 +378,13 @@ class Capture:
                 self._keep(key, name, module_type, kind, call, part, grad)
 
         return hook
+
+
+def _origin(info: KeyInfo) -> str:
+    """Where a key's tensor comes from, in words."""
+    what = info.kind if info.part is None else f"{info.kind} {info.part}"
+    call = f", call {info.call + 1}" if info.call else ""
+    return f"the {what} of module {info.module!r} ({info.module_type}{call})"
 
 
 def capture(

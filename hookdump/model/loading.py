@@ -49,6 +49,9 @@ class LoadedModel:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     vocab: int = 0  # token ids of random input are below this (family "tokens")
     files: list[Path] = field(default_factory=list)  # a Hugging Face folder's weights files
+    # what defines the model beside its weights: an hf: folder's config and tokenizer files,
+    # the source files of a module:attribute model (--resume compares their SHA-256)
+    definition: list[Path] = field(default_factory=list)
     about: dict[str, Any] = field(default_factory=dict)  # more for the manifest's model entry
 
     def describe(self) -> dict[str, Any]:
@@ -159,7 +162,7 @@ def load_model(
         )
     elif ":" in spec:
         module = _build(_import_attribute(spec), spec, kwargs)
-        loaded = LoadedModel(module, spec, weights, "custom")
+        loaded = LoadedModel(module, spec, weights, "custom", definition=_sources_of(module, spec))
     else:
         loaded = _load_torchvision(spec, weights, kwargs)
         if loaded.weights_file is not None:
@@ -192,6 +195,7 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
     return LoadedModel(
         built["module"], spec, weights, layout, transforms=built["transforms"],
         input_shape=shape, vocab=vocab, files=built["files"], warnings=built["warnings"],
+        definition=built["definition"],
         about={"folder": str(built["folder"]), "config_class": built["config_class"],
                "architecture": built["class_name"]},
     )  # fmt: skip
@@ -281,6 +285,19 @@ def _restore_type_names(module: nn.Module, program: Any) -> None:
     for name, sub in module.named_modules():
         if name in names:
             setattr(sub, TYPE_ATTRIBUTE, names[name])
+
+
+def _sources_of(module: nn.Module, spec: str) -> list[Path]:
+    """The source files of the module `spec` imports and of the model's class."""
+    found = []
+    for obj in (sys.modules.get(spec.partition(":")[0]), type(module)):
+        try:
+            path = inspect.getsourcefile(obj) if obj is not None else None  # type: ignore[arg-type]
+        except TypeError:  # built in
+            path = None
+        if path and Path(path).is_file() and Path(path) not in found:
+            found.append(Path(path))
+    return found
 
 
 def _import_attribute(spec: str) -> Any:

@@ -130,6 +130,12 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> dict[str, An
         "config_class": type(config).__name__,
         "class_name": cls.__name__,
         "files": sorted(p for pattern in _HF_WEIGHTS for p in folder.glob(pattern)),
+        "definition": [folder / n for n in _HF_CONFIGS if (folder / n).is_file()]
+        + sorted(
+            p
+            for p in folder.iterdir()
+            if p.is_file() and _tokenizer_file(p.name) and p.name not in _HF_CONFIGS
+        ),
         "transforms": _hf_image_processor(transformers, folder),
         "config": config,
         "warnings": [f"{opt('model')} {spec}: {p}" for p in problems],

@@ -76,11 +76,15 @@ class Destination:
             self.writer = DumpWriter.resume(
                 self.out, self.previous, shard_bytes=shard_bytes, fields=fields, **names
             )
-            return
-        self.writer = DumpWriter(
-            self.out, overwrite=self.overwrite, shard_bytes=shard_bytes, fields=fields, **names
-        )
-        if self.ranks is not None:
+        else:
+            self.writer = DumpWriter(
+                self.out, overwrite=self.overwrite, shard_bytes=shard_bytes, fields=fields,
+                **names,
+            )  # fmt: skip
+        if self.ranks is not None:  # one dump, one run id: the resumed dump's, or rank 0's
+            ids = self.ranks.gather(self.writer.run_id)
+            self.writer.run_id = next((i for i in ids if i is not None), None)
+        if self.ranks is not None and self.previous is None:
             self.ranks.barrier()  # every rank has checked --out before rank 0 touches it
             if self.ranks.main:
                 self.writer.prepare()  # an old dump goes before any rank writes

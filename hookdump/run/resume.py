@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from hookdump.run.options import RunOptions
 
 RESUME = opt("resume", True)
+# a torchrun rank's part that holds nothing yet (the other ranks' parts may)
+_NOTHING: dict[str, Any] = {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
 
 
 def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]:
@@ -34,6 +36,7 @@ def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]
             found[name] = {"path": str(path), "sha256": sha256(path)}
     if loaded.files:  # a Hugging Face folder's weights
         found["model_files"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.files]
+    found["definition"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.definition]
     if file_input is not None:
         found["input"] = [_stat(path) for path in file_input.files]
     return found
@@ -60,6 +63,7 @@ def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
                 "from "
                 f"(SHA-256 {_short(old)}, now {_short(new)}); {fix}"
             )
+    _check_definition(out, before, now, fix)
     if before.get("model_files", []) != now.get("model_files", []):
         raise HookdumpError(
             f"{RESUME}: the weights files of {opt('model')} are not those the dump in {out} "
@@ -89,6 +93,23 @@ def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
         )
 
 
+def _check_definition(out: Path, before: dict[str, Any], now: dict[str, Any], fix: str) -> None:
+    """What defines the model (config, tokenizer files, class source) must be unchanged; a
+    dump from before this was recorded is taken as it is."""
+    if "definition" not in before:
+        return
+    old = {e.get("path"): e.get("sha256") for e in before["definition"] if isinstance(e, dict)}
+    new = {e["path"]: e["sha256"] for e in now.get("definition", [])}
+    for path in sorted(set(old) | set(new)):
+        if old.get(path) != new.get(path):
+            change = "is new" if path not in old else "is gone" if path not in new else "changed"
+            raise HookdumpError(
+                f"{RESUME}: {path} (part of what defines {opt('model')}) {change} since the "
+                f"dump in {out} began (SHA-256 {str(old.get(path))[:12]}, now "
+                f"{str(new.get(path))[:12]}); {fix}"
+            )
+
+
 def _short(entry: dict[str, Any] | None) -> str:
     if not entry:
         return "none"
@@ -104,23 +125,29 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
             f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"
         )
     manifest = _one_process(out) if ranks is None else _this_rank(out, ranks)
-    if manifest is None or not manifest["shards"]:
-        return manifest  # nothing was finished (by this rank): it starts anew
+    if manifest is None:  # nothing there: it starts anew (a rank, beside the others' parts)
+        return dict(_NOTHING) if ranks is not None and out.is_dir() else None
+    _check_recipe(options, manifest, out)  # whatever it holds: it must be this run's dump
+    if not manifest["shards"]:  # nothing was finished (by this rank): it starts anew
+        return None if ranks is None else {**_NOTHING, "run_id": manifest.get("run_id")}
     fed = manifest.get("num_sequences", manifest["num_samples"])  # rows may be tokens
     if len(manifest.get("sample_ids") or []) < fed:
         raise HookdumpError(
             f"{RESUME}: the manifest in {out} does not list its samples' ids, so the dump "
             f"cannot be carried on; start anew with {opt('overwrite', True)}"
         )
+    return manifest
+
+
+def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: Path) -> None:
     before = manifest.get("recipe") or {}
     for name, value in options.recipe().items():
         if before.get(name) != value:
             raise HookdumpError(
-                f"{RESUME}: {opt(name)} was {before.get(name)!r} for the dump in {out}, now "
-                f"{value!r}; resume with the same options, or start anew with "
+                f"{RESUME}: {opt(name)} was {before.get(name)!r:.80} for the dump in {out}, now "
+                f"{value!r:.80}; resume with the same options, or start anew with "
                 f"{opt('overwrite', True)}"
             )
-    return manifest
 
 
 def _one_process(out: Path) -> dict[str, Any] | None:
@@ -141,7 +168,7 @@ def _one_process(out: Path) -> dict[str, Any] | None:
 
 
 def _this_rank(out: Path, ranks: Ranks) -> dict[str, Any] | None:
-    """The manifest this torchrun rank left (empty where it had finished no shard)."""
+    """The manifest this torchrun rank left (None where it wrote none)."""
     if (out / MANIFEST).exists():
         raise HookdumpError(
             f"{RESUME}: the dump in {out} was started by one process; resume it without torchrun"
@@ -150,7 +177,7 @@ def _this_rank(out: Path, ranks: Ranks) -> dict[str, Any] | None:
         return None
     mine = out / rank_names(ranks)["manifest_name"]
     if not mine.is_file():
-        return {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
+        return None
     manifest = read_manifest(mine)
     if manifest.get("processes") != ranks.world:
         raise HookdumpError(
