@@ -18,7 +18,11 @@ ENV = {"COLUMNS": "160", "FORCE_COLOR": None, "TTY_COMPATIBLE": None, "NO_COLOR"
 
 
 def invoke(*args: str, input: str | None = None) -> Result:
-    return CliRunner().invoke(app, list(args), env=ENV, input=input)
+    """The CLI in-process; no output of any test may hold an option marker that was never
+    rendered (`errors.opt`'s NUL-delimited form)."""
+    result = CliRunner().invoke(app, list(args), env=ENV, input=input)
+    assert "\x00" not in result.stdout + result.stderr, (result.stdout, result.stderr)
+    return result
 
 
 def assert_usage_error(result: Result, *fragments: str) -> str:

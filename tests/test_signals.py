@@ -79,6 +79,10 @@ def test_a_signal_commits_the_finished_shards_and_resume_finishes_the_dump(
 
     listed = json.loads(invoke("inspect", str(out), "--json").stdout)
     assert (listed["complete"], listed["num_samples"], listed["shards"]) == (False, 4, 2)
+    assert listed["problems"][0].endswith("finish it with the same command and --resume")
+    shown = invoke("inspect", str(out))
+    assert "finish it with the same command and --resume" in shown.stdout
+    assert shown.stderr.strip().endswith("finish it with the same command and --resume")
     result = invoke(*RUN, "-o", str(out), "--resume")
     assert result.exit_code == 0, result.stderr
     assert invoke(*RUN, "-o", str(whole)).exit_code == 0

@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 
 from hookdump.cli._config import config_value_error
 from hookdump.cli._output import no_stdin
-from hookdump.errors import HookdumpError, Interrupted
+from hookdump.errors import HookdumpError, Interrupted, render
 from hookdump.run.signals import EXIT_SIGINT, EXIT_SIGTERM, exit_code
 
 EXIT_INTERRUPTED = (EXIT_SIGINT, EXIT_SIGTERM)
@@ -72,3 +72,8 @@ def flag(name: str, value: str | None) -> str:
     if name in _NEGATED and value == "False":
         return _NEGATED[name]
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def for_cli(message: str) -> str:
+    """A library message (a warning or problem) with its options named by their flags."""
+    return render(getattr(message, "raw", message), flag)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from hookdump.cli import _output
+from hookdump.cli._errors import flag, for_cli
 from hookdump.cli._options import JsonOpt
 
 
@@ -26,8 +27,9 @@ def inspect(
 
     found = inspect_dump(path)
     if json_output:
-        _output.print_json(found.as_dict())
+        _output.print_json(found.as_dict(flag))
     else:
         print_inspection(found, _output.stdout())
     if not found.complete:
-        typer.echo(f"warning: {path} is an incomplete dump: {found.problems[0]}", err=True)
+        problem = for_cli(found.problems[0])
+        typer.echo(f"warning: {path} is an incomplete dump: {problem}", err=True)

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hookdump.cli._errors import for_cli
+
 if TYPE_CHECKING:
     from hookdump.dump.stats import KeySummary
     from hookdump.run.options import RunResult
@@ -138,7 +140,7 @@ def print_inspection(found: Inspection, console: Console) -> None:
         highlight=False,
     )
     for problem in found.problems:
-        console.print(f"  - {problem}", markup=False, highlight=False, style="red")
+        console.print(f"  - {for_cli(problem)}", markup=False, highlight=False, style="red")
 
 
 def layers_table(rows: Sequence[LayerRow]) -> Table:

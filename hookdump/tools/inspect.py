@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from hookdump.dump.folder import leftovers
 from hookdump.dump.reader import Dump
 from hookdump.dump.stats import KeySummary, summarize
-from hookdump.errors import opt
+from hookdump.errors import Message, library_name, opt, render
 
 
 @dataclass
@@ -29,14 +30,15 @@ class Inspection:
     def total_bytes(self) -> int:
         return sum(k.nbytes for k in self.keys)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, name: Callable[[str, str | None], str] = library_name) -> dict[str, Any]:
+        """As JSON holds it, options in messages named by `name` (the CLI's flags, say)."""
         return {
             "path": str(self.path),
             "complete": self.complete,
             "num_samples": self.num_samples,
             "shards": self.shards,
             "total_bytes": self.total_bytes,
-            "problems": self.problems,
+            "problems": [render(getattr(p, "raw", p), name) for p in self.problems],
             "model": self.manifest.get("model"),
             "tensors": [k.as_dict() for k in self.keys],
         }
@@ -48,9 +50,11 @@ def inspect_dump(path: str | Path) -> Inspection:
     problems = []
     if not dump.complete:
         problems.append(
-            f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
-            f"({len(dump.shards)} complete shards); finish it with the same command and "
-            f"{opt('resume', True)}"
+            Message(
+                f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
+                f"({len(dump.shards)} complete shards); finish it with the same command and "
+                f"{opt('resume', True)}"
+            )
         )
     stray = leftovers(dump.path) if Path(path).is_dir() else []
     if stray:
