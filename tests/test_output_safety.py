@@ -135,22 +135,23 @@ def test_a_run_that_fails_in_its_first_batch_leaves_a_new_folder_absent(tmp_path
 
 @pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "fresh"])
 def test_two_runs_on_one_out_leave_one_complete_dump(tmp_path: Path, overwrite: bool) -> None:
-    out = tmp_path / "d"
+    """The first run waits inside its third batch (a file barrier) until the second has
+    reached the lock and given up: the two overlap however slowly either starts."""
+    out, barrier = tmp_path / "d", tmp_path / "barrier"
+    barrier.mkdir()
     if overwrite:
         assert invoke(*RUN, "-o", str(out)).exit_code == 0
-    args = ["run", "tiny_models:Slow", "-n", "20", "-b", "2", "--shard-size", "1", "-q",
+    args = ["run", "tiny_models:Barrier", "-n", "20", "-b", "2", "--shard-size", "1", "-q",
             "-o", str(out)] + (["--overwrite"] if overwrite else [])  # fmt: skip
-    # ten batches, 5 s of writing: more than the second run needs to start on a busy machine
-    env = {"HOOKDUMP_TEST_SLOW": "0.5"}
+    env = {"HOOKDUMP_TEST_BARRIER_AT": "3", "HOOKDUMP_TEST_BARRIER": str(barrier)}
     first = hookdump_process(*args, env=env)
-    # the second starts once the first is writing its shards, so the two really overlap
-    deadline = time.monotonic() + 60
-    while not list(out.glob("shard-*.tmp*")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    second = hookdump_process(*args, env=env)
-    results = [finish(first), finish(second)]
-    assert first.returncode == 0, results[0]
-    code, stdout, stderr = results[1]
+    deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
+    while not (barrier / "ready").exists():
+        assert first.poll() is None and time.monotonic() < deadline, finish(first)
+        time.sleep(0.01)
+    code, stdout, stderr = finish(hookdump_process(*args))  # ends once refused at the lock
+    (barrier / "go").touch()
+    assert finish(first)[0] == 0
     assert code == 2 and stdout == ""
     assert stderr.strip().splitlines() == [
         f"Error: --out {out} is being written by another hookdump run; wait for it to "
@@ -164,9 +165,17 @@ def test_two_runs_on_one_out_leave_one_complete_dump(tmp_path: Path, overwrite: 
 
 
 def test_two_runs_started_at_once_leave_one_complete_dump(tmp_path: Path) -> None:
-    out = tmp_path / "d"
-    args = ["run", "tiny_models:Slow", "-n", "6", "-b", "2", "-q", "-o", str(out), "--overwrite"]
-    runs = [hookdump_process(*args, env={"HOOKDUMP_TEST_SLOW": "0.5"}) for _ in range(2)]
+    """Whichever takes the lock waits in its second batch until the other has given up."""
+    out, barrier = tmp_path / "d", tmp_path / "barrier"
+    barrier.mkdir()
+    args = ["run", "tiny_models:Barrier", "-n", "6", "-b", "2", "-q", "-o", str(out), "--overwrite"]
+    env = {"HOOKDUMP_TEST_BARRIER_AT": "2", "HOOKDUMP_TEST_BARRIER": str(barrier)}
+    runs = [hookdump_process(*args, env=env) for _ in range(2)]
+    deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
+    while all(run.poll() is None for run in runs):
+        assert time.monotonic() < deadline, "neither run was refused"
+        time.sleep(0.01)
+    (barrier / "go").touch()
     results = sorted(finish(run) for run in runs)
     assert [code for code, _, _ in results] == [0, 2], results
     assert "being written by another hookdump run" in results[1][2]

@@ -290,22 +290,6 @@ class Tokens(nn.Module):
         return self.conv(h.transpose(1, 2))  # [B, 3, T]
 
 
-class Slow(nn.Module):
-    """TwoLinear that sleeps $HOOKDUMP_TEST_SLOW seconds (default 0.3) in every forward, so
-    two runs started together are both still writing when the other starts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = TwoLinear()
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        import os
-        import time
-
-        time.sleep(float(os.environ.get("HOOKDUMP_TEST_SLOW", "0.3")))
-        return self.inner(x)
-
-
 class Barrier(_AtBatch):
     """The forward of batch N ($HOOKDUMP_TEST_BARRIER_AT) makes the file `ready` in the
     folder $HOOKDUMP_TEST_BARRIER, then waits until the test makes `go` there: a test acts on
