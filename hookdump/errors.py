@@ -32,6 +32,11 @@ def render(message: str, name: Callable[[str, str | None], str] = library_name) 
     return _OPTION.sub(lambda m: name(m.group(1), m.group(2)), message)
 
 
+def render_message(message: str, name: Callable[[str, str | None], str] = library_name) -> str:
+    """A library message (a `Message`, or any string) with its options named by `name`."""
+    return render(getattr(message, "raw", message), name)
+
+
 class Message(str):
     """A message that is not an error (a warning): reads with the library's names, and keeps
     the marked text (`raw`) for the CLI to render with flags."""

@@ -446,3 +446,47 @@ def test_the_hooks_wait_for_the_disk_past_a_budget_of_bytes_in_flight(
     assert max(peaks) <= 300_000 + biggest
     assert max(peaks) > 300_000 - biggest  # it did fill up: the hooks waited
     assert hookdump.load(tmp_path / "d")["fc"].shape == (4, 1000)
+
+
+def test_a_short_planned_shard_whose_header_outgrows_its_room_keeps_every_row(
+    tmp_path: Path,
+) -> None:
+    """Compacted in place, cut to its rows, then its data moved along for a header longer
+    than the room planned (keys of 900 characters): every value where it belongs."""
+    from safetensors.torch import load_file
+
+    from hookdump.dump.writer import PlannedShard
+
+    keys = [f"{'k' * 900}{i}" for i in range(10)]
+    shard = PlannedShard(tmp_path / "s.safetensors", [(k, torch.float32, [3]) for k in keys], 4)
+    values = {k: torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * i
+              for i, k in enumerate(keys)}  # fmt: skip
+    for key, value in values.items():
+        shard.write_rows(key, 0, value)
+    shard.finish({"start": "0", "stop": "2"})
+    assert shard.sealed is not None
+    loaded = load_file(shard.sealed)
+    assert loaded.keys() == values.keys()
+    for key, value in values.items():
+        assert torch.equal(loaded[key], value), key
+
+
+def test_the_sink_refuses_two_tensors_of_one_batch_under_one_key(tmp_path: Path) -> None:
+    from hookdump.dump.sink import BatchSink
+    from hookdump.dump.writer import DumpWriter
+    from hookdump.errors import HookdumpError
+    from hookdump.format import KeyInfo
+
+    out = tmp_path / "d"
+    out.mkdir()
+    sink = BatchSink(DumpWriter(out), None, total=4)
+    info = KeyInfo("x", "x", "Linear", "output", 0, None, (2, 3), torch.float32)
+    for batch in range(2):
+        sink.begin(2 * batch, 2 * batch + 2, 1)
+        sink.keep("x", torch.zeros(2, 3), info, fresh=True)
+        if batch:  # a planned shard gathers this batch: the key must not be written twice
+            sink.keep("x", torch.ones(2, 3), info, fresh=True)
+        sink.end()
+    with pytest.raises(HookdumpError, match="two tensors of one batch came under the key 'x'"):
+        sink.close()
+    assert [p.name for p in out.iterdir()] == ["manifest.json", "shard-00000.safetensors"]

@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 
 from hookdump.cli._config import config_value_error
 from hookdump.cli._output import no_stdin
-from hookdump.errors import HookdumpError, Interrupted, render
+from hookdump.errors import HookdumpError, Interrupted, render_message
 from hookdump.run.signals import EXIT_SIGINT, EXIT_SIGTERM, exit_code
 
 EXIT_INTERRUPTED = (EXIT_SIGINT, EXIT_SIGTERM)
@@ -34,8 +34,7 @@ class HookdumpGroup(TyperGroup):
             with guard:
                 return super().invoke(ctx)
         except Interrupted as exc:
-            what = "Terminated" if exc.exit_code == EXIT_SIGTERM else "Interrupted"
-            typer.echo(f"{what}: {exc.render(flag)}", err=True)
+            typer.echo(f"{_stopped(exc.exit_code)}: {exc.render(flag)}", err=True)
             raise typer.Exit(exc.exit_code) from None
         except HookdumpError as exc:
             typer.echo(f"Error: {exc.render(flag)}", err=True)
@@ -50,9 +49,13 @@ class HookdumpGroup(TyperGroup):
             typer.echo(f"Error: {message}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as exc:  # SIGTERM too (`Terminated`)
-            code = exit_code(exc)
-            typer.echo("Terminated." if code == EXIT_SIGTERM else "Interrupted.", err=True)
-            raise typer.Exit(code) from None
+            typer.echo(f"{_stopped(exit_code(exc))}.", err=True)
+            raise typer.Exit(exit_code(exc)) from None
+
+
+def _stopped(code: int) -> str:
+    """How a run that was stopped by a signal says so."""
+    return "Terminated" if code == EXIT_SIGTERM else "Interrupted"
 
 
 # library argument names whose flag is not `--` + the name with - for _
@@ -76,4 +79,4 @@ def flag(name: str, value: str | None) -> str:
 
 def for_cli(message: str) -> str:
     """A library message (a warning or problem) with its options named by their flags."""
-    return render(getattr(message, "raw", message), flag)
+    return render_message(message, flag)

@@ -15,7 +15,7 @@ import typer
 
 from hookdump.cli import _output
 from hookdump.cli._config import ConfigOpt
-from hookdump.cli._errors import flag
+from hookdump.cli._errors import for_cli
 from hookdump.cli._options import (
     DeviceOpt,
     ExcludeOpt,
@@ -33,7 +33,7 @@ from hookdump.cli._options import (
     WeightsOpt,
     as_list,
 )
-from hookdump.errors import CheckFailed, render
+from hookdump.errors import CheckFailed
 
 
 def run(
@@ -311,7 +311,7 @@ def run(
             result = run_dump(options, on_batch=pause.chain(progress))
         if not quiet:
             for warning in result.warnings:
-                typer.echo(f"warning: {render(getattr(warning, 'raw', warning), flag)}", err=True)
+                typer.echo(f"warning: {for_cli(warning)}", err=True)
         if json_output:
             _output.print_json(result.as_dict())
         elif not quiet:

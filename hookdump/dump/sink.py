@@ -353,8 +353,6 @@ class BatchSink:
         nbytes = tensor.numel() * tensor.element_size()
         summary.nbytes += nbytes
         summary.stats.update(tensor)
-        if key in self._keys:  # whatever the cause: never two tensors under one key
-            raise HookdumpError(f"two tensors of one batch came under the key {key!r}")
         self._keys.append(key)
         self._batch_bytes += nbytes
         self.bytes_done += nbytes
@@ -370,6 +368,9 @@ class BatchSink:
 
     def _on_end(self) -> None:
         start, stop = self._batch
+        if len(set(self._keys)) != len(self._keys):  # whatever the cause: never committed
+            twice = next(k for i, k in enumerate(self._keys) if k in self._keys[:i])
+            raise HookdumpError(f"two tensors of one batch came under the key {twice!r}")
         if self.writer is None:
             return
         known = list(self.writer.tensors)

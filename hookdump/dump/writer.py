@@ -36,9 +36,12 @@ MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the la
 __all__ = ["FORMAT", "MANIFEST", "DumpWriter"]
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON durably through a fresh temporary file, so a reader never sees half of it."""
-    write_durably(path, (json.dumps(data, indent=2) + "\n").encode())
+def write_json(path: Path, data: Mapping[str, Any]) -> int:
+    """Write JSON durably through a fresh temporary file, so a reader never sees half of it;
+    returns the bytes written."""
+    raw = (json.dumps(data, indent=2) + "\n").encode()
+    write_durably(path, raw)
+    return len(raw)
 
 
 class ShardFile:
@@ -91,11 +94,6 @@ class ShardFile:
         _write_header(self.tmp, self.reserve, self.entries, metadata)
         self.sealed = self.tmp
 
-    def sync(self) -> None:
-        """Make the finished file durable (before it is moved into place)."""
-        assert self.sealed is not None
-        _fsync(self.sealed)
-
     def abort(self) -> None:
         """Drop the half-written (or finished but unpublished) file."""
         self.file.abort()
@@ -103,18 +101,15 @@ class ShardFile:
 
 
 def _write_header(
-    tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str], size: int = -1
+    tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str]
 ) -> None:
-    """Write the header into the `reserve` bytes before the data (cutting the file to `size`
-    bytes first, when given)."""
+    """Write the header into the `reserve` bytes before the data."""
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     if len(header) + 8 > reserve:  # more keys than reserved for: move the data along once
         reserve = _move_data(tmp, reserve, round_up(len(header) + 8 + 4096))
     room = reserve - 8
     fd = open_existing(tmp, os.O_WRONLY)
     try:
-        if size >= 0:
-            os.ftruncate(fd, size)
         os.pwrite(fd, struct.pack("<Q", room) + header + b" " * (room - len(header)), 0)
     finally:
         os.close(fd)
@@ -188,14 +183,10 @@ class PlannedShard:
                 _move_down(self.file.fileno(), self.reserve + offset, self.reserve + size, nbytes)
             entries[key] = _entry(dtype, [self.filled, *shape], size, nbytes)
             size += nbytes
+        os.ftruncate(self.file.fileno(), self.reserve + size)  # the rows planned, not filled
         self.file.close()
-        _write_header(self.tmp, self.reserve, entries, metadata, self.reserve + size)
+        _write_header(self.tmp, self.reserve, entries, metadata)
         self.sealed = self.tmp
-
-    def sync(self) -> None:
-        """Make the finished file durable (before it is moved into place)."""
-        assert self.sealed is not None
-        _fsync(self.sealed)
 
     def abort(self) -> None:
         """Drop the file."""
@@ -337,8 +328,8 @@ class DumpWriter:
             shard.abort()
             raise ValueError(f"shards out of order: a shard starting at row {start}")
         try:
-            shard.sync()
-            assert shard.sealed is not None
+            assert shard.sealed is not None  # finished (`finish_shard`)
+            _fsync(shard.sealed)
             self._prepare(keep=shard.sealed.name)
             publish(shard.sealed, shard.path)
         except BaseException:
@@ -462,10 +453,9 @@ class DumpWriter:
         """
         self._prepare()
         manifest = self.manifest(complete, extra)
-        data = (json.dumps(manifest, indent=2) + "\n").encode()
-        write_durably(self.out / self.manifest_name, data)  # takes the room's place
+        written = write_json(self.out / self.manifest_name, manifest)  # in the room's place
         if not complete:
-            self._keep_room(MANIFEST_ROOM + 2 * len(data))
+            self._keep_room(MANIFEST_ROOM + 2 * written)
         return manifest
 
     def _keep_room(self, nbytes: int) -> None:

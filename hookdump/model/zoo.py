@@ -131,11 +131,7 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> dict[str, An
         "class_name": cls.__name__,
         "files": sorted(p for pattern in _HF_WEIGHTS for p in folder.glob(pattern)),
         "definition": [folder / n for n in _HF_CONFIGS if (folder / n).is_file()]
-        + sorted(
-            p
-            for p in folder.iterdir()
-            if p.is_file() and _tokenizer_file(p.name) and p.name not in _HF_CONFIGS
-        ),
+        + [p for p in _tokenizer_files(folder) if p.name not in _HF_CONFIGS],
         "transforms": _hf_image_processor(transformers, folder),
         "config": config,
         "warnings": [f"{opt('model')} {spec}: {p}" for p in problems],
@@ -281,15 +277,19 @@ def _hf_image_processor(transformers: Any, folder: Path) -> Any:
     return transform
 
 
-def _tokenizer_file(name: str) -> bool:
-    return "token" in name or name in ("vocab.txt", "vocab.json", "merges.txt", "spiece.model")
+def _tokenizer_files(folder: Path) -> list[Path]:
+    """The files of `folder` that a tokenizer is read from, sorted."""
+    names = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model")
+    return sorted(
+        p for p in folder.glob("*") if p.is_file() and ("token" in p.name or p.name in names)
+    )
 
 
 def load_tokenizer(folder: str | Path, spec: str) -> tuple[Any, list[Path]]:
     """The tokenizer saved in `folder` (`AutoTokenizer`), with the files it was read from."""
     transformers = require("transformers", "hf", spec)
     path = Path(folder)
-    files = sorted(p for p in path.glob("*") if p.is_file() and _tokenizer_file(p.name))
+    files = _tokenizer_files(path)
     if not path.is_dir() or not files:
         raise HookdumpError(
             f"{opt('tokenizer')} {folder}: no tokenizer files there; give a folder saved with "

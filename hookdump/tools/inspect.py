@@ -11,7 +11,7 @@ from typing import Any
 from hookdump.dump.folder import leftovers
 from hookdump.dump.reader import Dump
 from hookdump.dump.stats import KeySummary, summarize
-from hookdump.errors import Message, library_name, opt, render
+from hookdump.errors import Message, library_name, opt, render_message
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Inspection:
             "num_samples": self.num_samples,
             "shards": self.shards,
             "total_bytes": self.total_bytes,
-            "problems": [render(getattr(p, "raw", p), name) for p in self.problems],
+            "problems": [render_message(p, name) for p in self.problems],
             "model": self.manifest.get("model"),
             "tensors": [k.as_dict() for k in self.keys],
         }
