@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,19 @@ def assert_usage_error(result: Result, *fragments: str) -> str:
 
 
 def hookdump_process(
-    *args: str, env: dict[str, str] | None = None, limit_bytes: int | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    limit_bytes: int | None = None,
+    ignore_sigint: bool = False,
 ) -> subprocess.Popen[str]:
-    """`python -m hookdump ARGS` from tests/, optionally under a file-size limit."""
+    """`python -m hookdump ARGS` from tests/, optionally under a file-size limit, or with
+    Ctrl-C ignored (as a script's background job or nohup starts it)."""
 
     def limit() -> None:
         if limit_bytes is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+        if ignore_sigint:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     return subprocess.Popen(
         [sys.executable, "-m", "hookdump", *args],

@@ -25,12 +25,14 @@ pytestmark = pytest.mark.usefixtures("in_tests_dir")
 RUN = ["run", "tiny_models:Barrier", "-n", "10", "-b", "2", "--shard-size", "1", "-q"]
 
 
-def stopped_in_batch_3(tmp_path: Path, out: Path) -> subprocess.Popen[str]:
+def stopped_in_batch_3(
+    tmp_path: Path, out: Path, ignore_sigint: bool = False
+) -> subprocess.Popen[str]:
     """A run waiting inside its third batch."""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     env = {"HOOKDUMP_TEST_BARRIER_AT": "3", "HOOKDUMP_TEST_BARRIER": str(barrier)}
-    process = hookdump_process(*RUN, "-o", str(out), env=env)
+    process = hookdump_process(*RUN, "-o", str(out), env=env, ignore_sigint=ignore_sigint)
     deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
     while not (barrier / "ready").exists():
         assert process.poll() is None, finish(process)
@@ -90,6 +92,20 @@ def test_a_signal_commits_the_finished_shards_and_resume_finishes_the_dump(
     assert b.complete and b.manifest["sample_ids"] == a.manifest["sample_ids"] == list(range(10))
     for key in sorted(a.keys()):
         assert torch.equal(a[key], b[key]), key
+
+
+def test_sigterm_is_handled_where_ctrl_c_is_ignored(tmp_path: Path) -> None:
+    """A background job of a script (or nohup) starts with SIGINT ignored: SIGTERM must be
+    handled all the same, and SIGINT stay ignored."""
+    out = tmp_path / "d"
+    process = stopped_in_batch_3(tmp_path, out, ignore_sigint=True)
+    process.send_signal(signal.SIGINT)  # ignored: the run waits on
+    process.send_signal(signal.SIGTERM)
+    returncode, stdout, stderr = finish(process)
+    assert returncode == 143, stderr
+    assert stdout == ""
+    assert stderr.strip().startswith(f"Terminated: 4 samples are safe in {out};")
+    assert json.loads((out / "manifest.json").read_text())["num_samples"] == 4
 
 
 def test_the_library_puts_the_callers_signal_handlers_back() -> None:

@@ -45,28 +45,26 @@ _active: _Handler | None = None
 @contextlib.contextmanager
 def interrupts_once() -> Iterator[None]:
     """Inside, SIGINT and SIGTERM act as the module says; the handlers before are put back
-    after. A no-op outside the main thread, inside another such block, or where SIGTERM
-    already has a handler of the caller's own."""
+    after. Each signal is taken over only from Python's default: one the caller handles or
+    ignores (SIGINT in a background job of a script, under nohup) is left as it is. A no-op
+    outside the main thread and inside another such block."""
     global _active
-    if (
-        _active is not None
-        or threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if _active is not None or threading.current_thread() is not threading.main_thread():
         yield
         return
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    before = {sig: signal.getsignal(sig) for sig in defaults}
     handler = _Handler()
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in before:
+    taken = [sig for sig, default in defaults.items() if before[sig] is default]
+    for sig in taken:
         signal.signal(sig, handler)
     _active = handler
     try:
         yield
     finally:
         _active = None
-        for sig, previous in before.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        for sig in taken:
+            signal.signal(sig, before[sig])
 
 
 def ignore_from_now() -> None:
