@@ -68,3 +68,35 @@ def hookdump_process(
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     stdout, stderr = process.communicate(timeout=120)
     return process.returncode, stdout, stderr
+
+
+_LIMITED = """\
+import resource, sys
+import torch, transformers, tokenizers  # mapped before the limit is measured
+import hookdump.cli
+def vm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+limit = vm() + int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+sys.argv = ["hookdump", *sys.argv[2:]]
+hookdump.cli.main()
+"""
+
+
+def memory_limited(
+    *args: str, headroom: int, stdin: int | None = None, timeout: float = 300
+) -> tuple[int, str, str]:
+    """`hookdump ARGS` in a child whose address space may grow by at most `headroom` bytes
+    past what torch, transformers and hookdump map when imported (`RLIMIT_AS`)."""
+    process = subprocess.run(
+        [sys.executable, "-c", _LIMITED, str(headroom), *args],
+        cwd=TESTS,
+        env={**os.environ, "NO_COLOR": "1", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1"},
+        stdin=stdin if stdin is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return process.returncode, process.stdout, process.stderr

@@ -1,16 +1,17 @@
 """Text input: documents from a corpus, tokenized ahead of the forward, as token-id batches.
 
-Sources (`--text`): a `.txt` file (a document per non-empty line), a `.jsonl` file (a JSON
-object per line, the document under `--text-field`), a folder of `.txt` files (a document
-per file, sorted by path), or `-` (lines of standard input). Everything streams: documents
-are read line by line and tokenized on a thread of their own, a few batches ahead.
+The documents come from `inputs.corpus` in bounded pieces, and are tokenized on a thread
+of their own, a few batches ahead, a piece at a time: memory stays bounded whatever the
+corpus holds.
 
 Two ways to make samples:
-- packed (`context_size`): documents tokenized without special tokens, joined with the EOS
-  token after each; sample i is BOS then the next N - 1 tokens (`bos=False`: the next N);
-  the last partial window is dropped; sample ids are window indices;
+- packed (`context_size`): documents tokenized without special tokens (a piece at a
+  time), joined with the EOS token after each; sample i is BOS then the next N - 1 tokens
+  (`bos=False`: the next N); the last partial window is dropped; sample ids are window
+  indices;
 - one document per sample: tokenized as the tokenizer does by default (with its special
-  tokens), cut to `max_length` and right-padded with the pad token (EOS without one); the
+  tokens), truncated to `max_length` as `truncation=True` does (only the document's head
+  is read and tokenized) and right-padded with the pad token (EOS without one); the
   attention mask marks the real tokens; sample ids are `FILE:LINE` (or a folder's paths).
 """
 
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import queue
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,9 +29,11 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.inputs.corpus import PIECE, Progress, documents, text_files
 from hookdump.inputs.spec import Batch, Feed, part_of
 
 PREFETCH = 4  # batches tokenized ahead of the forward
+LONGEST_HEAD = 1 << 22  # the most characters of a document read for one truncated sample
 
 
 @dataclass(frozen=True)
@@ -60,81 +61,6 @@ class TextOptions:
     max_tokens: int | None = None
 
 
-def text_files(source: str) -> list[Path]:
-    """The corpus files `source` names (none for standard input)."""
-    if source == "-":
-        return []
-    path = Path(source)
-    if path.is_dir():
-        found = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if not found:
-            raise HookdumpError(f"{opt('text')} {source}: no .txt files in this folder")
-        return found
-    if not path.is_file():
-        raise HookdumpError(f"{opt('text')} {source}: no such file or folder")
-    if path.suffix not in (".txt", ".jsonl"):
-        raise HookdumpError(
-            f"{opt('text')} {source} is not a .txt or .jsonl file, a folder of .txt files, or -"
-        )
-    return [path]
-
-
-def documents(options: TextOptions, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
-    """(sample id, document) in corpus order, read as needed; `progress` counts the bytes
-    read."""
-    if options.source == "-":
-        yield from _lines(sys.stdin, "-", False, options.text_field, progress)
-        return
-    path = Path(options.source)
-    if path.is_dir():
-        for file in text_files(options.source):
-            text = _read_text(file)
-            if progress is not None:
-                progress.read += file.stat().st_size
-            yield str(file), text
-        return
-    with path.open(encoding="utf-8", errors="strict") as handle:
-        yield from _lines(handle, str(path), path.suffix == ".jsonl", options.text_field,
-                          progress)  # fmt: skip
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HookdumpError(f"{opt('text')}: cannot read {path} as UTF-8 text ({exc})") from None
-
-
-def _lines(
-    handle: Any, name: str, jsonl: bool, field: str, progress: Progress | None
-) -> Iterator[tuple[str, str]]:
-    try:
-        for number, line in enumerate(handle, start=1):
-            if progress is not None:
-                progress.read += len(line) if line.isascii() else len(line.encode())
-            if not line.strip():
-                continue
-            yield f"{name}:{number}", _document(line, name, number, jsonl, field)
-    except UnicodeDecodeError as exc:
-        raise HookdumpError(f"{opt('text')}: {name} is not UTF-8 text ({exc})") from None
-
-
-def _document(line: str, name: str, number: int, jsonl: bool, field: str) -> str:
-    if not jsonl:
-        return line.rstrip("\r\n")
-    try:
-        value = json.loads(line)
-    except ValueError as exc:
-        raise HookdumpError(f"{opt('text')}: {name}:{number} is not JSON ({exc})") from None
-    text = value.get(field) if isinstance(value, dict) else None
-    if not isinstance(text, str):
-        raise HookdumpError(
-            f"{opt('text')}: {name}:{number} has no string field {field!r}; choose the "
-            f"field with {opt('text_field')}"
-        )
-    return text
-
-
 def sample_length(options: TextOptions, model_positions: int | None) -> int:
     """Every sample's tokens (padding included): the window, or the padded length."""
     if options.context_size is not None:
@@ -149,22 +75,6 @@ def sample_limit(options: TextOptions, model_positions: int | None) -> int | Non
     if options.max_tokens is not None:
         limits.append(options.max_tokens // sample_length(options, model_positions))
     return min(limits) if limits else None
-
-
-@dataclass
-class Progress:
-    """How far the reading got, for an estimate of a corpus's samples before they are all
-    made: the corpus's bytes, the bytes read so far, the samples made from them."""
-
-    corpus_bytes: int | None
-    read: int = 0
-    made: int = 0
-
-    def estimate(self) -> int | None:
-        """Samples in the whole corpus, extrapolated from those made so far."""
-        if self.corpus_bytes is None or not self.read or not self.made:
-            return None
-        return max(self.made, round(self.made * self.corpus_bytes / self.read))
 
 
 def samples(
@@ -195,7 +105,7 @@ def count_samples(options: TextOptions, tokenizer: Any, model_positions: int | N
     """How many samples the corpus makes, within the limits: the documents are counted
     (one per sample), or the corpus is tokenized once (packed)."""
     if options.context_size is None:
-        made: Iterator[Any] = documents(options)
+        made: Iterator[Any] = documents(options.source, options.text_field)
     else:
         made = _packed(options, tokenizer, Progress(None))
     return sum(1 for _ in itertools.islice(made, sample_limit(options, model_positions)))
@@ -215,14 +125,17 @@ def _packed(
     take = size - 1 if options.bos else size
     stream: list[int] = []
     window = 0
-    for _, text in documents(options, progress):
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
-        while len(stream) >= take:
-            ids = ([bos] if options.bos else []) + stream[:take]
-            del stream[:take]
-            progress.made += 1
-            yield window, ids, size
-            window += 1
+    for document in documents(options.source, options.text_field, progress):
+        for piece in itertools.chain(document.pieces, [None]):
+            stream += [eos] if piece is None else _tokens(tokenizer, piece, special=False)
+            start = 0
+            while len(stream) - start >= take:
+                ids = ([bos] if options.bos else []) + stream[start : start + take]
+                start += take
+                progress.made += 1
+                yield window, ids, size
+                window += 1
+            del stream[:start]
 
 
 def _per_document(
@@ -240,10 +153,36 @@ def _per_document(
             f"with; pack them with {opt('context_size')}"
         )
     progress.made += first  # passed over, but read: the estimate counts them
-    for sample_id, text in itertools.islice(documents(options, progress), first, None):
-        ids = tokenizer(text)["input_ids"][:length]
+    docs = documents(options.source, options.text_field, progress)
+    for document in itertools.islice(docs, first, None):
+        ids = _head(tokenizer, document.pieces, length)
         progress.made += 1
-        yield sample_id, ids + [pad] * (length - len(ids)), len(ids)
+        yield document.id, ids + [pad] * (length - len(ids)), len(ids)
+
+
+def _tokens(tokenizer: Any, text: str, special: bool, **truncation: Any) -> list[int]:
+    # verbose=False: no warning that the text is longer than the model's positions (a
+    # packed piece is; a document's head is cut to them)
+    found = tokenizer(text, add_special_tokens=special, verbose=False, **truncation)
+    ids: list[int] = found["input_ids"]
+    return ids
+
+
+def _head(tokenizer: Any, pieces: Iterator[str], length: int) -> list[int]:
+    """The tokens of a document truncated to `length` (as `truncation=True` does), from as
+    little of its head as holds them: the head is read in growing steps until its tokens
+    (without special ones) reach `length` or the document ends (or `LONGEST_HEAD`
+    characters were read: the rest of a document of whitespace is never read)."""
+    head, ended, budget = "", False, max(PIECE, 16 * length)
+    while True:
+        while len(head) < budget and not ended:
+            piece = next(pieces, None)
+            ended = piece is None
+            head += piece or ""
+        enough = ended or budget >= LONGEST_HEAD
+        if enough or len(_tokens(tokenizer, head, special=False)) >= length:
+            return _tokens(tokenizer, head, special=True, truncation=True, max_length=length)
+        budget *= 4
 
 
 def text_feed(

@@ -1,0 +1,228 @@
+"""A corpus's documents, read in bounded pieces: however long a line (or a file, or standard
+input with no newline at all), no more than a few pieces of it are held at a time.
+
+Sources (`--text`): a `.txt` file (a document per non-blank line), a `.jsonl` file (a JSON
+object per line, the document under `--text-field`), a folder of `.txt` files (a document
+per file, sorted by path), or `-` (lines of standard input, read as bytes and decoded here).
+
+A document's text comes as pieces cut just before a whitespace character where the text
+has one, so that tokenizing the pieces one by one gives the tokens of the whole text for
+tokenizers that split words at whitespace (byte-level BPE, word-level, SentencePiece's
+metaspace). A `.jsonl` line is parsed whole, so it may be at most `JSON_LINE_LIMIT` bytes.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from hookdump.errors import HookdumpError, opt
+
+PIECE = 1 << 18  # bytes read at a time, and about the characters of a piece of text
+JSON_LINE_LIMIT = 64 << 20
+_LAST_SPACE = re.compile(r"\s\S*\Z")
+
+
+@dataclass
+class Progress:
+    """How far the reading got, for an estimate of a corpus's samples before they are all
+    made: the corpus's bytes, the bytes read so far, the samples made from them."""
+
+    corpus_bytes: int | None
+    read: int = 0
+    made: int = 0
+
+    def estimate(self) -> int | None:
+        """Samples in the whole corpus, extrapolated from those made so far."""
+        if self.corpus_bytes is None or not self.read or not self.made:
+            return None
+        return max(self.made, round(self.made * self.corpus_bytes / self.read))
+
+
+@dataclass
+class Document:
+    """A document: its sample id and its text in pieces. The pieces must be read (or left)
+    before the next document is asked for; what is left is skipped unread by the caller."""
+
+    id: str
+    pieces: Iterator[str]
+
+
+def text_files(source: str) -> list[Path]:
+    """The corpus files `source` names (none for standard input)."""
+    if source == "-":
+        return []
+    path = Path(source)
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not found:
+            raise HookdumpError(f"{opt('text')} {source}: no .txt files in this folder")
+        return found
+    if not path.is_file():
+        raise HookdumpError(f"{opt('text')} {source}: no such file or folder")
+    if path.suffix not in (".txt", ".jsonl"):
+        raise HookdumpError(
+            f"{opt('text')} {source} is not a .txt or .jsonl file, a folder of .txt files, or -"
+        )
+    return [path]
+
+
+def documents(source: str, text_field: str, progress: Progress | None = None) -> Iterator[Document]:
+    """The documents of `source` in corpus order, read as needed; `progress` counts the
+    bytes read."""
+    progress = progress or Progress(None)
+    if source == "-":
+        yield from _lines(sys.stdin.buffer, "-", False, text_field, progress)
+        return
+    path = Path(source)
+    files = text_files(source)
+    if path.is_dir():
+        for file in files:
+            with _open(file) as handle:
+                reader = _Reader(handle, progress, whole=True)
+                for chunks in reader.lines():
+                    yield Document(str(file), _cut(_decoded(chunks, str(file), strip=False)))
+        return
+    with _open(path) as handle:
+        yield from _lines(handle, str(path), path.suffix == ".jsonl", text_field, progress)
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise HookdumpError(f"{opt('text')}: cannot read {path} ({exc.strerror})") from None
+
+
+def _lines(
+    handle: BinaryIO, name: str, jsonl: bool, field: str, progress: Progress
+) -> Iterator[Document]:
+    for number, chunks in enumerate(_Reader(handle, progress).lines(), start=1):
+        where = f"{name}:{number}"
+        if jsonl:
+            text = _json_document(chunks, where, field)
+            if text is not None:
+                yield Document(where, _cut(iter([text])))
+            continue
+        pieces = _unless_blank(_cut(_decoded(chunks, where, strip=True)))
+        if pieces is not None:
+            yield Document(where, pieces)
+
+
+class _Reader:
+    """A binary stream as lines (`whole`: as one text), each line as chunks of at most
+    `PIECE` bytes; a line's unread chunks are skipped when the next line is asked for."""
+
+    def __init__(self, handle: BinaryIO, progress: Progress, whole: bool = False) -> None:
+        self._handle, self._progress, self._whole = handle, progress, whole
+        self._ended = False
+
+    def lines(self) -> Iterator[Iterator[bytes]]:
+        while first := self._read():
+            line = self._line(first)
+            yield line
+            for _ in line:  # what the caller left unread
+                pass
+
+    def _line(self, chunk: bytes) -> Iterator[bytes]:
+        while chunk:
+            yield chunk
+            if not self._whole and chunk.endswith(b"\n"):
+                return
+            chunk = self._read()
+
+    def _read(self) -> bytes:
+        if self._ended:
+            return b""
+        read = self._handle.read if self._whole else self._handle.readline
+        chunk = read(PIECE)
+        self._progress.read += len(chunk)
+        self._ended = not chunk
+        return chunk
+
+
+def _decoded(chunks: Iterator[bytes], where: str, strip: bool) -> Iterator[str]:
+    """The text of a line's chunks (`strip`: without its line break); invalid UTF-8 is one
+    error naming the line."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    held = ""  # carriage returns that may turn out to end the line
+    try:
+        for chunk in chunks:
+            text = held + decoder.decode(chunk)
+            if strip:  # a line's last chunk ends with its line break; others may end in \r
+                kept = text.rstrip("\r\n")
+                held, text = text[len(kept) :], kept
+            if text:
+                yield text
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise HookdumpError(
+            f"{opt('text')}: {where} is not UTF-8 text ({exc.reason}); fix or drop the line"
+        ) from None
+
+
+def _cut(pieces: Iterator[str]) -> Iterator[str]:
+    """`pieces` re-cut just before their last run of whitespace, so that neither a word nor
+    a run of whitespace is split between two pieces (a piece of more than twice `PIECE`
+    characters with no whitespace is cut where it ends)."""
+    carry = ""
+    for piece in pieces:
+        text = carry + piece
+        space = _LAST_SPACE.search(text)
+        at = space.start() if space else 0
+        while at > 0 and text[at - 1].isspace():
+            at -= 1
+        if at == 0 and len(text) < 2 * PIECE:
+            carry = text
+            continue
+        at = at or len(text)
+        yield text[:at]
+        carry = text[at:]
+    if carry:
+        yield carry
+
+
+def _unless_blank(pieces: Iterator[str]) -> Iterator[str] | None:
+    """`pieces`, or None when they are whitespace only (a whitespace run past `PIECE`
+    characters is taken as a document rather than read to its end)."""
+    lead: list[str] = []
+    size = 0
+    for piece in pieces:
+        lead.append(piece)
+        size += len(piece)
+        if piece.strip() or size > PIECE:
+            return itertools.chain(lead, pieces)
+    return None
+
+
+def _json_document(chunks: Iterator[bytes], where: str, field: str) -> str | None:
+    """The document of a `.jsonl` line (None for a blank line)."""
+    line = bytearray()
+    for chunk in chunks:
+        line += chunk
+        if len(line) > JSON_LINE_LIMIT:
+            raise HookdumpError(
+                f"{opt('text')}: {where} is longer than {JSON_LINE_LIMIT >> 20} MiB, the most "
+                "a .jsonl line may hold; split the document, or give it as a .txt line"
+            )
+    if not line.strip():
+        return None
+    try:
+        value = json.loads(bytes(line))
+    except (ValueError, RecursionError) as exc:
+        reason = exc if isinstance(exc, ValueError) else "nested too deeply"
+        raise HookdumpError(f"{opt('text')}: {where} is not JSON ({reason})") from None
+    text = value.get(field) if isinstance(value, dict) else None
+    if not isinstance(text, str):
+        raise HookdumpError(
+            f"{opt('text')}: {where} has no string field {field!r}; choose the field with "
+            f"{opt('text_field')}"
+        )
+    return text

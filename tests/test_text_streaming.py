@@ -1,0 +1,158 @@
+"""A corpus is read and tokenized in bounded pieces: the tokens are those of the whole
+documents, and memory stays bounded for a line of any length, with or without newlines.
+
+References: the tokenizer run on each whole document, as a user would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import assert_usage_error, invoke, memory_limited
+from tiny_text import CORPUS, tiny_gpt2
+
+import hookdump
+from hookdump.inputs import corpus as corpus_module
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+
+# long documents with words, runs of mixed whitespace, CRLF, and characters of 2 to 4 bytes
+# that the small pieces below cut through
+DOCS = [
+    "  ".join(CORPUS[i % 5] or "park" for i in range(40)),
+    "the cat\tsat   on the mat é€ 😀 " * 30,
+    "hooks dump activations\t\x0c of the " + "the  cat sat " * 20,
+    "a dog ran\r",
+    "  \t  ",  # blank: not a document
+    "",
+    "the park",
+]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer (GPT-2's kind, where spaces belong to the next word) and a
+    GPT-2 of 1 layer, saved as a model folder."""
+    folder = tmp_path_factory.mktemp("bpe")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS + DOCS, vocab_size=400, special_tokens=["<|endoftext|>"])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,
+                                                eos_token="<|endoftext|>")  # fmt: skip
+    fast.save_pretrained(folder)
+    torch.manual_seed(3)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=420,
+                                     n_positions=64)  # fmt: skip
+    transformers.GPT2Model(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_gpt2(tmp_path_factory.mktemp("gpt2"), n_positions=64)
+
+
+def _whole_documents() -> list[str]:
+    return [d.rstrip("\r") for d in DOCS if d.strip()]
+
+
+@pytest.mark.parametrize("piece", [6, 64, 1 << 18])  # 6: no word is longer than 12
+@pytest.mark.parametrize("model", ["bpe", "words"])
+def test_packed_pieces_give_the_tokens_of_whole_documents(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    piece: int, model: str,
+) -> None:  # fmt: skip
+    folder = request.getfixturevalue(model)
+    monkeypatch.setattr(corpus_module, "PIECE", piece)
+    path = tmp_path / "long.txt"
+    path.write_bytes(("\n".join(DOCS) + "\n").replace("\r\n", "\r\r\n").encode())
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{folder}", "--text", str(path), "--context-size", "16",
+                    "-l", "h.0", "-q", "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    eos = tokenizer.eos_token_id
+    stream = [t for doc in _whole_documents()
+              for t in [*tokenizer.encode(doc, add_special_tokens=False), eos]]  # fmt: skip
+    windows = [[eos, *stream[i : i + 15]] for i in range(0, len(stream) - 14, 15)]
+    assert hookdump.load(out)["__input_ids__"].tolist() == windows
+
+
+@pytest.mark.parametrize("piece", [6, 1 << 18])
+def test_a_document_sample_is_the_truncated_head_of_the_whole(
+    bpe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    monkeypatch.setattr(corpus_module, "PIECE", piece)
+    path = tmp_path / "long.txt"
+    path.write_text("\n".join(DOCS) + "\n")
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{bpe}", "--text", str(path), "--max-length", "24",
+                    "-l", "h.0", "-q", "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bpe)
+    ref = tokenizer(_whole_documents(), truncation=True, max_length=24)["input_ids"]
+    dump = hookdump.load(out)
+    assert [len(ids) for ids in ref] == dump["__attention_mask__"].sum(1).tolist()
+    assert [len(ids) for ids in ref][:3] == [24, 24, 24]  # the long ones were cut
+    dumped = dump["__input_ids__"].tolist()
+    assert [ids[: len(r)] for ids, r in zip(dumped, ref, strict=True)] == ref
+
+
+def test_invalid_utf8_on_standard_input_is_one_line(words: Path) -> None:
+    import subprocess
+    import sys
+
+    process = subprocess.run(
+        [sys.executable, "-m", "hookdump", "run", f"hf:{words}", "--text", "-", "-q", "-o",
+         "unused-out"],
+        input=b"the cat\nsat \xff\xfe on\n", capture_output=True, cwd=Path(__file__).parent,
+    )  # fmt: skip
+    assert process.returncode == 2, process.stderr
+    assert process.stderr.decode().startswith("Error: --text: -:2 is not UTF-8 text")
+    assert len(process.stderr.decode().strip().splitlines()) == 1
+
+
+def test_a_jsonl_line_past_the_limit_is_one_line(
+    words: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(corpus_module, "JSON_LINE_LIMIT", 1000)
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "the cat"}\n{"text": "' + "a " * 600 + '"}\n')
+    assert_usage_error(invoke("run", f"hf:{words}", "--text", str(path), "-q", "-o",
+                              str(tmp_path / "d")),
+                       f"{path}:2 is longer than", "split the document")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mode", [["--context-size", "16"], ["--max-length", "16"], ["--per-token", "--max-length", "9"]]
+)
+def test_one_huge_line_is_read_in_bounded_memory(
+    bpe: Path, tmp_path: Path, mode: list[str]
+) -> None:
+    """40 MB in one line without a newline: the old reader held it whole, and the tokenizer
+    took gigabytes; now the child may grow by 600 MiB at most."""
+    path = tmp_path / "huge.txt"
+    with path.open("w") as handle:
+        for _ in range(40):
+            handle.write("the cat sat on the mat é " * 40_000)  # 1 MB
+    out = tmp_path / "d"
+    args = ["run", f"hf:{bpe}", "--text", str(path), *mode, "-n", "2", "-l", "h.0", "-q"]
+    code, _, stderr = memory_limited(*args, "-o", str(out), headroom=600 << 20)
+    assert code == 0, stderr
+    dump = hookdump.load(out)
+    assert dump.manifest["sample_ids"][:1] in ([0], [f"{path}:1"])
+
+
+@pytest.mark.slow
+def test_standard_input_of_zeros_is_read_in_bounded_memory(words: Path, tmp_path: Path) -> None:
+    """`--text - < /dev/zero`: one endless line of NUL characters, packed into windows."""
+    out = tmp_path / "d"
+    with open("/dev/zero", "rb") as zeros:
+        code, _, stderr = memory_limited("run", f"hf:{words}", "--text", "-", "--context-size",
+                                         "4", "-n", "2", "-l", "h.0", "-q", "-o", str(out),
+                                         headroom=600 << 20, stdin=zeros.fileno())  # fmt: skip
+    assert code == 0, stderr
+    assert hookdump.load(out).num_samples == 2
