@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import assert_usage_error, invoke
-from tiny_text import CORPUS, ctrl_c_in_batch, tiny_bert, tiny_gpt2
+from tiny_text import CORPUS, ctrl_c_in_batch, tiny_bert, tiny_bpe_gpt2, tiny_gpt2
 
 import hookdump
 
@@ -284,18 +284,8 @@ def test_an_interrupted_per_token_dump_resumes_to_the_same_dump(
 def test_a_byte_level_bpe_gpt2_without_a_pad_token(tmp_path: Path) -> None:
     """GPT-2's usual setup: byte-level BPE, no pad token (padding is EOS, which may also be a
     real token): token rows follow the mask, never the id."""
-    from tokenizers import ByteLevelBPETokenizer
-
-    folder = tmp_path / "gpt2-bpe"
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS, vocab_size=300, special_tokens=["<|endoftext|>"])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,
-                                                eos_token="<|endoftext|>")  # fmt: skip
-    fast.save_pretrained(folder)
-    torch.manual_seed(7)
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=320,
-                                     n_positions=64)  # fmt: skip
-    transformers.GPT2Model(config).save_pretrained(folder)
+    folder = tiny_bpe_gpt2(tmp_path / "gpt2-bpe", CORPUS, vocab_size=300)
+    fast = transformers.AutoTokenizer.from_pretrained(folder)
     corpus = tmp_path / "c.txt"
     docs = [d for d in CORPUS if d] + ["ends with <|endoftext|>"]  # EOS as a real token
     corpus.write_text("\n".join(docs) + "\n")

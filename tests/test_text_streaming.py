@@ -8,15 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from clitools import assert_usage_error, invoke, memory_limited
-from tiny_text import CORPUS, tiny_gpt2
+from tiny_text import CORPUS, tiny_bpe_gpt2, tiny_gpt2
 
 import hookdump
 from hookdump.inputs import corpus as corpus_module
 
 transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
 
 # long documents with words, runs of mixed whitespace, CRLF, and characters of 2 to 4 bytes
@@ -34,19 +32,8 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A byte-level BPE tokenizer (GPT-2's kind, where spaces belong to the next word) and a
-    GPT-2 of 1 layer, saved as a model folder."""
-    folder = tmp_path_factory.mktemp("bpe")
-    bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS + DOCS, vocab_size=400, special_tokens=["<|endoftext|>"])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,
-                                                eos_token="<|endoftext|>")  # fmt: skip
-    fast.save_pretrained(folder)
-    torch.manual_seed(3)
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=420,
-                                     n_positions=64)  # fmt: skip
-    transformers.GPT2Model(config).save_pretrained(folder)
-    return folder
+    """A byte-level BPE tokenizer: GPT-2's kind, where spaces belong to the next word."""
+    return tiny_bpe_gpt2(tmp_path_factory.mktemp("bpe"), CORPUS + DOCS, vocab_size=400)
 
 
 @pytest.fixture(scope="module")

@@ -81,3 +81,23 @@ def tiny_bert(folder: Path, seed: int = 1, masked_lm: bool = False, **config: ob
     model(transformers.BertConfig(**sizes)).save_pretrained(folder)
     save_tokenizer(folder, cls_sep=True)
     return folder
+
+
+def tiny_bpe_gpt2(folder: Path, corpus: list[str], vocab_size: int, seed: int = 7) -> Path:
+    """GPT-2's usual setup, small: a byte-level BPE tokenizer trained on `corpus` (EOS
+    `<|endoftext|>`, no pad token) and a 1-layer GPT-2 of 64 positions, saved as a model
+    folder."""
+    import torch
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=vocab_size, special_tokens=["<|endoftext|>"])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,
+                                                eos_token="<|endoftext|>")  # fmt: skip
+    fast.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64,
+                                     vocab_size=vocab_size + 20)  # fmt: skip
+    transformers.GPT2Model(config).save_pretrained(folder)
+    return folder
