@@ -28,6 +28,10 @@ SAFETENSORS_DTYPES = {
     "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
 }  # fmt: skip
 DTYPES = tuple(SAFETENSORS_DTYPES)
+ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
 DTYPE_OF_SAFETENSORS = {st: name for name, st in SAFETENSORS_DTYPES.items()}
 # set on a module to show this class name instead of its own (unflattened export modules)
 TYPE_ATTRIBUTE = "_hookdump_type"
@@ -145,7 +149,7 @@ def _check_tensor(key: Any, meta: Any, bad: Any) -> None:
 def _check_shards(shards: list[Any], bad: Any) -> int:
     """The row count the shards cover, once each is a safe file name over the next rows."""
     rows = 0
-    names = set()
+    names: set[str] = set()
     for index, shard in enumerate(shards):
         if not isinstance(shard, dict):
             raise bad(f"shard {index} is {_kind(shard)}, not an object")

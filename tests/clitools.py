@@ -74,24 +74,31 @@ _LIMITED = """\
 import resource, sys
 import torch, transformers, tokenizers  # mapped before the limit is measured
 import hookdump.cli
-def vm():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmSize:"):
-            return int(line.split()[1]) * 1024
-limit = vm() + int(sys.argv[1])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-sys.argv = ["hookdump", *sys.argv[2:]]
-hookdump.cli.main()
+kind, headroom, code = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+field = {"AS": "VmSize:", "DATA": "VmData:"}[kind]
+used = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+            if line.startswith(field))
+limit = used + headroom
+resource.setrlimit(getattr(resource, "RLIMIT_" + kind), (limit, limit))
+sys.argv = ["hookdump", *sys.argv[4:]]
+exec(code or "hookdump.cli.main()")
 """
 
 
 def memory_limited(
-    *args: str, headroom: int, stdin: int | None = None, timeout: float = 300
+    *args: str,
+    headroom: int,
+    limit: str = "AS",
+    code: str = "",
+    stdin: int | None = None,
+    timeout: float = 300,
 ) -> tuple[int, str, str]:
-    """`hookdump ARGS` in a child whose address space may grow by at most `headroom` bytes
-    past what torch, transformers and hookdump map when imported (`RLIMIT_AS`)."""
+    """`hookdump ARGS` (or the Python `code`, with ARGS in `sys.argv[1:]`) in a child whose
+    memory may grow by at most `headroom` bytes past what torch, transformers and hookdump
+    take when imported: `limit` "AS" bounds the address space (`RLIMIT_AS`), "DATA" the
+    heap and anonymous mappings (`RLIMIT_DATA`; files mapped to be read do not count)."""
     process = subprocess.run(
-        [sys.executable, "-c", _LIMITED, str(headroom), *args],
+        [sys.executable, "-c", _LIMITED, limit, str(headroom), code, *args],
         cwd=TESTS,
         env={**os.environ, "NO_COLOR": "1", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1"},
         stdin=stdin if stdin is not None else subprocess.DEVNULL,

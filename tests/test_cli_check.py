@@ -137,6 +137,13 @@ def test_inspect_reports_an_incomplete_dump_and_what_is_missing(tmp_path: Path) 
     assert "shard-00001.safetensors (samples 2:4) is missing" in result.stdout
     assert "incomplete dump" in result.stderr
 
+    (out / "shard-00000.safetensors").unlink()
+    result = invoke("inspect", str(out))
+    assert "2 of 2 shards are missing, the first shard-00000.safetensors (samples 0:2)" in (
+        result.stdout
+    )
+    assert "2 of 2" in result.stderr and len(result.stderr.splitlines()) == 1
+
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
     data = json.loads(invoke("inspect", str(out), "--json").stdout)

@@ -329,3 +329,155 @@ def test_a_reader_never_mixes_the_shards_of_two_runs(tmp_path: Path) -> None:
         old["linear_1"]
     with pytest.raises(InvalidDump, match="the dump changed while it was read"):
         next(iter(old.batches(["linear_1"], batch_size=2)))
+
+
+# Dumps whose claims are hostile in size: memory must stay bounded by a fixed budget or by
+# the bytes really on disk, and time by the shards that are there. Each runs inspect, diff,
+# show and Dump.batches in a child whose heap may grow by LIMITED bytes at most, beyond the
+# copy-on-write mappings of the two dumps' shards that safetensors makes (address space
+# that RLIMIT_DATA counts, but no memory unless written to).
+LIMITED = 384 << 20
+_SIZES_CHILD = """
+import json, sys
+from itertools import islice
+from typer.testing import CliRunner
+import hookdump
+from hookdump.cli import app
+dump, other, png, sample = sys.argv[1:5]
+seen = {}
+for name, args in (("inspect", ["inspect", dump, "--json"]), ("diff", ["diff", dump, other]),
+                   ("show", ["show", dump, "x", "-o", png, "-s", sample])):
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
+    seen[name] = [result.exit_code, result.stdout[-3000:], result.stderr[-3000:],
+                  repr(result.exception)]
+opened = hookdump.load(dump)
+for shuffle in (False, True):
+    batches = opened.batches(["x"], 4096, shuffle=shuffle)
+    seen[f"batches shuffle={shuffle}"] = [list(b["x"].shape) for b in islice(batches, 3)]
+print(json.dumps(seen))
+"""
+
+
+def _claiming(folder: Path, rows: int, shape: list[int], data: bytes | None = None) -> Path:
+    """A dump of one float32 key `x` whose one shard's header claims `rows` rows of `shape`:
+    the file is sparse (a hole where the data would be) unless `data` is given."""
+    import math
+    import struct
+
+    folder.mkdir()
+    nbytes = rows * math.prod(shape) * 4
+    header = {"x": {"dtype": "F32", "shape": [rows, *shape], "data_offsets": [0, nbytes]},
+              "__metadata__": {"run_id": "r"}}  # fmt: skip
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with (folder / "shard-00000.safetensors").open("wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)) + encoded)
+        if data is not None:
+            handle.write(data)
+        handle.truncate(8 + len(encoded) + nbytes)
+    manifest = {
+        "format": "hookdump/1", "complete": True, "num_samples": rows, "run_id": "r",
+        "tensors": {"x": {"module": "x", "kind": "output", "shape": shape, "dtype": "float32"}},
+        "shards": [{"file": "shard-00000.safetensors", "start": 0, "stop": rows}],
+    }  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _run_sizes_child(dump: Path, other: Path, png: Path, sample: int) -> dict[str, Any]:
+    from clitools import memory_limited
+
+    mapped = sum(os.stat(d / "shard-00000.safetensors").st_size for d in (dump, other))
+    code, stdout, stderr = memory_limited(
+        str(dump), str(other), str(png), str(sample), headroom=LIMITED + mapped, limit="DATA",
+        code=_SIZES_CHILD, timeout=240,
+    )  # fmt: skip
+    assert code == 0, stderr[-3000:]
+    seen: dict[str, Any] = json.loads(stdout.splitlines()[-1])
+    for name in ("inspect", "diff", "show"):
+        assert seen[name][0] == 0, (name, seen[name])
+    return seen
+
+
+@pytest.mark.slow
+def test_a_sparse_shard_claiming_more_than_the_limit_is_read_in_slices(tmp_path: Path) -> None:
+    """512 MiB of rows claimed, 4 KiB on disk: every reader used to read the shard whole."""
+    rows = (1 << 29) // (64 * 4)
+    dump = _claiming(tmp_path / "a", rows, [64])
+    other = _claiming(tmp_path / "b", rows, [64])
+    assert os.stat(dump / "shard-00000.safetensors").st_blocks * 512 < 1 << 20
+    seen = _run_sizes_child(dump, other, tmp_path / "x.png", rows - 1)
+    stats = json.loads(seen["inspect"][1])["tensors"][0]
+    assert (stats["bytes"], stats["mean"], stats["max"]) == (1 << 29, 0.0, 0.0)
+    assert "match" in seen["diff"][1]
+    assert seen["batches shuffle=False"] == [[4096, 64]] * 3
+    assert seen["batches shuffle=True"] == [[4096, 64]] * 3
+
+
+@pytest.mark.slow
+def test_zero_width_rows_claiming_a_trillion_samples(tmp_path: Path) -> None:
+    rows = 10**12
+    dump = _claiming(tmp_path / "a", rows, [0])
+    other = _claiming(tmp_path / "b", rows, [0])
+    seen = _run_sizes_child(dump, other, tmp_path / "x.png", rows - 1)
+    assert json.loads(seen["inspect"][1])["num_samples"] == rows
+    assert seen["batches shuffle=True"] == [[4096, 0]] * 3
+
+
+@pytest.mark.slow
+def test_show_of_200000_channels_draws_a_bounded_picture(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from hookdump.tools.image import MAX_PIXELS, MAX_TILES
+
+    values = torch.arange(200_000 * 4, dtype=torch.float32)
+    dump = _claiming(tmp_path / "a", 1, [200_000, 2, 2], data=values.numpy().tobytes())
+    seen = _run_sizes_child(dump, dump, tmp_path / "x.png", 0)
+    assert f"the first {MAX_TILES} of 200000 channels" in seen["show"][1]
+    width, height = Image.open(tmp_path / "x.png").size
+    assert width * height <= MAX_PIXELS
+    assert seen["batches shuffle=True"] == [[1, 200_000, 2, 2]]
+
+
+def test_a_manifest_of_millions_of_small_objects_is_refused_unparsed(tmp_path: Path) -> None:
+    """15 million `{}` (45 MB) would take about a gigabyte once parsed."""
+    dump = _claiming(tmp_path / "a", 1, [2], data=bytes(8))
+    manifest = (dump / "manifest.json").read_bytes()
+    (dump / "manifest.json").write_bytes(
+        manifest[:-1] + b', "skipped": [' + b"{}," * 15_000_000 + b"{}]}"
+    )
+    result = _within_timeout(lambda: invoke("inspect", str(dump)), dump)
+    _one_error_line(result)
+    assert "15,000,008 objects and lists, more than a manifest may" in result.stderr
+    with pytest.raises(hookdump.InvalidDump, match="more than a manifest may"):
+        hookdump.load(dump)
+
+
+def test_200000_missing_shards_are_one_line(tmp_path: Path) -> None:
+    dump = _claiming(tmp_path / "a", 1, [2], data=bytes(8))
+    manifest = json.loads((dump / "manifest.json").read_text())
+    manifest["shards"] = [{"file": f"s{i}", "start": i, "stop": i + 1} for i in range(200_000)]
+    manifest["num_samples"] = 200_000
+    (dump / "manifest.json").write_text(json.dumps(manifest))
+    result = _within_timeout(lambda: invoke("inspect", str(dump)), dump)
+    assert result.exit_code == 0, result.stderr
+    assert "200,000 of 200,000 shards are missing, the first s0 (samples 0:1)" in (result.stdout)
+    assert len(result.stdout.splitlines()) < 20
+
+
+def test_diff_pairs_a_million_shards_in_one_walk() -> None:
+    """Each segment's shards used to be found by a scan of every shard: hours for 10**6."""
+    from hookdump.dump.reader import Dump
+    from hookdump.tools.diff import _segments
+
+    def dump(width: int, count: int) -> Dump:
+        shards = [{"file": f"s{i}", "start": i * width, "stop": (i + 1) * width}
+                  for i in range(count)]  # fmt: skip
+        return Dump.of_manifest(Path("."), {"shards": shards})
+
+    a, b = dump(1, 10**6), dump(2, 5 * 10**5)
+    segments = _within_timeout(lambda: list(_segments(a, b, 10**6, 10**6)), Path("."))
+    assert len(segments) == 10**6
+    assert [(lo, hi, sa["file"], sb["file"]) for lo, hi, sa, sb in segments[:3]] == [
+        (0, 1, "s0", "s0"), (1, 2, "s1", "s0"), (2, 3, "s2", "s1")
+    ]  # fmt: skip

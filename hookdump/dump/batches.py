@@ -4,14 +4,17 @@ Every row comes exactly once per pass, and the rows of different keys stay align
 of every key is the same sample or token). Without shuffling, rows come in order. With it,
 the order is fixed by the seed:
 
-- the shards are taken in a seeded random order, `window` at a time (4 by default);
-- the rows of the shards in the window (and the few left over from the window before) are
+- the shards are cut into blocks of rows of at most `BLOCK_BYTES` (32 MiB) of the
+  requested keys (a shard smaller than that is one block);
+- the blocks are taken in a seeded random order, `window` at a time (4 by default);
+- the rows of the blocks in the window (and the few left over from the window before) are
   put in a seeded random order and cut into batches; the last partial batch of a window
   waits for the next one, so batches are full until the very last.
 
-So a batch mixes rows from up to `window` shards, never from shards far apart in the
-shuffled order, and memory holds about `window` shards of the requested keys at a time,
-never the whole dump. A wider window mixes more and holds more.
+So a batch mixes rows from up to `window` blocks, never from blocks far apart in the
+shuffled order, and memory holds `window` blocks (128 MiB by default; twice that while
+they are shuffled), never the whole dump, whatever the shards' headers claim. A wider
+window mixes more and holds more. Without shuffling, one block is held at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from hookdump.dump.reader import Dump
 
 WINDOW = 4
+BLOCK_BYTES = 32 << 20  # a window of 4 is 128 MiB, and twice that while it is shuffled
 
 
 def iter_batches(
@@ -41,16 +45,19 @@ def iter_batches(
     """Batches of `batch_size` rows (the last may be smaller) of `keys`, as dicts."""
     _check(dump, keys, batch_size, window)
     generator = torch.Generator().manual_seed(seed)
-    shards = list(dump.shards)
+    blocks = [
+        (shard, lo, hi) for shard in dump.shards for lo, hi in dump.slices(shard, keys, BLOCK_BYTES)
+    ]
     if shuffle:
-        shards = [shards[i] for i in torch.randperm(len(shards), generator=generator)]
+        blocks = [blocks[i] for i in torch.randperm(len(blocks), generator=generator).tolist()]
     step = window if shuffle else 1
     carry: dict[str, torch.Tensor] | None = None
-    for first in range(0, len(shards), step):
-        pool = [_read(dump, shard, keys) for shard in shards[first : first + step]]
+    for first in range(0, len(blocks), step):
+        pool = [_read(dump, block, keys) for block in blocks[first : first + step]]
         if carry is not None:
             pool.insert(0, carry)
         rows = _concat(pool, keys)
+        del pool  # the blocks, now in `rows`
         if shuffle:
             order = torch.randperm(_rows(rows), generator=generator)
             rows = {key: value[order] for key, value in rows.items()}
@@ -78,11 +85,12 @@ def _check(dump: Dump, keys: list[str], batch_size: int, window: int) -> None:
         raise HookdumpError(f"{opt('window')} {window} must be at least 1")
 
 
-def _read(dump: Dump, shard: dict[str, Any], keys: list[str]) -> dict[str, torch.Tensor]:
+def _read(
+    dump: Dump, block: tuple[dict[str, Any], int, int], keys: list[str]
+) -> dict[str, torch.Tensor]:
+    shard, lo, hi = block
     with dump.open_shard(shard, keys) as opened:
-        return {
-            key: dump.read_rows(opened, shard, key, shard["start"], shard["stop"]) for key in keys
-        }
+        return {key: dump.read_rows(opened, shard, key, lo, hi) for key in keys}
 
 
 def _concat(parts: list[dict[str, torch.Tensor]], keys: list[str]) -> dict[str, torch.Tensor]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -20,12 +22,21 @@ from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
 from hookdump.format import (
     DTYPE_OF_SAFETENSORS,
     FORMAT,
+    ITEMSIZE,
     MANIFEST,
     parse_key,
     validate_manifest,
 )
 
 MAX_MANIFEST_BYTES = 1 << 30
+# what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
+# times their text, so the values (commas) and containers are counted before the parse
+MAX_MANIFEST_VALUES = 32_000_000
+MAX_MANIFEST_CONTAINERS = 4_000_000
+# the most a reader holds of one shard at a time (rows read in slices), whatever its
+# header claims
+SLICE_BYTES = 64 << 20
+SLICE_ROWS = 1 << 20
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -42,12 +53,26 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise InvalidDump(f"{path} is not a regular file; refused")
         if info.st_size > MAX_MANIFEST_BYTES:
             raise InvalidDump(f"{path} is {info.st_size} bytes, too large for a manifest")
-        data = file.read(MAX_MANIFEST_BYTES + 1)
+        data = file.read(info.st_size + 1)  # never a buffer of the largest size allowed
+    values = data.count(b",") + 1
+    containers = data.count(b"{") + data.count(b"[")
+    if values > MAX_MANIFEST_VALUES or containers > MAX_MANIFEST_CONTAINERS:
+        raise InvalidDump(
+            f"{path} holds {values:,} values and {containers:,} objects and lists, more than "
+            f"a manifest may ({MAX_MANIFEST_VALUES:,} and {MAX_MANIFEST_CONTAINERS:,}); refused"
+        )
     try:
         parsed = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidDump(f"{path} is not readable JSON: {str(exc)[:200]}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        reason = "out of memory" if isinstance(exc, MemoryError) else str(exc)[:200]
+        raise InvalidDump(f"{path} is not readable JSON: {reason}") from None
     return validate_manifest(parsed, str(path))
+
+
+def rows_per_slice(row_bytes: int, budget: int = SLICE_BYTES) -> int:
+    """How many rows of `row_bytes` each a slice of `budget` bytes holds (at least one,
+    at most `SLICE_ROWS`)."""
+    return max(1, min(SLICE_ROWS, budget // row_bytes if row_bytes else SLICE_ROWS))
 
 
 def _inside(path: Path, folder: Path, what: str) -> str:
@@ -142,17 +167,40 @@ class Dump:
         if key not in self.tensors:
             raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.tensors)}")
         parts = [shard[key] for shard in self.iter_shards(keys=[key])]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(parts) == 1:
+            return parts[0]
+        return self._read(self.shards[-1], lambda: torch.cat(parts))
 
     def row(self, key: str, index: int) -> torch.Tensor:
         """Sample `index` of `key`, read from the one shard that holds it."""
         if key not in self.tensors:
             raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.tensors)}")
-        for shard in self.shards:
-            if shard["start"] <= index < shard["stop"]:
-                with self.open_shard(shard, [key]) as f:
-                    return self.read_rows(f, shard, key, index, index + 1)[0]
-        raise IndexError(f"sample {index} is not in {self.path} ({self.num_samples} samples)")
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample {index} is not in {self.path} ({self.num_samples} samples)")
+        shard = self.shard_of(index)
+        with self.open_shard(shard, [key]) as f:
+            return self.read_rows(f, shard, key, index, index + 1)[0]
+
+    def shard_of(self, index: int) -> dict[str, Any]:
+        """The shard holding row `index` (found by bisection: shards follow each other)."""
+        return self.shards[bisect.bisect_right(self.shards, index, key=lambda s: s["stop"])]
+
+    def row_bytes(self, keys: list[str]) -> int:
+        """The bytes of one row of each of `keys`, as the manifest gives them."""
+        return sum(
+            math.prod(self.tensors[key]["shape"]) * ITEMSIZE[self.tensors[key]["dtype"]]
+            for key in keys
+        )
+
+    def slices(
+        self, shard: dict[str, Any], keys: list[str], budget: int = SLICE_BYTES
+    ) -> Iterator[tuple[int, int]]:
+        """Row ranges (dump row numbers) that cover `shard`, each holding at most `budget`
+        bytes of `keys` (and `SLICE_ROWS` rows), at least one row: how a reader reads a
+        shard in bounded memory whatever its header claims."""
+        step = rows_per_slice(self.row_bytes(keys), budget)
+        for start in range(shard["start"], shard["stop"], step):
+            yield start, min(start + step, shard["stop"])
 
     def batches(
         self,
@@ -169,10 +217,11 @@ class Dump:
             keys: the keys to read; row i of each is the same sample (or token).
             batch_size: rows per batch.
             shuffle: rows in an order fixed by `seed`, mixed within a window of `window`
-                shards (memory holds about that many shards of `keys`; see
-                `hookdump.dump.batches`). Without it, rows come in order.
+                blocks of at most 32 MiB of `keys` (a small shard is one block; memory
+                holds that window; see `hookdump.dump.batches`). Without it, rows come in
+                order, a block at a time.
             seed: fixes the shuffled order.
-            window: shards whose rows are mixed together (at least 2 mixes shards).
+            window: blocks whose rows are mixed together (at least 2 mixes blocks).
 
         Example:
             >>> for batch in hookdump.load("acts/").batches(["layer4"], 256, shuffle=True):
@@ -214,9 +263,12 @@ class Dump:
         try:
             handle = safe_open(path, framework="pt")
             opened = handle.__enter__()
-        except (OSError, safetensors.SafetensorError) as exc:
-            where = self.path / shard["file"]
-            raise InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}") from None
+        except (OSError, safetensors.SafetensorError, MemoryError) as exc:
+            raise self._unreadable(shard, exc) from None
+        except RuntimeError as exc:  # torch could not map it: "... Cannot allocate memory"
+            if "allocate" not in str(exc):
+                raise
+            raise self._unreadable(shard, MemoryError()) from None
         try:
             self._check_run(opened, shard)
             if self._headers_checked:
@@ -259,18 +311,40 @@ class Dump:
                 )
 
     def read_rows(
-        self, opened: Any, shard: dict[str, Any], key: str, start: int, stop: int
+        self,
+        opened: Any,
+        shard: dict[str, Any],
+        key: str,
+        start: int,
+        stop: int,
+        inner: slice | None = None,
     ) -> torch.Tensor:
-        """Rows `start:stop` (dump row numbers) of `key` from a shard `open_shard` opened."""
-        first = shard["start"]
-        return self._read(shard, lambda: opened.get_slice(key)[start - first : stop - first])
+        """Rows `start:stop` (dump row numbers) of `key` from a shard `open_shard` opened
+        (`inner`: only that part of each row's first dimension), as a tensor of its own:
+        safetensors' slice is a view that would keep the whole shard file mapped."""
+        rows = slice(start - shard["start"], stop - shard["start"])
+        index = rows if inner is None else (rows, inner)
+        return self._read(shard, lambda: opened.get_slice(key)[index].clone())
 
     def _read(self, shard: dict[str, Any], read: Any) -> Any:
         try:
             return read()
-        except (OSError, safetensors.SafetensorError) as exc:
-            where = self.path / shard["file"]
-            raise InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}") from None
+        except (OSError, safetensors.SafetensorError, MemoryError) as exc:
+            raise self._unreadable(shard, exc) from None
+        except RuntimeError as exc:  # torch's allocator: "... can't allocate memory ..."
+            if "allocate" not in str(exc):
+                raise
+            raise self._unreadable(shard, MemoryError()) from None
+
+    def _unreadable(self, shard: dict[str, Any], exc: BaseException) -> InvalidDump:
+        where = self.path / shard["file"]
+        if isinstance(exc, MemoryError):
+            return InvalidDump(
+                f"cannot read shard {where}: out of memory (its rows claim "
+                f"{self.row_bytes(self.keys()) * (shard['stop'] - shard['start']):,} bytes); "
+                "read it in batches with Dump.batches or row by row with Dump.row"
+            )
+        return InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}")
 
     def __repr__(self) -> str:
         state = "" if self.complete else ", incomplete"

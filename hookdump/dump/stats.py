@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hookdump.dump.reader import SLICE_BYTES
 from hookdump.format import KeyInfo
 
 if TYPE_CHECKING:
@@ -161,16 +163,35 @@ class KeySummary:
 
 
 def summarize(dump: Dump) -> dict[str, KeySummary]:
-    """Every key's size and statistics, read shard by shard."""
+    """Every key's size and statistics, read shard by shard, a slice of rows at a time (a
+    row larger than a slice is read a part of its first dimension at a time): memory stays
+    bounded whatever the shards' headers claim."""
     summaries = {
         key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
         for key, meta in dump.tensors.items()
     }
-    for tensors in dump.iter_shards():
-        for key, tensor in tensors.items():
-            summaries[key].nbytes += tensor.numel() * tensor.element_size()
-            summaries[key].stats.update(tensor)
+    keys = [key for key in dump if dump.row_bytes([key])]  # zero-width: nothing to read
+    for shard in dump.shards:
+        with dump.open_shard(shard, keys) as opened:
+            for key in dump:
+                summaries[key].nbytes += dump.row_bytes([key]) * (shard["stop"] - shard["start"])
+            for key in keys:
+                for part in _parts(dump, opened, shard, key):
+                    summaries[key].stats.update(part)
     return summaries
+
+
+def _parts(dump: Dump, opened: Any, shard: dict[str, Any], key: str) -> Iterator[torch.Tensor]:
+    """`key`'s values in a shard, in pieces of about `SLICE_BYTES` at most."""
+    per_row, shape = dump.row_bytes([key]), dump.tensors[key]["shape"]
+    if per_row <= SLICE_BYTES or not shape or shape[0] < 2:
+        for lo, hi in dump.slices(shard, [key]):
+            yield dump.read_rows(opened, shard, key, lo, hi)
+        return
+    step = max(1, SLICE_BYTES * shape[0] // per_row)  # of the row's first dimension
+    for row in range(shard["start"], shard["stop"]):
+        for lo in range(0, shape[0], step):
+            yield dump.read_rows(opened, shard, key, row, row + 1, inner=slice(lo, lo + step))
 
 
 def _key_info(key: str, meta: dict[str, Any]) -> KeyInfo:

@@ -6,8 +6,8 @@ the same non-finite value (NaN in both, or the same Inf): a dump always matches 
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.reader import Dump
+from hookdump.dump.reader import SLICE_BYTES, Dump, rows_per_slice
 from hookdump.errors import HookdumpError, did_you_mean, opt
 
 
@@ -115,14 +115,17 @@ def diff_dumps(
     rows = min(a.num_samples, b.num_samples)
     results = {key: _compare_meta(key, a.tensors.get(key), b.tensors.get(key)) for key in order}
     compared = [key for key in order if results[key].status in ("match", "dtype")]
-    for lo, hi, shard_a, shard_b in _segments(a, b, rows):
+    per_row = max(a.row_bytes(compared), b.row_bytes(compared))
+    # a slice a quarter of the readers': comparing makes several temporaries of its size
+    step = rows_per_slice(per_row, SLICE_BYTES // 4)
+    for lo, hi, shard_a, shard_b in _segments(a, b, rows if per_row else 0, step):
         with ExitStack() as stack:
             fa = stack.enter_context(a.open_shard(shard_a, compared))
             fb = stack.enter_context(b.open_shard(shard_b, compared))
             for key in compared:
                 ta = a.read_rows(fa, shard_a, key, lo, hi)
-                tb = b.read_rows(fb, shard_b, key, lo, hi)
-                _accumulate(results[key], ta, tb, atol, rtol)
+                _accumulate(results[key], ta, b.read_rows(fb, shard_b, key, lo, hi), atol, rtol)
+                del ta  # before the next key's slice is read
     for key in compared:
         if results[key].status == "match" and results[key].mismatched:
             results[key].status = "differ"
@@ -171,37 +174,43 @@ def _problems(a: Dump, b: Dump, rows: int) -> list[str]:
     return problems
 
 
-def _segments(a: Dump, b: Dump, rows: int) -> list[tuple[int, int, dict, dict]]:
-    """Row ranges over which one shard of A and one shard of B both hold every row."""
-    bounds = sorted(
-        {0, rows}
-        | {s[edge] for s in a.shards + b.shards for edge in ("start", "stop") if s[edge] < rows}
-    )
-    segments = []
-    for lo, hi in itertools.pairwise(bounds):
-        shard_a = next(s for s in a.shards if s["start"] <= lo < s["stop"])
-        shard_b = next(s for s in b.shards if s["start"] <= lo < s["stop"])
-        segments.append((lo, hi, shard_a, shard_b))
-    return segments
+def _segments(a: Dump, b: Dump, rows: int, step: int) -> Iterator[tuple[int, int, dict, dict]]:
+    """Row ranges of at most `step` rows over which one shard of A and one shard of B both
+    hold every row, found in one walk along both shard lists."""
+    i = j = lo = 0
+    while lo < rows:
+        while a.shards[i]["stop"] <= lo:
+            i += 1
+        while b.shards[j]["stop"] <= lo:
+            j += 1
+        hi = min(a.shards[i]["stop"], b.shards[j]["stop"], rows, lo + step)
+        yield lo, hi, a.shards[i], b.shards[j]
+        lo = hi
 
 
 def _accumulate(
     diff: KeyDiff, ta: torch.Tensor, tb: torch.Tensor, atol: float, rtol: float
 ) -> None:
+    """Fold a slice of rows in, with a few temporaries of the slice's size (sums of
+    products in float64)."""
     work = torch.float64 if torch.float64 in (ta.dtype, tb.dtype) else torch.float32
-    x, y = ta.to(work), tb.to(work)
-    delta = (x - y).abs()
-    both_finite = torch.isfinite(x) & torch.isfinite(y)
-    same = (x == y) | (torch.isnan(x) & torch.isnan(y))
-    close = same | (delta <= atol + rtol * y.abs())
-    diff.mismatched += int((~close).sum())
+    x, y = ta.to(work).reshape(-1), tb.to(work).reshape(-1)
+    delta = (x - y).abs_()
+    scale = y.abs()
+    close = delta <= scale.mul(rtol).add_(atol)
+    close |= x == y  # the same Inf
+    close |= torch.isnan(x) & torch.isnan(y)
+    diff.mismatched += close.numel() - int(close.sum())
     diff.numel += x.numel()
-    if bool(both_finite.any()):
-        d, ref = delta[both_finite], y[both_finite].abs()
-        diff.max_abs = max(diff.max_abs, float(d.max()))
-        rel = torch.where(d == 0, torch.zeros_like(d), d / ref)  # x/0 -> inf, 0/0 -> 0
-        diff.max_rel = max(diff.max_rel, float(rel.max()))
-        xf, yf = x[both_finite].double(), y[both_finite].double()
-        diff._dot += float((xf * yf).sum())
-        diff._norm_a += float((xf * xf).sum())
-        diff._norm_b += float((yf * yf).sum())
+    del close
+    finite = torch.isfinite(x) & torch.isfinite(y)
+    if not bool(finite.all()):
+        x, y, delta, scale = x[finite], y[finite], delta[finite], scale[finite]
+    if not x.numel():
+        return
+    diff.max_abs = max(diff.max_abs, float(delta.max()))
+    rel = delta.div_(scale).nan_to_num_(nan=0.0, posinf=math.inf)  # 0/0 -> 0, x/0 -> inf
+    diff.max_rel = max(diff.max_rel, float(rel.max()))
+    diff._dot += float((x * y).sum(dtype=torch.float64))
+    diff._norm_a += float((x * x).sum(dtype=torch.float64))
+    diff._norm_b += float((y * y).sum(dtype=torch.float64))

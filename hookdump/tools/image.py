@@ -18,6 +18,11 @@ MIN_TILE = 48  # feature maps smaller than this are enlarged (nearest) to stay l
 PAD = 2
 SEPARATOR = (40, 90, 200)  # tile borders in blue, so they never blend into a grey map
 BINS = 64
+# what one picture may hold, whatever the dump claims: tiles past the first MAX_TILES are
+# left out (and said so), and tiles shrink to keep the grid within MAX_PIXELS
+MAX_TILES = 1024
+MAX_PIXELS = 1 << 24
+MAX_ROW_BYTES = 256 << 20
 
 
 @dataclass
@@ -29,14 +34,20 @@ class Rendered:
     width: int
     height: int
     tiles: int = 0
+    channels: int = 0
     rows: int = 0
     cols: int = 0
     tile: int = 0
 
     def describe(self, key: str, sample: int) -> str:
         if self.kind == "grid":
+            shown = (
+                f"{self.tiles} channels"
+                if self.tiles == self.channels
+                else (f"the first {self.tiles} of {self.channels} channels")
+            )
             return (
-                f"wrote {self.path}: {key} sample {sample}, {self.tiles} channels as a "
+                f"wrote {self.path}: {key} sample {sample}, {shown} as a "
                 f"{self.rows}x{self.cols} grid of {self.tile}px tiles"
             )
         return f"wrote {self.path}: histogram of {key} sample {sample}"
@@ -55,14 +66,23 @@ def render(dump_path: str | Path, key: str, out: Path, sample: int = 0) -> Rende
             f"{opt('sample')} {sample} is out of range: {dump.path} holds samples 0 to "
             f"{dump.num_samples - 1}"
         )
+    if dump.row_bytes([key]) > MAX_ROW_BYTES:
+        raise HookdumpError(
+            f"KEY {key!r}: a sample is {dump.row_bytes([key]) / (1 << 20):,.0f} MiB, more than "
+            f"show draws ({MAX_ROW_BYTES >> 20} MiB); read it with hookdump.load(...).row(...)"
+        )
     values = dump.row(key, sample).float()
-    if values.dim() == 3 and values.shape[1] > 1 and values.shape[2] > 1:
+    if values.dim() == 3 and values.shape[0] and values.shape[1] > 1 and values.shape[2] > 1:
         return _grid(values, out)
     return _histogram(values, out, f"{key}  sample {sample}  shape {list(values.shape)}")
 
 
 def _grid(maps: torch.Tensor, out: Path) -> Rendered:
-    """Channels as tiles, each normalised to its own min..max (NaN drawn black)."""
+    """Channels as tiles (at most MAX_TILES), each normalised to its own min..max (NaN
+    drawn black), enlarged to MIN_TILE where the grid stays within MAX_PIXELS, else shrunk
+    to fit it."""
+    total = maps.shape[0]
+    maps = maps[:MAX_TILES]
     channels, height, width = maps.shape
     flat = maps.reshape(channels, -1)
     finite = torch.isfinite(flat)
@@ -70,11 +90,16 @@ def _grid(maps: torch.Tensor, out: Path) -> Rendered:
     hi = torch.where(finite, flat, -torch.inf).amax(1).clamp(min=-torch.finfo().max)
     span = (hi - lo).clamp(min=1e-12)
     scaled = ((maps - lo[:, None, None]) / span[:, None, None]).nan_to_num(0.0).clamp(0, 1)
-    scale = max(1, math.ceil(MIN_TILE / max(height, width)))
-    tiles = scaled[:, None]
-    if scale > 1:
-        tiles = F.interpolate(tiles, scale_factor=scale, mode="nearest")
     cols = math.ceil(math.sqrt(channels))
+    rows = math.ceil(channels / cols)
+    side = max(height, width)
+    fits = math.isqrt(MAX_PIXELS // (rows * cols)) - PAD  # the longest side a tile may have
+    target = min(max(side, side * math.ceil(MIN_TILE / side)), max(1, fits))
+    tiles = scaled[:, None]
+    if target != side:
+        size = (max(1, height * target // side), max(1, width * target // side))
+        mode = "nearest" if target > side else "area"
+        tiles = F.interpolate(tiles, size=size, mode=mode)
     grid = make_grid(tiles, nrow=cols, padding=PAD, pad_value=-1.0)  # -1 marks the padding
     padding = grid[0] < 0
     rgb = grid.clamp(min=0)
@@ -82,10 +107,10 @@ def _grid(maps: torch.Tensor, out: Path) -> Rendered:
         rgb[channel][padding] = level / 255
     pixels = (rgb * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
     _save(Image.fromarray(pixels, mode="RGB"), out)
-    rows = math.ceil(channels / cols)
     return Rendered(
-        "grid", out, pixels.shape[1], pixels.shape[0], channels, rows, cols, height * scale
-    )
+        "grid", out, pixels.shape[1], pixels.shape[0], channels, total, rows, cols,
+        tiles.shape[2],
+    )  # fmt: skip
 
 
 def _histogram(values: torch.Tensor, out: Path, title: str) -> Rendered:

@@ -47,7 +47,7 @@ class Inspection:
 def inspect_dump(path: str | Path) -> Inspection:
     """Read every shard once (never the whole dump at a time) and summarise each key."""
     dump = Dump(path)
-    problems = []
+    problems: list[str] = []
     if not dump.complete:
         problems.append(
             Message(
@@ -62,15 +62,20 @@ def inspect_dump(path: str | Path) -> Inspection:
             f"half-written files or an old dump's remains from an interrupted run: "
             f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
         )
-    readable = []
+    readable: list[dict[str, Any]] = []
+    missing: list[dict[str, Any]] = []
     for shard in dump.shards:
         # missing is a problem to report; anything else wrong is refused when it is read
-        if not os.path.lexists(dump.path / shard["file"]):
-            problems.append(
-                f"{shard['file']} (samples {shard['start']}:{shard['stop']}) is missing"
-            )
-            continue
-        readable.append(shard)
+        exists = os.path.lexists(dump.path / shard["file"])
+        (readable if exists else missing).append(shard)
+    if missing:
+        first = missing[0]
+        where = f"{first['file']} (samples {first['start']}:{first['stop']})"
+        problems.append(
+            f"{where} is missing"
+            if len(missing) == 1
+            else f"{len(missing):,} of {len(dump.shards):,} shards are missing, the first {where}"
+        )
     dump.manifest = {**dump.manifest, "shards": readable}
     summaries = summarize(dump)
     return Inspection(
