@@ -391,3 +391,19 @@ class NotesGC(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         NotesGC.seen.append(gc.isenabled())
         return self.fc(x)
+
+
+HOSTILE = "\x1b]0;pwned\x07\u202e\x9b31m\x7f"  # OSC title, bidi override, C1 CSI, DEL
+
+
+class HostileNames(nn.Module):
+    """A child whose name and class name hold terminal control characters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        child = nn.Linear(2, 2)
+        child._hookdump_type = f"Linear{HOSTILE}"  # as an export's class names
+        self.add_module(f"a{HOSTILE}", child)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, f"a{HOSTILE}")(x)

@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from hookdump.cli._config import config_value_error
-from hookdump.cli._output import no_stdin
+from hookdump.cli._output import no_stdin, printable_streams
 from hookdump.errors import HookdumpError, Interrupted, render_message
 from hookdump.run.signals import EXIT_SIGINT, EXIT_SIGTERM, exit_code
 
@@ -20,6 +20,11 @@ EXIT_INTERRUPTED = (EXIT_SIGINT, EXIT_SIGTERM)
 
 class HookdumpGroup(TyperGroup):
     """Runs a command; `HookdumpError` -> one line on stderr and its exit code, no traceback."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # everything a command prints for a person, Click's own usage errors included
+        with printable_streams():
+            return super().main(*args, **kwargs)
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         # kept for the manifest: the command line as given, also when invoked in-process

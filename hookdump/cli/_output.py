@@ -1,32 +1,110 @@
-"""Consoles: data on stdout, everything else (progress, warnings) on stderr."""
+"""Consoles: data on stdout, everything else (progress, warnings) on stderr; and the one
+place where what is printed for a person is made printable.
+
+Dump keys, module and class names, file names and model specs come from dumps, model
+folders and command lines that may be hostile. `printable` shows every control character
+(C0 but newline and tab, DEL, C1, bidirectional overrides, line separators) as an escape
+such as `\x1b`, so none reaches the terminal: rich consoles apply it to every string
+before layout (their own styling escapes pass), and `printable_streams` wraps stdout and
+stderr for everything else a command prints (Click's usage errors, warnings, plain
+lines). `--json` output is JSON, which holds no raw control characters.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+_UNPRINTABLE = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """`text` with each control character shown as an escape (`\x1b`, `\u202e`)."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+class _Printable(io.TextIOBase):
+    """A text stream that writes `printable` text to the stream it wraps."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.raw, "encoding", "utf-8")
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self.raw, "errors", None)
+
+
+@contextlib.contextmanager
+def printable_streams() -> Iterator[None]:
+    """stdout and stderr print `printable` text inside."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(saved[0]), _Printable(saved[1])  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _raw(stream: TextIO) -> TextIO:
+    """The stream under `printable_streams`' wrapper (rich makes its own text printable and
+    writes its styling escapes itself)."""
+    return stream.raw if isinstance(stream, _Printable) else stream
+
+
+def _console(file: TextIO, **options: Any) -> Console:
+    from rich.console import Console
+
+    class PrintableConsole(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            return super().render_str(printable(text), **kwargs)
+
+    return PrintableConsole(file=_raw(file), highlight=False, markup=False, emoji=False,
+                            **options)  # fmt: skip
+
 
 def stdout() -> Console:
     """A console on stdout (built per call, so tests that swap sys.stdout see the output)."""
-    from rich.console import Console
-
     # Piped or captured output gets room for a whole row instead of rich's 80 columns.
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(file=sys.stdout, highlight=False, width=200 if wide else None)
+    return _console(sys.stdout, width=200 if wide else None)
 
 
 def stderr() -> Console:
     """A console on stderr, for progress and warnings."""
-    from rich.console import Console
-
-    return Console(file=sys.stderr, highlight=False)
+    return _console(sys.stderr)
 
 
 def print_json(data: Any) -> None:

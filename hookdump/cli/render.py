@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hookdump.cli._errors import for_cli
+from hookdump.cli._output import printable
 
 if TYPE_CHECKING:
     from hookdump.dump.stats import KeySummary
@@ -78,8 +79,8 @@ def summary_table(keys: Sequence[KeySummary], sparklines: bool = False) -> Table
         bad = stats.nan + stats.inf
         spark = [Text(sparkline(stats.hist), style="cyan")] if sparklines else []
         table.add_row(
-            Text(item.info.key),
-            Text(item.info.module_type),
+            Text(printable(item.info.key)),
+            Text(printable(item.info.module_type)),
             format_shape(item.shape),
             item.dtype,
             format_bytes(item.nbytes),
@@ -153,10 +154,10 @@ def layers_table(rows: Sequence[LayerRow]) -> Table:
     table.add_column("calls", justify="right")
     for row in rows:
         table.add_row(
-            Text(row.name),
-            Text(row.module_type),
+            Text(printable(row.name)),
+            Text(printable(row.module_type)),
             f"{row.params:,}",
-            Text(format_outputs(row)),
+            Text(printable(format_outputs(row))),
             str(row.calls),
         )
     return table
@@ -185,9 +186,9 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
         for item in rows:
             compared = item.numel > 0
             table.add_row(
-                Text(item.key),
+                Text(printable(item.key)),
                 Text(
-                    f"{item.status} {item.detail}".strip(),
+                    printable(f"{item.status} {item.detail}".strip()),
                     style="green" if item.ok else "bold red",
                 ),
                 format_number(item.max_abs) if compared else "-",

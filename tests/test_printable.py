@@ -1,0 +1,127 @@
+"""Nothing hostile reaches the terminal: control characters from dump keys, module and
+class names, model specs, leftover file names, input file names and "did you mean" hints
+are shown as escapes in tables, warnings and `Error:` lines; `--json` keeps its JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import invoke
+from safetensors.torch import save_file
+from tiny_models import HOSTILE
+
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+
+# every character `HOSTILE` holds, and any other control character but newline and tab
+UNPRINTABLE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
+SHOWN = "\\x1b]0;pwned\\x07\\u202e\\x9b31m\\x7f"
+
+
+def _clean(*outputs: str) -> str:
+    text = "".join(outputs)
+    assert not UNPRINTABLE.search(text), repr(text)
+    return text
+
+
+@pytest.fixture
+def hostile_run(tmp_path: Path) -> Path:
+    out = tmp_path / "d"
+    result = invoke("run", "tiny_models:HostileNames", "-n", "2", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert SHOWN in _clean(result.stdout, result.stderr)  # the summary table
+    return out
+
+
+def test_module_and_class_names_in_run_layers_and_inspect(hostile_run: Path) -> None:
+    result = invoke("layers", "tiny_models:HostileNames")
+    assert result.exit_code == 0
+    assert f"a{SHOWN}" in _clean(result.stdout, result.stderr)
+    assert f"Linear{SHOWN}" in result.stdout
+    (hostile_run / f"shard-00009.safetensors{HOSTILE}.tmp").write_bytes(b"half")
+    result = invoke("inspect", str(hostile_run))
+    text = _clean(result.stdout, result.stderr)
+    assert f"a{SHOWN}" in text and f"Linear{SHOWN}" in text
+    assert f"shard-00009.safetensors{SHOWN}.tmp" in result.stderr  # the leftover's warning
+
+
+def test_json_keeps_the_names_as_they_are(hostile_run: Path) -> None:
+    result = invoke("inspect", str(hostile_run), "--json")
+    assert result.exit_code == 0
+    keys = [t["key"] for t in json.loads(result.stdout)["tensors"]]
+    assert keys == [f"a{HOSTILE}"]
+    _clean(result.stdout)  # JSON escapes them itself
+
+
+def test_keys_of_a_lone_file_in_inspect_diff_and_show(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file({f"k{HOSTILE}": torch.ones(2, 3, 4, 4)}, a)
+    save_file({f"k{HOSTILE}": torch.zeros(2, 3, 4, 4)}, b)
+    result = invoke("inspect", str(a))
+    assert f"k{SHOWN}" in _clean(result.stdout, result.stderr)
+    result = invoke("diff", str(a), str(b))
+    assert result.exit_code == 1
+    assert f"k{SHOWN}" in _clean(result.stdout, result.stderr)
+    result = invoke("show", str(a), f"k{HOSTILE}", "-o", str(tmp_path / "x.png"))
+    assert result.exit_code == 0
+    assert f"k{SHOWN}" in _clean(result.stdout, result.stderr)
+    result = invoke("show", str(a), f"x{HOSTILE}", "-o", str(tmp_path / "x.png"))
+    assert result.exit_code == 2
+    assert "did you mean" in result.stderr and f"k{SHOWN}" in _clean(result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", f"tiny_models:Nope{HOSTILE}"],
+        ["run", "tiny_models:TwoLinear", "--input", f"none{HOSTILE}.npy"],
+        ["run", "tiny_models:TwoLinear", "--layers", f"x{HOSTILE}"],
+        ["run", "tiny_models:TwoLinear", f"--bogus{HOSTILE}"],
+        ["inspect", f"nowhere{HOSTILE}"],
+    ],
+)
+def test_error_lines_from_the_command_line(args: list[str], tmp_path: Path) -> None:
+    result = invoke(*args, "-o", str(tmp_path / "d")) if args[0] == "run" else invoke(*args)
+    assert result.exit_code == 2
+    assert SHOWN in _clean(result.stdout, result.stderr)
+
+
+def test_a_real_terminal_gets_rich_colours_but_no_hostile_sequence(tmp_path: Path) -> None:
+    """In a pseudo-terminal, where rich colours and click strips nothing."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file({f"k{HOSTILE}": torch.ones(2, 3)}, a)
+    save_file({f"k{HOSTILE}": torch.zeros(2, 3)}, b)
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hookdump", "diff", str(a), str(b)],
+        stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env,
+        cwd=Path(__file__).parent,
+    )  # fmt: skip
+    os.close(follower)
+    output = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert process.wait(timeout=120) == 1
+    text = output.decode()
+    assert f"k{SHOWN}" in text
+    assert "\x1b[" in text  # rich's own colours
+    without_colours = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    _clean(without_colours.replace("\r\n", "\n"))
