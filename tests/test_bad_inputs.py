@@ -73,8 +73,10 @@ def test_a_config_value_of_the_wrong_type_is_one_line(
 
 
 def test_an_input_too_large_to_allocate_is_one_line() -> None:
-    result = invoke("run", "tiny_models:TwoLinear", "--input-shape", "3,200000,200000", "-q")
-    assert_usage_error(result, "ran out of memory at --batch-size 8", "lower --batch-size")
+    # 2**31 values per sample, the most --input-shape takes, times 10000 samples: 80 TiB
+    result = invoke("run", "tiny_models:TwoLinear", "--input-shape", "2,32768,32768", "-b",
+                    "10000", "-q")  # fmt: skip
+    assert_usage_error(result, "ran out of memory at --batch-size 10000", "lower --batch-size")
 
 
 def _png_claiming(path: Path, width: int, height: int) -> None:

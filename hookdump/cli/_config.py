@@ -26,6 +26,10 @@ def load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | No
         raise HookdumpError(f"--config {value} is not a text file; give a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise HookdumpError(f"--config {value} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise HookdumpError(
+            f"--config {value} is nested too deeply to read; a config is a flat table of options"
+        ) from None
     by_key = _params_by_key(ctx)
     defaults: dict[str, Any] = {}
     for key, setting in table.items():

@@ -79,6 +79,11 @@ def _check(dump: Dump, keys: list[str], batch_size: int, window: int) -> None:
             raise HookdumpError(
                 f"{opt('keys')}: {key!r} is not in {dump.path}{did_you_mean(key, dump.keys())}"
             )
+    if dump.ragged:
+        raise HookdumpError(
+            f"{dump.path}: its tensors have different numbers of rows, so the rows of its keys "
+            "are not the same samples; read each key with dump[key]"
+        )
     if batch_size < 1:
         raise HookdumpError(f"{opt('batch_size')} {batch_size} must be at least 1")
     if window < 1:

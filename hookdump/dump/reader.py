@@ -47,10 +47,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise InvalidDump(f"cannot read {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # before fdopen, which refuses a folder on its own
+        os.close(fd)
+        raise InvalidDump(f"{path} is not a regular file; refused")
     with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InvalidDump(f"{path} is not a regular file; refused")
         if info.st_size > MAX_MANIFEST_BYTES:
             raise InvalidDump(f"{path} is {info.st_size} bytes, too large for a manifest")
         data = file.read(info.st_size + 1)  # never a buffer of the largest size allowed
@@ -111,11 +112,15 @@ class Dump:
     def __init__(self, path: str | Path) -> None:
         path = Path(path)
         self._headers_checked = True
+        self._key_rows: dict[str, int] = {}
         if path.is_file() and path.suffix == ".safetensors":
             path = path.resolve()  # the file the user named, wherever a link to it points
             self.path = path.parent
-            self.manifest: dict[str, Any] = _manifest_of_file(path)
+            self.manifest: dict[str, Any]
+            self.manifest, rows = _manifest_of_file(path)
             self._headers_checked = False  # the manifest was made from this very header
+            if len(set(rows.values())) > 1:  # a weights file, say: each key its own rows
+                self._key_rows = rows
             return
         self.path = path
         if not path.exists():
@@ -134,6 +139,7 @@ class Dump:
         rank's own part)."""
         dump = cls.__new__(cls)
         dump.path, dump.manifest, dump._headers_checked = folder, manifest, True
+        dump._key_rows = {}
         return dump
 
     @property
@@ -152,6 +158,16 @@ class Dump:
     def keys(self) -> list[str]:
         """The keys in forward order."""
         return list(self.tensors)
+
+    @property
+    def ragged(self) -> bool:
+        """A lone safetensors file whose tensors have different numbers of rows (a weights
+        file): rows of different keys are not the same samples."""
+        return bool(self._key_rows)
+
+    def rows_of(self, key: str) -> int:
+        """The rows `key` has (`num_samples`, but for a ragged file)."""
+        return self._key_rows.get(key, self.num_samples)
 
     def __contains__(self, key: object) -> bool:
         return key in self.tensors
@@ -175,8 +191,8 @@ class Dump:
         """Sample `index` of `key`, read from the one shard that holds it."""
         if key not in self.tensors:
             raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.tensors)}")
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"sample {index} is not in {self.path} ({self.num_samples} samples)")
+        if not 0 <= index < self.rows_of(key):
+            raise IndexError(f"row {index} of {key!r} is not in {self.path} ({self.rows_of(key)})")
         shard = self.shard_of(index)
         with self.open_shard(shard, [key]) as f:
             return self.read_rows(f, shard, key, index, index + 1)[0]
@@ -188,7 +204,7 @@ class Dump:
     def row_bytes(self, keys: list[str]) -> int:
         """The bytes of one row of each of `keys`, as the manifest gives them."""
         return sum(
-            math.prod(self.tensors[key]["shape"]) * ITEMSIZE[self.tensors[key]["dtype"]]
+            math.prod(self.tensors[key]["shape"]) * ITEMSIZE.get(self.tensors[key]["dtype"], 8)
             for key in keys
         )
 
@@ -369,8 +385,9 @@ def load(path: str | Path) -> Dump:
     return Dump(path)
 
 
-def _manifest_of_file(path: Path) -> dict[str, Any]:
-    """A manifest for a lone safetensors file: keys parsed, rows from dim 0."""
+def _manifest_of_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """A manifest for a lone safetensors file (keys parsed, rows from dim 0: the most any
+    key has), and each key's rows."""
     try:
         with safe_open(str(path), framework="pt") as f:
             shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
@@ -378,8 +395,8 @@ def _manifest_of_file(path: Path) -> dict[str, Any]:
     except (OSError, safetensors.SafetensorError) as exc:
         raise HookdumpError(f"cannot read {path} as safetensors: {exc}") from None
     # its metadata's start/stop are another dump's row numbers: a lone file's rows start at 0
-    rows = {shape[0] if shape else 0 for shape in shapes.values()}
-    num_rows = max(rows, default=0)
+    rows = {key: shape[0] if shape else 0 for key, shape in shapes.items()}
+    num_rows = max(rows.values(), default=0)
     tensors = {}
     for key, shape in shapes.items():
         module, kind, part, call = parse_key(key)
@@ -392,10 +409,11 @@ def _manifest_of_file(path: Path) -> dict[str, Any]:
             "shape": list(shape[1:]),
             "dtype": DTYPE_OF_SAFETENSORS.get(dtypes[key], str(dtypes[key]).lower()),
         }
-    return {
+    manifest = {
         "format": FORMAT,
         "complete": True,
         "num_samples": num_rows,
         "tensors": tensors,
         "shards": [{"file": path.name, "start": 0, "stop": num_rows}],
     }
+    return manifest, rows

@@ -385,6 +385,9 @@ class BatchSink:
             shard, self._shard = self._shard, None
             # the values are in the file: the next forward need not wait for the syncs
             self._release()
+            if stop == start:  # no row (token rows that kept none): nothing to list
+                shard.abort()
+                return
             if not self._room_checked:  # before the first shard is listed (or a dump moved)
                 self._room_checked = True
                 first, last = self._samples

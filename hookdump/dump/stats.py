@@ -174,9 +174,11 @@ def summarize(dump: Dump) -> dict[str, KeySummary]:
     for shard in dump.shards:
         with dump.open_shard(shard, keys) as opened:
             for key in dump:
-                summaries[key].nbytes += dump.row_bytes([key]) * (shard["stop"] - shard["start"])
+                rows = min(shard["stop"], dump.rows_of(key)) - shard["start"]  # a ragged file
+                summaries[key].nbytes += dump.row_bytes([key]) * rows
             for key in keys:
-                for part in _parts(dump, opened, shard, key):
+                own = {**shard, "stop": min(shard["stop"], dump.rows_of(key))}
+                for part in _parts(dump, opened, own, key):
                     summaries[key].stats.update(part)
     return summaries
 

@@ -24,6 +24,7 @@ TENSOR_SUFFIXES = (".safetensors", ".pt", ".npy")
 LIST_SUFFIXES = (".txt", ".lst", ".list", "")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+MAX_IMAGE_SIZE = 16384  # --image-size: a crop larger than this is a typo, not an image
 
 
 def image_paths(text: str, stdin: Any = None) -> list[Path]:

@@ -6,6 +6,7 @@ different `--batch-size` (or split over processes) hold the same rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from hookdump.model.loading import LoadedModel
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_FRAMES = 16
 DEFAULT_SEQUENCE = 32
+MAX_SAMPLE_ELEMENTS = 1 << 31  # --input-shape: 8 GiB of float32 for one random sample
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,11 @@ def parse_shape(text: str) -> tuple[int, ...]:
             f"{opt('input_shape')} {text!r} is not a per-sample shape; write positive integers "
             "separated by commas, e.g. 3,224,224"
         )
+    if math.prod(shape) > MAX_SAMPLE_ELEMENTS:
+        raise HookdumpError(
+            f"{opt('input_shape')} {text!r} makes {math.prod(shape):,} values per sample, more "
+            f"than hookdump makes at random ({MAX_SAMPLE_ELEMENTS:,}); give a smaller shape"
+        )
     return shape
 
 
@@ -231,7 +238,15 @@ def random_batches(
 ) -> Iterator[Batch]:
     """Seeded random input from row `first` on, `batch_size` samples at a time, on the CPU.
 
-    Row i holds sample `offset + i` (a torchrun rank's slice starts at its offset)."""
+    Row i holds sample `offset + i` (a torchrun rank's slice starts at its offset). A batch
+    larger than the memory available is a MemoryError before any of it is made: made a
+    sample at a time, it would be killed by the kernel instead, without a word."""
+    per_sample = math.prod(spec.shape) * (8 if spec.layout == "tokens" else 4)
+    per_sample *= 2 if spec.layout == "flow" else 1
+    needed = 2 * per_sample * min(batch_size, max(0, num_samples - first))  # and stacked
+    available = _memory_available()
+    if available is not None and needed > available:
+        raise MemoryError(f"a batch of random input needs {needed:,} bytes, {available:,} free")
     for start in range(first, num_samples, batch_size):
         stop = min(start + batch_size, num_samples)
         samples = [_random_sample(spec, seed, offset + i) for i in range(start, stop)]
@@ -240,6 +255,18 @@ def random_batches(
         else:
             args = tuple(torch.stack(parts) for parts in zip(*samples, strict=True))
         yield Batch(args, {}, start, stop)
+
+
+def _memory_available() -> int | None:
+    """The memory the kernel says is available (Linux), in bytes."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _random_sample(spec: InputSpec, seed: int, index: int) -> tuple[torch.Tensor, ...]:

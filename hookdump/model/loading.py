@@ -26,7 +26,15 @@ from hookdump.model.weights import (
     torch_load_safely,
     torchvision_weights,
 )
-from hookdump.model.zoo import TIMM_PREFIX, hf_input, is_zoo_spec, list_timm, load_hf, load_timm
+from hookdump.model.zoo import (
+    TIMM_PREFIX,
+    hf_input,
+    hf_positions,
+    is_zoo_spec,
+    list_timm,
+    load_hf,
+    load_timm,
+)
 
 # torchvision sub-packages whose models take something other than a batch of images
 _FAMILY_MODULES = ("detection", "segmentation", "video", "optical_flow", "quantization")
@@ -48,6 +56,7 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     vocab: int = 0  # token ids of random input are below this (family "tokens")
+    positions: int | None = None  # the most tokens a sample may have (a text model's config)
     files: list[Path] = field(default_factory=list)  # a Hugging Face folder's weights files
     # what defines the model beside its weights: an hf: folder's config and tokenizer files,
     # the source files of a module:attribute model (--resume compares their SHA-256)
@@ -194,7 +203,8 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
     layout, shape, vocab = hf_input(built["config"])
     return LoadedModel(
         built["module"], spec, weights, layout, transforms=built["transforms"],
-        input_shape=shape, vocab=vocab, files=built["files"], warnings=built["warnings"],
+        input_shape=shape, vocab=vocab, positions=hf_positions(built["config"]),
+        files=built["files"], warnings=built["warnings"],
         definition=built["definition"],
         about={"folder": str(built["folder"]), "config_class": built["config_class"],
                "architecture": built["class_name"]},

@@ -253,8 +253,15 @@ def hf_input(config: Any) -> tuple[str, tuple[int, ...], int]:
         side = size if isinstance(size, int) else int(size[0])
         return "image", (int(getattr(vision, "num_channels", 3)), side, side), 0
     text = getattr(config, "text_config", None) or config
-    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", 128)
-    return "tokens", (min(128, int(positions)),), int(getattr(text, "vocab_size", 0) or 0)
+    positions = hf_positions(config) or 128
+    return "tokens", (min(128, positions),), int(getattr(text, "vocab_size", 0) or 0)
+
+
+def hf_positions(config: Any) -> int | None:
+    """The most tokens a text model's config allows in a sample (None: it does not say)."""
+    text = getattr(config, "text_config", None) or config
+    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    return int(positions) if isinstance(positions, int) and positions > 0 else None
 
 
 def _hf_image_processor(transformers: Any, folder: Path) -> Any:
@@ -285,24 +292,26 @@ def _tokenizer_files(folder: Path) -> list[Path]:
     )
 
 
-def load_tokenizer(folder: str | Path, spec: str) -> tuple[Any, list[Path]]:
-    """The tokenizer saved in `folder` (`AutoTokenizer`), with the files it was read from."""
+def load_tokenizer(folder: str | Path, spec: str, given: bool = True) -> tuple[Any, list[Path]]:
+    """The tokenizer saved in `folder` (`AutoTokenizer`), with the files it was read from;
+    `given`: the folder was named by `--tokenizer` (else it is the model's own, and errors
+    name MODEL)."""
     transformers = require("transformers", "hf", spec)
     path = Path(folder)
     files = _tokenizer_files(path)
+    label = f"{opt('tokenizer')} {folder}" if given else f"{opt('model')} {spec}"
+    fix = "give a folder saved with save_pretrained" if given else (
+        f"give one with {opt('tokenizer')} PATH"
+    )  # fmt: skip
     if not path.is_dir() or not files:
-        raise HookdumpError(
-            f"{opt('tokenizer')} {folder}: no tokenizer files there; give a folder saved with "
-            "save_pretrained"
-        )
-    refuse_folder_code(path, f"{opt('tokenizer')} {folder}")
+        raise HookdumpError(f"{label}: no tokenizer files there; {fix}")
+    refuse_folder_code(path, label)
     try:
         with _quiet(transformers):
             return transformers.AutoTokenizer.from_pretrained(path, **_NO_CODE), files
     except Exception as exc:  # a wrong tokenizer.json raises whatever its parser raises
         raise HookdumpError(
-            f"{opt('tokenizer')} {folder}: cannot load a tokenizer ({type(exc).__name__}: "
-            f"{_short(exc)})"
+            f"{label}: cannot load its tokenizer ({type(exc).__name__}: {_short(exc)}); {fix}"
         ) from exc
 
 

@@ -33,6 +33,7 @@ from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import calibrate, ends_late, forward, out_of_memory
 from hookdump.hooks.gradients import backward, inputs_requiring_grad, parse_grad_target
 from hookdump.inputs.feed import open_feed
+from hookdump.inputs.files import MAX_IMAGE_SIZE
 from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, input_spec, parse_shape
 from hookdump.inputs.text import TextOptions, text_feed
 from hookdump.model.loading import LoadedModel, is_model_file
@@ -109,8 +110,11 @@ def _checked(options: RunOptions) -> _Checked:
     if num_samples < 1:
         raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
     _check_text(options)
-    if options.image_size is not None and options.image_size < 1:
-        raise HookdumpError(f"{opt('image_size')} {options.image_size} must be at least 1")
+    if options.image_size is not None and not 1 <= options.image_size <= MAX_IMAGE_SIZE:
+        raise HookdumpError(
+            f"{opt('image_size')} {options.image_size} must be from 1 to {MAX_IMAGE_SIZE} "
+            "(pixels of the square crop)"
+        )
     checked = _Checked(
         num_samples=num_samples,
         shape=parse_shape(options.input_shape) if options.input_shape else None,
@@ -161,6 +165,26 @@ def _check_text(options: RunOptions) -> None:
     ):
         if value is not None and value < least:
             raise HookdumpError(f"{opt(name)} {value} must be at least {least}")
+
+
+def _nothing_read(options: RunOptions, fed: bool) -> HookdumpError:
+    """Why a run made no row, naming the option at fault."""
+    if fed:  # samples went in, but token rows kept none of them
+        return HookdumpError(
+            f"{opt('positions')} {options.positions}"
+            f"{' with ' + opt('skip_special_tokens', True) if options.skip_special_tokens else ''}"
+            " keeps no token of any sample; choose positions the samples have"
+        )
+    if options.text is not None:
+        window = (
+            f", or fewer tokens than one {opt('context_size')} {options.context_size} window"
+            if options.context_size
+            else ""
+        )
+        return HookdumpError(
+            f"{opt('text')} {options.text}: no sample was made (the corpus has no document{window})"
+        )
+    return HookdumpError(f"{opt('input')} {options.input}: no sample could be read")
 
 
 def _out_of_memory(options: RunOptions) -> HookdumpError:
@@ -214,11 +238,13 @@ def _run(
         static["rows"] = "tokens"
     loop = _BatchLoop(cap, loaded, sink, checked, options, tokens)
     batches = _on_device(feed.batches(options.batch_size), loaded.device)
-    rows = loop.run(batches, destination, feed.total, on_batch)
+    # with one process, no row means nothing to keep: stop before the sink writes a shard
+    nothing = None if ranks else lambda: _nothing_read(options, bool(feed.ids))
+    rows = loop.run(batches, destination, feed.total, on_batch, nothing)
     looped_at = time.perf_counter()
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
     if whole.rows == 0:
-        raise HookdumpError(f"{opt('input')} {options.input}: no sample could be read")
+        raise _nothing_read(options, bool(feed.ids))
     manifest = destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
     timings = {
         "load": loaded_at - started,
@@ -305,7 +331,13 @@ def _text_feed(
             f"{opt('text')} needs a tokenizer: an hf: model folder that has one, or "
             f"{opt('tokenizer')} PATH"
         )
-    tokenizer, files = load_tokenizer(folder, options.model)
+    for name, value in (("context_size", options.context_size), ("max_length", options.max_length)):
+        if value is not None and loaded.positions is not None and value > loaded.positions:
+            raise HookdumpError(
+                f"{opt(name)} {value} is more tokens than {options.model} takes in a sample "
+                f"({loaded.positions} positions); give at most {loaded.positions}"
+            )
+    tokenizer, files = load_tokenizer(folder, options.model, given=bool(options.tokenizer))
     positions = loaded.input_shape[0] if loaded.family == "tokens" and loaded.input_shape else None
     text = TextOptions(
         source=options.text or "-",
@@ -355,8 +387,10 @@ class _BatchLoop:
         destination: Destination,
         total: int | None,
         on_batch: ProgressCallback | None,
+        nothing: Callable[[], HookdumpError] | None = None,
     ) -> int:
-        """Feed every batch; the number of rows dumped (this run's last row, resuming)."""
+        """Feed every batch; the number of rows dumped (this run's last row, resuming);
+        `nothing`: the error to raise, before anything is written, when no row was made."""
         rows, self.sequences = destination.done_rows, len(destination.done_ids)
         # gradients need autograd; everything else runs without it
         mode = torch.enable_grad() if self.grads else torch.inference_mode()
@@ -367,6 +401,8 @@ class _BatchLoop:
                     self.sequences = batch.stop
                     if on_batch:
                         on_batch(self.sequences, total, self.sink.bytes_done)
+            if rows == 0 and nothing is not None:
+                raise nothing()
             self.sink.close()
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: a second one is ignored
             self.sink.abort()

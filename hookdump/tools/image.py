@@ -66,6 +66,11 @@ def render(dump_path: str | Path, key: str, out: Path, sample: int = 0) -> Rende
             f"{opt('sample')} {sample} is out of range: {dump.path} holds samples 0 to "
             f"{dump.num_samples - 1}"
         )
+    if sample >= dump.rows_of(key):
+        raise HookdumpError(
+            f"{opt('sample')} {sample} is out of range: {key!r} has {dump.rows_of(key)} rows in "
+            f"{dump.path} (its tensors have different numbers of rows)"
+        )
     if dump.row_bytes([key]) > MAX_ROW_BYTES:
         raise HookdumpError(
             f"KEY {key!r}: a sample is {dump.row_bytes([key]) / (1 << 20):,.0f} MiB, more than "
