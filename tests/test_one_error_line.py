@@ -15,24 +15,11 @@ import torch
 from clitools import assert_usage_error, invoke
 from PIL import Image
 from safetensors.torch import save_file
-from tiny_text import tiny_gpt2
 
 import hookdump
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
-
-
-@pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_gpt2(tmp_path_factory.mktemp("gpt2"), n_positions=64)
-
-
-@pytest.fixture
-def corpus(tmp_path: Path) -> Path:
-    path = tmp_path / "c.txt"
-    path.write_text("the cat sat\nthe dog ran\n")
-    return path
 
 
 def _config(change: Callable[[dict], None]) -> Callable[[Path], None]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import assert_usage_error, invoke
-from tiny_text import CORPUS, ctrl_c_in_batch, tiny_bert, tiny_bpe_gpt2, tiny_gpt2
+from tiny_text import CORPUS, ctrl_c_in_batch, tiny_bert, tiny_bpe_gpt2
 
 import hookdump
 
@@ -20,20 +20,8 @@ pytestmark = pytest.mark.usefixtures("in_tests_dir")
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_gpt2(tmp_path_factory.mktemp("gpt2"), n_positions=64)
-
-
-@pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_bert(tmp_path_factory.mktemp("bert"), max_position_embeddings=12)
-
-
-@pytest.fixture
-def corpus(tmp_path: Path) -> Path:
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(CORPUS) + "\n")
-    return path
 
 
 def _packed_reference(folder: Path, size: int, bos: bool) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from clitools import assert_usage_error, invoke, memory_limited
-from tiny_text import CORPUS, tiny_bpe_gpt2, tiny_gpt2
+from tiny_text import CORPUS, tiny_bpe_gpt2
 
 import hookdump
 from hookdump.inputs import corpus as corpus_module
@@ -36,17 +36,12 @@ def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_bpe_gpt2(tmp_path_factory.mktemp("bpe"), CORPUS + DOCS, vocab_size=400)
 
 
-@pytest.fixture(scope="module")
-def words(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_gpt2(tmp_path_factory.mktemp("gpt2"), n_positions=64)
-
-
 def _whole_documents() -> list[str]:
     return [d.rstrip("\r") for d in DOCS if d.strip()]
 
 
 @pytest.mark.parametrize("piece", [6, 64, 1 << 18])  # 6: no word is longer than 12
-@pytest.mark.parametrize("model", ["bpe", "words"])
+@pytest.mark.parametrize("model", ["bpe", "gpt2"])  # byte-level BPE, word-level
 def test_packed_pieces_give_the_tokens_of_whole_documents(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     piece: int, model: str,
@@ -87,12 +82,12 @@ def test_a_document_sample_is_the_truncated_head_of_the_whole(
     assert [ids[: len(r)] for ids, r in zip(dumped, ref, strict=True)] == ref
 
 
-def test_invalid_utf8_on_standard_input_is_one_line(words: Path) -> None:
+def test_invalid_utf8_on_standard_input_is_one_line(gpt2: Path) -> None:
     import subprocess
     import sys
 
     process = subprocess.run(
-        [sys.executable, "-m", "hookdump", "run", f"hf:{words}", "--text", "-", "-q", "-o",
+        [sys.executable, "-m", "hookdump", "run", f"hf:{gpt2}", "--text", "-", "-q", "-o",
          "unused-out"],
         input=b"the cat\nsat \xff\xfe on\n", capture_output=True, cwd=Path(__file__).parent,
     )  # fmt: skip
@@ -102,12 +97,12 @@ def test_invalid_utf8_on_standard_input_is_one_line(words: Path) -> None:
 
 
 def test_a_jsonl_line_past_the_limit_is_one_line(
-    words: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(corpus_module, "JSON_LINE_LIMIT", 1000)
     path = tmp_path / "c.jsonl"
     path.write_text('{"text": "the cat"}\n{"text": "' + "a " * 600 + '"}\n')
-    assert_usage_error(invoke("run", f"hf:{words}", "--text", str(path), "-q", "-o",
+    assert_usage_error(invoke("run", f"hf:{gpt2}", "--text", str(path), "-q", "-o",
                               str(tmp_path / "d")),
                        f"{path}:2 is longer than", "split the document")  # fmt: skip
 
@@ -134,11 +129,11 @@ def test_one_huge_line_is_read_in_bounded_memory(
 
 
 @pytest.mark.slow
-def test_standard_input_of_zeros_is_read_in_bounded_memory(words: Path, tmp_path: Path) -> None:
+def test_standard_input_of_zeros_is_read_in_bounded_memory(gpt2: Path, tmp_path: Path) -> None:
     """`--text - < /dev/zero`: one endless line of NUL characters, packed into windows."""
     out = tmp_path / "d"
     with open("/dev/zero", "rb") as zeros:
-        code, _, stderr = memory_limited("run", f"hf:{words}", "--text", "-", "--context-size",
+        code, _, stderr = memory_limited("run", f"hf:{gpt2}", "--text", "-", "--context-size",
                                          "4", "-n", "2", "-l", "h.0", "-q", "-o", str(out),
                                          headroom=600 << 20, stdin=zeros.fileno())  # fmt: skip
     assert code == 0, stderr
