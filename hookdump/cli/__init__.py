@@ -16,6 +16,7 @@ import typer
 
 from hookdump.cli import diff, inspect, layers, models, run, show
 from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
+from hookdump.cli._output import printable
 from hookdump.run.signals import ignore_from_now, interrupts_once
 
 app = typer.Typer(
@@ -57,7 +58,7 @@ def _exit(code: object) -> NoReturn:
     teardown would wait for still runs first: other threads, then the atexit callbacks
     (DataLoader workers, torch.distributed); the dump itself is synced before this."""
     if isinstance(code, str):
-        print(code, file=sys.stderr)
+        print(printable(code), file=sys.stderr)
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
