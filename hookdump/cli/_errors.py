@@ -26,12 +26,13 @@ class HookdumpGroup(TyperGroup):
         with printable_streams():
             return super().main(*args, **kwargs)
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    # typer.Context: what Typer passes, narrower than the Click context the base class names
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
         # kept for the manifest: the command line as given, also when invoked in-process
         ctx.meta["hookdump.argv"] = ["hookdump", *args]
         return super().parse_args(ctx, args)
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         # `run` reads stdin for `--input -` or `--text -` alone, and closes it itself
         command = next((a for a in ctx.meta["hookdump.argv"][1:] if not a.startswith("-")), None)
         guard = contextlib.nullcontext() if command == "run" else no_stdin()

@@ -71,7 +71,7 @@ class _Printable(io.TextIOBase):
 def printable_streams() -> Iterator[None]:
     """stdout and stderr print `printable` text inside."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Printable(saved[0]), _Printable(saved[1])  # type: ignore[assignment]
+    sys.stdout, sys.stderr = _Printable(saved[0]), _Printable(saved[1])
     try:
         yield
     finally:

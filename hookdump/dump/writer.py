@@ -80,7 +80,7 @@ class ShardFile:
                 release()
             raise
         if tensor.numel():
-            self.file.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()), release)
+            self.file.write(tensor.reshape(-1).view(torch.uint8).numpy().data, release)
         elif release is not None:
             release()
         nbytes = tensor.numel() * tensor.element_size()
@@ -167,7 +167,7 @@ class PlannedShard:
         if row + tensor.shape[0] > self.rows:  # would run into the next key's rows
             raise ValueError(f"{key!r}: rows {row}:{row + tensor.shape[0]} past {self.rows}")
         if tensor.numel():
-            data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+            data = tensor.reshape(-1).view(torch.uint8).numpy().data
             self.file.pwrite(data, self.reserve + offset + row * row_bytes)
         self.filled = max(self.filled, row + tensor.shape[0])
 

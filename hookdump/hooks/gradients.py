@@ -35,7 +35,7 @@ def objective(output: Any, target: str | int) -> torch.Tensor:
             f"{opt('capture')} grad needs a model output that depends on its parameters or input; "
             "this model's first tensor output does not"
         )
-    if target == "sum":
+    if isinstance(target, str):  # "sum"
         return first.sum()
     if first.dim() < 2 or not -first.shape[1] <= target < first.shape[1]:
         raise HookdumpError(
@@ -48,7 +48,7 @@ def objective(output: Any, target: str | int) -> torch.Tensor:
 
 def backward(model: nn.Module, output: Any, target: str | int, inputs: list[torch.Tensor]) -> None:
     """Run the backward pass so tensor hooks fire, leaving every parameter's `.grad` as it was."""
-    wrt = [p for p in model.parameters() if p.requires_grad]
+    wrt: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
     wrt += [t for t in inputs if t.requires_grad]
     if not wrt:
         raise HookdumpError(

@@ -289,7 +289,11 @@ def _open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
             "of "
             "tensors (keyword arguments)"
         )
-    return {k: (list(v.shape), lambda a, b, v=v: v[a:b]) for k, v in content.items()}
+    return {k: (list(v.shape), _rows_of(v)) for k, v in content.items()}
+
+
+def _rows_of(tensor: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
+    return lambda start, stop: tensor[start:stop]
 
 
 def _float32(tensor: torch.Tensor) -> torch.Tensor:

@@ -302,7 +302,7 @@ def _sources_of(module: nn.Module, spec: str) -> list[Path]:
     found = []
     for obj in (sys.modules.get(spec.partition(":")[0]), type(module)):
         try:
-            path = inspect.getsourcefile(obj) if obj is not None else None  # type: ignore[arg-type]
+            path = inspect.getsourcefile(obj) if obj is not None else None
         except TypeError:  # built in
             path = None
         if path and Path(path).is_file() and Path(path) not in found:

@@ -19,7 +19,7 @@ from hookdump.model.weights import sha256
 from hookdump.run.distributed import RANK_MANIFESTS, Ranks, rank_names
 
 if TYPE_CHECKING:
-    from hookdump.inputs.files import FileInput
+    from hookdump.inputs.spec import Feed
     from hookdump.model.loading import LoadedModel
     from hookdump.run.options import RunOptions
 
@@ -28,7 +28,7 @@ RESUME = opt("resume", True)
 _NOTHING: dict[str, Any] = {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
 
 
-def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]:
+def sources(loaded: LoadedModel, feed: Feed | None) -> dict[str, Any]:
     """The files a dump is made from, as the manifest records them."""
     found: dict[str, Any] = {}
     for name, path in (("model", loaded.model_file), ("weights", loaded.weights_file)):
@@ -37,8 +37,8 @@ def sources(loaded: LoadedModel, file_input: FileInput | None) -> dict[str, Any]
     if loaded.files:  # a Hugging Face folder's weights
         found["model_files"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.files]
     found["definition"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.definition]
-    if file_input is not None:
-        found["input"] = [_stat(path) for path in file_input.files]
+    if feed is not None:
+        found["input"] = [_stat(path) for path in feed.files]
     return found
 
 
@@ -98,7 +98,7 @@ def _check_definition(out: Path, before: dict[str, Any], now: dict[str, Any], fi
     dump from before this was recorded is taken as it is."""
     if "definition" not in before:
         return
-    old = {e.get("path"): e.get("sha256") for e in before["definition"] if isinstance(e, dict)}
+    old = {str(e.get("path")): e.get("sha256") for e in before["definition"] if isinstance(e, dict)}
     new = {e["path"]: e["sha256"] for e in now.get("definition", [])}
     for path in sorted(set(old) | set(new)):
         if old.get(path) != new.get(path):
