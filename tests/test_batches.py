@@ -3,6 +3,8 @@ and only a window of shards read at a time."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,58 @@ def test_bad_arguments_are_one_error(dump: Dump) -> None:
         next(dump.batches([X], 0))
     with pytest.raises(hookdump.HookdumpError, match="keys must be a non-empty list"):
         next(dump.batches(X, 4))  # type: ignore[arg-type]
+
+
+# The algorithm alone (`mixed_batches`), over blocks of rows held in memory: no dump, no file.
+ROWS = torch.arange(103)  # row i of "id" is i, of "twice" 2i: alignment is checkable
+
+
+def _blocks(sizes: list[int]) -> list[tuple[int, int]]:
+    bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
+    return list(itertools.pairwise(bounds))
+
+
+def _reader(log: list[tuple[int, int]]) -> Callable[[tuple[int, int]], dict[str, torch.Tensor]]:
+    def read(block: tuple[int, int]) -> dict[str, torch.Tensor]:
+        log.append(block)
+        lo, hi = block
+        return {"id": ROWS[lo:hi].clone(), "twice": 2 * ROWS[lo:hi]}
+
+    return read
+
+
+@pytest.mark.parametrize("sizes", [[103], [10] * 10 + [3], [1] * 103, [50, 0, 53]])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 7, 32, 200])
+def test_mixed_batches_give_every_row_once_aligned_and_full_until_the_last(
+    sizes: list[int], shuffle: bool, batch_size: int
+) -> None:
+    from hookdump.dump.batches import mixed_batches
+
+    log: list[tuple[int, int]] = []
+    batches = list(mixed_batches(_blocks(sizes), _reader(log), batch_size, shuffle=shuffle,
+                                 seed=3, window=2))  # fmt: skip
+    seen = torch.cat([b["id"] for b in batches])
+    assert sorted(seen.tolist()) == ROWS.tolist()
+    assert all(torch.equal(b["twice"], 2 * b["id"]) for b in batches)
+    assert all(len(b["id"]) == batch_size for b in batches[:-1])
+    assert (seen.tolist() == ROWS.tolist()) is not shuffle or len(ROWS) <= 1
+    assert sorted(log) == _blocks(sizes)  # each block read once
+
+
+def test_mixed_batches_read_a_window_at_a_time_in_a_seeded_order() -> None:
+    from hookdump.dump.batches import mixed_batches
+
+    log: list[tuple[int, int]] = []
+    batches = mixed_batches(_blocks([10] * 10 + [3]), _reader(log), 8, shuffle=True, seed=5,
+                            window=3)  # fmt: skip
+    first = next(batches)
+    assert len(log) == 3  # one window read, the rest not yet
+    assert {int(i) // 10 for i in first["id"]} <= {lo // 10 for lo, _ in log}
+    rest = [first, *batches]
+    again = list(mixed_batches(_blocks([10] * 10 + [3]), _reader([]), 8, shuffle=True, seed=5,
+                               window=3))  # fmt: skip
+    assert all(torch.equal(a["id"], b["id"]) for a, b in zip(rest, again, strict=True))
+    other = list(mixed_batches(_blocks([10] * 10 + [3]), _reader([]), 8, shuffle=True, seed=6,
+                               window=3))  # fmt: skip
+    assert not all(torch.equal(a["id"], b["id"]) for a, b in zip(rest, other, strict=True))

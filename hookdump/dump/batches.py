@@ -19,8 +19,8 @@ window mixes more and holds more. Without shuffling, one block is held at a time
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from hookdump.dump.reader import Dump
 
 WINDOW = 4
+Block = TypeVar("Block")
 BLOCK_BYTES = 32 << 20  # a window of 4 is 128 MiB, and twice that while it is shuffled
 
 
@@ -44,23 +45,45 @@ def iter_batches(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Batches of `batch_size` rows (the last may be smaller) of `keys`, as dicts."""
     _check(dump, keys, batch_size, window)
-    generator = torch.Generator().manual_seed(seed)
     blocks = [
         (shard, lo, hi) for shard in dump.shards for lo, hi in dump.slices(shard, keys, BLOCK_BYTES)
     ]
+
+    def read(block: tuple[dict[str, Any], int, int]) -> dict[str, torch.Tensor]:
+        shard, lo, hi = block
+        with dump.open_shard(shard, keys) as opened:
+            return {key: dump.read_rows(opened, shard, key, lo, hi) for key in keys}
+
+    return mixed_batches(blocks, read, batch_size, shuffle=shuffle, seed=seed, window=window)
+
+
+def mixed_batches(
+    blocks: Sequence[Block],
+    read: Callable[[Block], dict[str, torch.Tensor]],
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    window: int = WINDOW,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The algorithm of the module's docstring over any `blocks`, each read (as aligned
+    tensors of the same rows) by `read` only when its window comes: in order, or shuffled
+    `window` blocks at a time."""
+    generator = torch.Generator().manual_seed(seed)
+    order = list(blocks)
     if shuffle:
-        blocks = [blocks[i] for i in torch.randperm(len(blocks), generator=generator).tolist()]
+        order = [order[i] for i in torch.randperm(len(order), generator=generator).tolist()]
     step = window if shuffle else 1
     carry: dict[str, torch.Tensor] | None = None
-    for first in range(0, len(blocks), step):
-        pool = [_read(dump, block, keys) for block in blocks[first : first + step]]
+    for first in range(0, len(order), step):
+        pool = [read(block) for block in order[first : first + step]]
         if carry is not None:
             pool.insert(0, carry)
-        rows = _concat(pool, keys)
+        rows = _concat(pool)
         del pool  # the blocks, now in `rows`
         if shuffle:
-            order = torch.randperm(_rows(rows), generator=generator)
-            rows = {key: value[order] for key, value in rows.items()}
+            permutation = torch.randperm(_rows(rows), generator=generator)
+            rows = {key: value[permutation] for key, value in rows.items()}
         full = _rows(rows) - _rows(rows) % batch_size
         for start in range(0, full, batch_size):
             yield {key: value[start : start + batch_size] for key, value in rows.items()}
@@ -90,18 +113,10 @@ def _check(dump: Dump, keys: list[str], batch_size: int, window: int) -> None:
         raise HookdumpError(f"{opt('window')} {window} must be at least 1")
 
 
-def _read(
-    dump: Dump, block: tuple[dict[str, Any], int, int], keys: list[str]
-) -> dict[str, torch.Tensor]:
-    shard, lo, hi = block
-    with dump.open_shard(shard, keys) as opened:
-        return {key: dump.read_rows(opened, shard, key, lo, hi) for key in keys}
-
-
-def _concat(parts: list[dict[str, torch.Tensor]], keys: list[str]) -> dict[str, torch.Tensor]:
+def _concat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     if len(parts) == 1:
         return parts[0]
-    return {key: torch.cat([part[key] for part in parts]) for key in keys}
+    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
 def _rows(tensors: dict[str, torch.Tensor]) -> int:
