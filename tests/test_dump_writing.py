@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import hookdump
 from hookdump.dump.folder import publish
-from hookdump.dump.writer import ShardFile
+from hookdump.dump.shards import ShardFile
 
 
 def test_a_shard_file_is_plain_safetensors_for_every_dtype(tmp_path: Path) -> None:
@@ -455,7 +455,7 @@ def test_a_short_planned_shard_whose_header_outgrows_its_room_keeps_every_row(
     than the room planned (keys of 900 characters): every value where it belongs."""
     from safetensors.torch import load_file
 
-    from hookdump.dump.writer import PlannedShard
+    from hookdump.dump.shards import PlannedShard
 
     keys = [f"{'k' * 900}{i}" for i in range(10)]
     shard = PlannedShard(tmp_path / "s.safetensors", [(k, torch.float32, [3]) for k in keys], 4)

@@ -122,7 +122,7 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
 ) -> None:
     import errno
 
-    from hookdump.dump.writer import ShardFile
+    from hookdump.dump.shards import ShardFile
 
     out = tmp_path / "d"
     real_write = ShardFile.write
@@ -206,14 +206,14 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     from hookdump.dump import writer
 
     out = tmp_path / "d"
-    real_fsync = writer._fsync
+    real_fsync = writer.fsync_file
 
     def fsync_until_full(tmp: Path) -> None:
         if tmp.name.startswith(f"shard-{failing:05d}."):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_fsync(tmp)
 
-    monkeypatch.setattr(writer, "_fsync", fsync_until_full)
+    monkeypatch.setattr(writer, "fsync_file", fsync_until_full)
     result = invoke(*RUN, "-o", str(out))
     assert_usage_error(result, "No space left on device", "--resume")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -221,7 +221,7 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     kept = [f"shard-{i:05d}.safetensors" for i in range(failing)]
     assert [s["file"] for s in manifest["shards"]] == kept
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *kept]
-    monkeypatch.setattr(writer, "_fsync", real_fsync)
+    monkeypatch.setattr(writer, "fsync_file", real_fsync)
     assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
     assert hookdump.load(out).num_samples == 10
 

@@ -359,7 +359,7 @@ def test_token_rows_of_a_known_count_fill_their_last_shard_exactly(
     """Packed windows of a known count make a known number of token rows: the shard that
     gathers the batches after the first is planned to that size, so it is never compacted
     (read back and written again) at the end."""
-    import hookdump.dump.writer as writer
+    import hookdump.dump.shards as shards
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(CORPUS * 5) + "\n")
@@ -370,7 +370,7 @@ def test_token_rows_of_a_known_count_fill_their_last_shard_exactly(
     def compacting(*_: object) -> None:
         raise AssertionError("the last shard was compacted")
 
-    monkeypatch.setattr(writer, "_move_down", compacting)
+    monkeypatch.setattr(shards, "_move_down", compacting)
     result = invoke(*args, "-o", str(tmp_path / "planned"))
     assert result.exit_code == 0, result.stderr
     planned, each = hookdump.load(tmp_path / "planned"), hookdump.load(tmp_path / "each")

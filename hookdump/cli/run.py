@@ -257,8 +257,7 @@ def run(
     pause = _GCPause()  # first: the imports below bring torch in
     try:
         from hookdump.cli.render import print_summary
-        from hookdump.dump.writer import parse_size
-        from hookdump.run.options import RunOptions
+        from hookdump.run.options import RunOptions, parse_size
         from hookdump.run.runner import run as run_dump
 
         options = RunOptions(

@@ -22,7 +22,8 @@ import math
 import threading
 import time
 
-from hookdump.dump.writer import DumpWriter, PlannedShard, ShardFile
+from hookdump.dump.shards import PlannedShard, ShardFile
+from hookdump.dump.writer import DumpWriter
 
 COMMIT_EVERY = 30.0  # seconds between commits while shards come (see above)
 _Job = tuple[ShardFile | PlannedShard, int, int, int | None]

@@ -27,8 +27,9 @@ import torch
 from hookdump.dump.commit import Committer
 from hookdump.dump.direct_io import BLOCK
 from hookdump.dump.folder import describe_os_error
+from hookdump.dump.shards import PlannedShard, ShardFile
 from hookdump.dump.stats import KeySummary
-from hookdump.dump.writer import DumpWriter, PlannedShard, ShardFile
+from hookdump.dump.writer import DumpWriter
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, dtype_name
 

@@ -8,6 +8,7 @@ Each option is written once, here: the fields that shape a dump's contents are m
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from hookdump.dump.stats import KeySummary
 from hookdump.dump.writer import DEFAULT_SHARD_BYTES
+from hookdump.errors import HookdumpError, opt
 from hookdump.model.prepare import ModelOptions
 
 RECIPE = {"recipe": True}  # field metadata: the option shapes the dump's contents
@@ -176,3 +178,21 @@ class RunResult:
             "skipped_inputs": self.skipped_inputs,
             "first_nonfinite": bad[0].info.key if bad else None,
         }
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """'2GB' -> 2e9 bytes, '512MiB' -> 512 * 2**20, '1000' -> 1000."""
+    match = _SIZE.match(text)
+    if not match:
+        raise HookdumpError(f"{opt('shard_size')} {text!r} is not a size; write e.g. 2GB or 512MiB")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    prefix = unit[:1] if unit[:1] in "kmgt" else ""
+    scale = 1024 ** "kmgt".index(prefix) * 1024 if "i" in unit and prefix else _UNITS[prefix]
+    size = int(number * scale)
+    if size < 1:
+        raise HookdumpError(f"{opt('shard_size')} {text!r} must be at least one byte")
+    return size

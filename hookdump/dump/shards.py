@@ -1,0 +1,194 @@
+"""Shard files in the safetensors layout: one whose keys and rows come as they are written
+(`ShardFile`, the first batch's), and one planned ahead for a known number of rows of known
+keys (`PlannedShard`, filled batch by batch). Each is made as a temporary file with its room
+allocated, finished on the sink thread (last bytes, then the header) and published by the
+commit thread (`DumpWriter.commit_shards`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookdump.dump.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
+from hookdump.dump.folder import create_new, open_existing, remove_entry
+from hookdump.errors import HookdumpError
+from hookdump.format import SAFETENSORS_DTYPES, dtype_name
+
+
+class ShardFile:
+    """One safetensors file, written tensor by tensor as values arrive, its header last.
+
+    The data goes straight from each tensor's memory to the file (see `direct_io`), after
+    `reserve` bytes kept for the header; the header is then padded with spaces to fill them,
+    as the format allows. `close` leaves the finished file under its temporary name,
+    `sealed`: the writer moves it into place.
+    """
+
+    def __init__(self, path: Path, reserve: int) -> None:
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp")
+        self.sealed: Path | None = None
+        self.reserve = round_up(reserve)  # data starts block-aligned (and so 8-byte aligned)
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.size = 0
+        self.file = AppendFile(self.tmp, self.reserve)
+
+    def write(
+        self, key: str, tensor: torch.Tensor, release: Callable[[], None] | None = None
+    ) -> None:
+        """Append one tensor (contiguous, on the CPU) under `key`. With `release`, the data
+        may go to the disk from the tensor's own memory; `release` is called once it is no
+        longer needed (see `AppendFile.write`), whatever happens."""
+        try:
+            if key in self.entries:
+                raise HookdumpError(f"{key!r} is in this shard already; a key is written once")
+            if dtype_name(tensor.dtype) not in SAFETENSORS_DTYPES:
+                raise HookdumpError(
+                    f"{key!r} has dtype {tensor.dtype}, which safetensors cannot hold"
+                )
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        if tensor.numel():
+            self.file.write(tensor.reshape(-1).view(torch.uint8).numpy().data, release)
+        elif release is not None:
+            release()
+        nbytes = tensor.numel() * tensor.element_size()
+        self.entries[key] = _entry(tensor.dtype, list(tensor.shape), self.size, nbytes)
+        self.size += nbytes
+
+    def finish(self, metadata: dict[str, str]) -> None:
+        """Write the last bytes and the header (into room allocated when the file was made:
+        a full disk cannot stop it), still under the temporary name `sealed`."""
+        self.file.close()
+        _write_header(self.tmp, self.reserve, self.entries, metadata)
+        self.sealed = self.tmp
+
+    def abort(self) -> None:
+        """Drop the half-written (or finished but unpublished) file."""
+        self.file.abort()
+        remove_entry(self.tmp)
+
+
+def _write_header(
+    tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str]
+) -> None:
+    """Write the header into the `reserve` bytes before the data."""
+    header = json.dumps({"__metadata__": metadata, **entries}).encode()
+    if len(header) + 8 > reserve:  # more keys than reserved for: move the data along once
+        reserve = _move_data(tmp, reserve, round_up(len(header) + 8 + 4096))
+    room = reserve - 8
+    fd = open_existing(tmp, os.O_WRONLY)
+    try:
+        os.pwrite(fd, struct.pack("<Q", room) + header + b" " * (room - len(header)), 0)
+    finally:
+        os.close(fd)
+
+
+def _move_data(tmp: Path, reserve: int, grown_reserve: int) -> int:
+    """Copy the data of `tmp` to start at `grown_reserve` instead of `reserve` (slow: the
+    whole shard is read back and written again); returns `grown_reserve`."""
+    grown = tmp.with_name(tmp.name + "-grow")  # not .tmp2: a PlannedShard's
+    try:
+        with (
+            os.fdopen(open_existing(tmp, os.O_RDONLY), "rb") as src,
+            os.fdopen(create_new(grown), "wb") as dst,
+        ):
+            src.seek(reserve)
+            dst.seek(grown_reserve)
+            shutil.copyfileobj(src, dst, 1 << 24)
+        os.replace(grown, tmp)
+    finally:
+        remove_entry(grown)
+    return grown_reserve
+
+
+def fsync_file(path: Path) -> None:
+    fd = open_existing(path, os.O_WRONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PlannedShard:
+    """A shard of `rows` rows whose layout is fixed up front: each batch's rows are written
+    straight to their place in the file, so gathering batches into a shard holds nothing
+    in memory. A shard that ends short (the last one) is compacted key by key."""
+
+    def __init__(self, path: Path, layout: list[tuple[str, torch.dtype, list[int]]], rows: int):
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp2")
+        self.sealed: Path | None = None  # the finished file, once closed (as ShardFile)
+        self.rows = rows
+        self.filled = 0
+        self.layout: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
+        offset = 0
+        for key, dtype, shape in layout:
+            row_bytes = math.prod(shape) * _element_size(dtype)
+            self.layout[key] = (dtype, shape, offset, row_bytes)
+            offset += row_bytes * rows
+        self.reserve = round_up(4096 + 256 * len(layout))
+        self.file = PositionalFile(self.tmp, self.reserve + offset)
+
+    def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:
+        """Rows `row:row + len(tensor)` of `key` (contiguous, on the CPU)."""
+        _, _, offset, row_bytes = self.layout[key]
+        if row + tensor.shape[0] > self.rows:  # would run into the next key's rows
+            raise ValueError(f"{key!r}: rows {row}:{row + tensor.shape[0]} past {self.rows}")
+        if tensor.numel():
+            data = tensor.reshape(-1).view(torch.uint8).numpy().data
+            self.file.pwrite(data, self.reserve + offset + row * row_bytes)
+        self.filled = max(self.filled, row + tensor.shape[0])
+
+    def finish(self, metadata: dict[str, str]) -> None:
+        """Write the header (a shard that ends short is first compacted in place: its
+        keys' rows moved down to follow each other), under the temporary name `sealed`.
+        The file was allocated whole when made, so this needs no new space."""
+        self.file.flush()
+        entries, size = {}, 0
+        for key, (dtype, shape, offset, row_bytes) in self.layout.items():
+            nbytes = row_bytes * self.filled
+            if size != offset:  # rows of later keys only ever move down, in order
+                _move_down(self.file.fileno(), self.reserve + offset, self.reserve + size, nbytes)
+            entries[key] = _entry(dtype, [self.filled, *shape], size, nbytes)
+            size += nbytes
+        os.ftruncate(self.file.fileno(), self.reserve + size)  # the rows planned, not filled
+        self.file.close()
+        _write_header(self.tmp, self.reserve, entries, metadata)
+        self.sealed = self.tmp
+
+    def abort(self) -> None:
+        """Drop the file."""
+        with contextlib.suppress(OSError):  # already failing: the error was raised before
+            self.file.close()
+        remove_entry(self.tmp)
+
+
+def _move_down(fd: int, source: int, target: int, nbytes: int, chunk: int = 16 << 20) -> None:
+    """Copy `nbytes` at `source` to `target` (lower) in the same file, front first, so no
+    byte is overwritten before it is read."""
+    for done in range(0, nbytes, chunk):
+        data = os.pread(fd, min(chunk, nbytes - done), source + done)
+        if len(data) != min(chunk, nbytes - done):
+            raise OSError(f"the shard ends before byte {source + done + len(data)}")
+        pwrite_all(fd, memoryview(data), target + done)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _entry(dtype: torch.dtype, shape: list[int], start: int, nbytes: int) -> dict[str, Any]:
+    st_dtype = SAFETENSORS_DTYPES[dtype_name(dtype)]
+    return {"dtype": st_dtype, "shape": shape, "data_offsets": [start, start + nbytes]}
