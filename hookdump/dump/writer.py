@@ -1,4 +1,5 @@
-"""Writing dumps: safetensors shards, then `manifest.json`, each file replaced atomically."""
+"""A dump's lifecycle: shards (`dump.shards`) listed in `manifest.json` as they are
+committed, each file replaced atomically, and an old dump moved aside under `--overwrite`."""
 
 from __future__ import annotations
 

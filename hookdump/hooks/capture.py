@@ -24,6 +24,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, tensor_key
+from hookdump.hooks.reduce import REDUCTIONS, channels_first, reduce_tensor
 from hookdump.hooks.selection import module_type_name, select_modules
 
 CAPTURE_KINDS = ("output", "input", "grad")
@@ -42,60 +43,6 @@ class StopForward(BaseException):
 
     A BaseException, so that a model's own `except Exception` cannot swallow it.
     """
-
-
-REDUCTIONS = ("none", "mean", "max", "flatten", "first", "last")
-# 1-d layers whose [batch, channels, length] outputs reduce over length, not dim 1
-_CHANNELS_FIRST_1D = (
-    nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,
-    nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d,
-)  # fmt: skip
-
-
-def reduce_tensor(
-    tensor: torch.Tensor,
-    how: str,
-    channels_first: bool = False,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`reduce`: `mean`/`max` take [B, C, *spatial] over the spatial dims, [B, T, D] over
-    tokens (over the length for 1-d layers' [B, C, L]), to [B, C] or [B, D]; `first` and
-    `last` take one token of [B, T, D] (position 0, as a [CLS] token, or the last);
-    `flatten` makes [B, -1]; tensors of rank 2 or less, and `none`, are left as they are
-    (and are not copies). `mask` ([B, T], 1 for real tokens): [B, T, D] tensors reduce over
-    the real tokens only, and `last` is the last real token."""
-    if how == "none" or tensor.dim() <= 2:
-        return tensor
-    if how == "flatten":
-        return tensor.reshape(tensor.shape[0], -1)
-    tokens = tensor.dim() == 3 and not channels_first
-    if mask is not None and tokens and tuple(tensor.shape[:2]) == tuple(mask.shape):
-        return _reduce_real_tokens(tensor, how, mask.to(tensor.device).bool())
-    if how in ("first", "last"):  # a token: [CLS] at position 0, or the last one
-        if tensor.dim() != 3 or channels_first:
-            raise HookdumpError(
-                f"{opt('reduce')} {how} takes a token of [batch, tokens, features] tensors; "
-                f"this one is {list(tensor.shape)}; {opt('exclude')} it, or reduce by mean"
-            )
-        return tensor[:, 0 if how == "first" else -1].clone()
-    dims = (1,) if tensor.dim() == 3 and not channels_first else tuple(range(2, tensor.dim()))
-    if how == "mean":
-        return (tensor if tensor.is_floating_point() else tensor.float()).mean(dim=dims)
-    return tensor.amax(dim=dims)
-
-
-def _reduce_real_tokens(tensor: torch.Tensor, how: str, real: torch.Tensor) -> torch.Tensor:
-    """[B, T, D] over the real tokens of each sample (`real`: [B, T] booleans)."""
-    if how == "first":
-        return tensor[:, 0].clone()
-    if how == "last":
-        last = (real.sum(1) - 1).clamp(min=0)
-        return tensor[torch.arange(tensor.shape[0], device=tensor.device), last].clone()
-    keep = real[..., None]
-    if how == "max":
-        return tensor.masked_fill(~keep, float("-inf")).amax(dim=1)
-    values = tensor if tensor.is_floating_point() else tensor.float()
-    return (values * keep).sum(1) / keep.sum(1).clamp(min=1)
 
 
 def flatten(value: Any, prefix: str | None = None) -> Iterator[tuple[str | None, Any]]:
@@ -354,7 +301,7 @@ class Capture:
         reduced = reduce_tensor(
             value,
             self.reduce,
-            isinstance(self.modules[name], _CHANNELS_FIRST_1D),
+            channels_first(self.modules[name]),
             self.token_mask,
         )
         # a mean or max is a new tensor already; the rest (views included) must be copied
