@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -33,6 +30,7 @@ from hookdump.cli._options import (
     WeightsOpt,
     as_list,
 )
+from hookdump.cli._progress import GCPause, Progress
 from hookdump.errors import CheckFailed
 
 
@@ -254,7 +252,7 @@ def run(
     config: ConfigOpt = None,
 ) -> None:
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
-    pause = _GCPause()  # first: the imports below bring torch in
+    pause = GCPause()  # first: the imports below bring torch in
     try:
         from hookdump.cli.render import print_summary
         from hookdump.run.options import RunOptions, parse_size
@@ -306,7 +304,7 @@ def run(
             quiet, json_output = True, False
         show_progress = not (quiet or json_output)
         reads_stdin = "-" in (options.input, options.text)
-        with _progress(show_progress) as progress, _stdin_unless(reads_stdin):
+        with Progress(show_progress) as progress, _stdin_unless(reads_stdin):
             result = run_dump(options, on_batch=pause.chain(progress))
         if not quiet:
             for warning in result.warnings:
@@ -330,87 +328,3 @@ def run(
 
 def _stdin_unless(reads_stdin: bool) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext() if reads_stdin else _output.no_stdin()
-
-
-class _GCPause:
-    """Python's cyclic garbage collector, paused while torch, the model and the first batch
-    load: importing torch makes hundreds of thousands of objects, and the collector walked
-    them again and again (0.44 s of the 3.1 s it took to import torch and torchvision on the
-    development machine). It runs again once the first batch is done."""
-
-    def __init__(self) -> None:
-        self.paused = gc.isenabled()
-        gc.disable()
-
-    def chain(self, then: ProgressCallback | None) -> ProgressCallback:
-        def on_batch(done: int, total: int | None, nbytes: int) -> None:
-            self.end()
-            if then is not None:
-                then(done, total, nbytes)
-
-        return on_batch
-
-    def end(self) -> None:
-        if self.paused:
-            self.paused = False
-            gc.enable()
-
-
-ProgressCallback = Callable[[int, int | None, int], None]
-
-
-class _progress:
-    """A progress bar on stderr (samples/s, MB/s captured, ETA), once a run has more than
-    one batch."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-        self.task: Any = None
-        self.first: tuple[int, int, float] = (0, 0, 0.0)  # samples, bytes, time at batch 1
-
-    def __enter__(self) -> Callable[[int, int | None, int], None] | None:
-        return self.update if self.enabled else None
-
-    def update(self, done: int, total: int | None, nbytes: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            if total is not None and done >= total:
-                return
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-
-            console = _output.stderr()
-            if not console.is_terminal:  # a log gets no bar, only rich's closing blank line
-                self.enabled = False
-                return
-            self.bar = Progress(
-                TextColumn("samples"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"),
-                TimeRemainingColumn(),
-                console=console,
-                transient=True,
-            )
-            self.bar.start()
-            self.task = self.bar.add_task("run", total=total, rate="")
-            # rates count from the first batch on, not from loading the model
-            self.first = (done, nbytes, time.perf_counter())
-            self.bar.update(self.task, completed=done)
-            return
-        samples, captured, since = self.first
-        elapsed = max(time.perf_counter() - since, 1e-9)
-        speed = (done - samples) / elapsed
-        rate = f"{speed:.3g} samples/s, {(nbytes - captured) / elapsed / 1e6:.3g} MB/s"
-        self.bar.update(self.task, completed=done, rate=rate)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
