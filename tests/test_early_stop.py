@@ -36,11 +36,11 @@ def test_a_selection_that_ends_the_forward_is_counted_in_the_first_batch(
 ) -> None:
     """`middle` is followed by no parameters: no forward of one sample to count its calls;
     the first batch runs whole and counts them, the later ones stop after it."""
-    import hookdump.run.runner as runner
+    import hookdump.run.loop as loop
 
     calibrations = []
-    real = runner.calibrate
-    monkeypatch.setattr(runner, "calibrate", lambda *a: calibrations.append(1) or real(*a))
+    real = loop.calibrate
+    monkeypatch.setattr(loop, "calibrate", lambda *a: calibrations.append(1) or real(*a))
     assert calls_past_the_selection("-l", "middle") == 1  # the first batch's
     assert calibrations == []
     assert calls_past_the_selection("-l", "early") == 1  # the calibration's

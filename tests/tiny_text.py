@@ -40,10 +40,10 @@ def save_tokenizer(folder: Path, cls_sep: bool) -> None:
 def ctrl_c_in_batch(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     """Act as if Ctrl-C were pressed in the n-th forward of more than one row (from 1);
     `monkeypatch.undo()` or the test's end puts the forward back."""
-    import hookdump.run.runner as runner
+    import hookdump.run.loop as loop
 
     calls = {"n": 0}
-    real_forward = runner.forward
+    real_forward = loop.forward
 
     def forward_then_ctrl_c(cap, module, batch, label):  # type: ignore[no-untyped-def]
         if batch.rows > 1:
@@ -52,7 +52,7 @@ def ctrl_c_in_batch(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
                 raise KeyboardInterrupt
         return real_forward(cap, module, batch, label)
 
-    monkeypatch.setattr(runner, "forward", forward_then_ctrl_c)
+    monkeypatch.setattr(loop, "forward", forward_then_ctrl_c)
 
 
 def tiny_gpt2(folder: Path, seed: int = 0, **config: object) -> Path:

@@ -14,7 +14,6 @@ feed it batches under hooks, finish the dump.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import time
@@ -27,11 +26,10 @@ import torch
 
 from hookdump.dump.folder import locked, refuse_reads_inside
 from hookdump.dump.sink import BatchSink
-from hookdump.errors import HookdumpError, Interrupted, opt
-from hookdump.format import KeyInfo
+from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import Capture
-from hookdump.hooks.forward import calibrate, ends_late, forward, out_of_memory
-from hookdump.hooks.gradients import backward, inputs_requiring_grad, parse_grad_target
+from hookdump.hooks.forward import out_of_memory
+from hookdump.hooks.gradients import parse_grad_target
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
 from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, input_spec, parse_shape
@@ -42,10 +40,11 @@ from hookdump.model.weights import is_checkpoint_path
 from hookdump.model.zoo import load_tokenizer
 from hookdump.run.destination import Destination
 from hookdump.run.distributed import RankPart, Ranks, from_environment, rank_device
+from hookdump.run.loop import BatchLoop
 from hookdump.run.manifest import manifest_fields
 from hookdump.run.options import RunOptions, RunResult
 from hookdump.run.resume import sources
-from hookdump.run.signals import exit_code, interrupts_once
+from hookdump.run.signals import interrupts_once
 from hookdump.run.tokens import TokenRows, parse_positions
 
 ProgressCallback = Callable[[int, int | None, int], None]
@@ -236,7 +235,10 @@ def _run(
         static["processes"] = ranks.world
     if tokens is not None:
         static["rows"] = "tokens"
-    loop = _BatchLoop(cap, loaded, sink, checked, options, tokens)
+    loop = BatchLoop(
+        cap, loaded, sink, forward_dtype=checked.forward_dtype, grad_target=checked.grad_target,
+        early_stop=options.early_stop and not options.train, label=options.model, tokens=tokens,
+    )  # fmt: skip
     batches = _on_device(feed.batches(options.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
     nothing = None if ranks else lambda: _nothing_read(options, bool(feed.ids))
@@ -263,7 +265,7 @@ def _result(
     manifest: dict[str, Any] | None,
     timings: dict[str, float],
     destination: Destination,
-    loop: _BatchLoop,
+    loop: BatchLoop,
 ) -> RunResult:
     skips = whole.skipped_inputs[len(destination.skipped_inputs_before) :]
     return RunResult(
@@ -359,94 +361,13 @@ def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed) -> TokenRows:
     return TokenRows(sink, parse_positions(options.positions), list(special), feed.first)
 
 
-class _BatchLoop:
-    """Feeds batches through the hooked model; the values go to the writer thread. It knows
-    nothing of resuming or ranks: the destination made the writer for that."""
-
-    def __init__(
-        self,
-        cap: Capture,
-        loaded: LoadedModel,
-        sink: BatchSink,
-        checked: _Checked,
-        options: RunOptions,
-        tokens: TokenRows | None = None,
-    ) -> None:
-        self.cap, self.model, self.sink, self.tokens = cap, loaded.module, sink, tokens
-        self.sequences = 0  # samples fed (rows count them, or tokens with `tokens`)
-        self.device, self.label = loaded.device, options.model
-        self.forward_dtype, self.grad_target = checked.forward_dtype, checked.grad_target
-        self.grads = "grad" in cap.kinds
-        self.early = options.early_stop and not self.grads and not options.train
-        # the selection ends the forward (nearly): count the calls in the first batch itself
-        self.count_in_first = self.early and ends_late(cap, self.model)
-
-    def run(
-        self,
-        batches: Iterator[Batch],
-        destination: Destination,
-        total: int | None,
-        on_batch: ProgressCallback | None,
-        nothing: Callable[[], HookdumpError] | None = None,
-    ) -> int:
-        """Feed every batch; the number of rows dumped (this run's last row, resuming);
-        `nothing`: the error to raise, before anything is written, when no row was made."""
-        rows, self.sequences = destination.done_rows, len(destination.done_ids)
-        # gradients need autograd; everything else runs without it
-        mode = torch.enable_grad() if self.grads else torch.inference_mode()
-        try:
-            with self.cap, mode, _autocast(self.device, self.forward_dtype):
-                for batch in batches:
-                    rows = self._one(batch, rows)
-                    self.sequences = batch.stop
-                    if on_batch:
-                        on_batch(self.sequences, total, self.sink.bytes_done)
-            if rows == 0 and nothing is not None:
-                raise nothing()
-            self.sink.close()
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: a second one is ignored
-            self.sink.abort()
-            raise Interrupted(destination.interrupted(), exit_code(exc)) from None
-        except BaseException:
-            self.sink.abort()
-            raise
-        return rows
-
-    def _one(self, batch: Batch, first_row: int) -> int:
-        """One batch, its rows from `first_row` on; the next batch's first row."""
-        cap = self.cap
-        if self.early and cap.stop_after is None and not self.count_in_first:
-            self.early = calibrate(cap, self.model, batch, self.label)
-        cap.token_mask = batch.kwargs.get("attention_mask") if batch.stored else None
-        stop, stored, samples = batch.stop, batch.stored, None
-        if self.tokens is not None:  # rows are the batch's selected tokens
-            count, stored = self.tokens.rows(batch)
-            stop, samples = first_row + count, (batch.start, batch.stop)
-        self.sink.begin(first_row, stop, cap.keys_expected + len(stored), samples)
-        for key, tensor in stored.items():  # the input itself: token ids, the mask
-            info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
-            self.sink.keep(key, tensor, info, fresh=True)
-        inputs = inputs_requiring_grad(batch.args, batch.kwargs) if self.grads else []
-        output = forward(cap, self.model, batch, self.label)
-        if self.grads:
-            backward(self.model, output, self.grad_target, inputs)
-        del output
-        if self.tokens is not None and first_row == 0:
-            self.tokens.check_modules()
-        if self.early and cap.stop_after is None:  # the first batch ran whole, counted
-            cap.stop_early(dict(cap.calls))
-        cap.clear()
-        self.sink.end()
-        return stop
-
-
 def _part(
     cap: Capture,
     sink: BatchSink,
     feed: Feed,
     destination: Destination,
     rows: int,
-    loop: _BatchLoop,
+    loop: BatchLoop,
 ) -> RankPart:
     """What this run (this rank) dumped, as values."""
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
@@ -468,12 +389,6 @@ def _part(
         skipped=skipped,
         skipped_inputs=destination.skipped_inputs_before + list(feed.skipped),
     )
-
-
-def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def _on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:

@@ -1,0 +1,116 @@
+"""The batch loop: each batch through the hooked model, its values to the sink thread.
+
+It knows nothing of resuming or ranks (the destination made the writer for that), nor of
+how the run was assembled (`run.runner`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from hookdump.dump.sink import BatchSink
+from hookdump.errors import HookdumpError, Interrupted
+from hookdump.format import KeyInfo
+from hookdump.hooks.capture import Capture
+from hookdump.hooks.forward import calibrate, ends_late, forward
+from hookdump.hooks.gradients import backward, inputs_requiring_grad
+from hookdump.inputs.spec import Batch
+from hookdump.model.loading import LoadedModel
+from hookdump.run.destination import Destination
+from hookdump.run.signals import exit_code
+from hookdump.run.tokens import TokenRows
+
+ProgressCallback = Callable[[int, int | None, int], None]
+
+
+class BatchLoop:
+    """Feeds batches through the hooked model; the values go to the writer thread. It knows
+    nothing of resuming or ranks: the destination made the writer for that."""
+
+    def __init__(
+        self,
+        cap: Capture,
+        loaded: LoadedModel,
+        sink: BatchSink,
+        *,
+        forward_dtype: torch.dtype,
+        grad_target: str | int,
+        early_stop: bool,
+        label: str,
+        tokens: TokenRows | None = None,
+    ) -> None:
+        self.cap, self.model, self.sink, self.tokens = cap, loaded.module, sink, tokens
+        self.sequences = 0  # samples fed (rows count them, or tokens with `tokens`)
+        self.device, self.label = loaded.device, label  # the MODEL spec, for errors
+        self.forward_dtype, self.grad_target = forward_dtype, grad_target
+        self.grads = "grad" in cap.kinds
+        self.early = early_stop and not self.grads
+        # the selection ends the forward (nearly): count the calls in the first batch itself
+        self.count_in_first = self.early and ends_late(cap, self.model)
+
+    def run(
+        self,
+        batches: Iterator[Batch],
+        destination: Destination,
+        total: int | None,
+        on_batch: ProgressCallback | None,
+        nothing: Callable[[], HookdumpError] | None = None,
+    ) -> int:
+        """Feed every batch; the number of rows dumped (this run's last row, resuming);
+        `nothing`: the error to raise, before anything is written, when no row was made."""
+        rows, self.sequences = destination.done_rows, len(destination.done_ids)
+        # gradients need autograd; everything else runs without it
+        mode = torch.enable_grad() if self.grads else torch.inference_mode()
+        try:
+            with self.cap, mode, _autocast(self.device, self.forward_dtype):
+                for batch in batches:
+                    rows = self._one(batch, rows)
+                    self.sequences = batch.stop
+                    if on_batch:
+                        on_batch(self.sequences, total, self.sink.bytes_done)
+            if rows == 0 and nothing is not None:
+                raise nothing()
+            self.sink.close()
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: a second one is ignored
+            self.sink.abort()
+            raise Interrupted(destination.interrupted(), exit_code(exc)) from None
+        except BaseException:
+            self.sink.abort()
+            raise
+        return rows
+
+    def _one(self, batch: Batch, first_row: int) -> int:
+        """One batch, its rows from `first_row` on; the next batch's first row."""
+        cap = self.cap
+        if self.early and cap.stop_after is None and not self.count_in_first:
+            self.early = calibrate(cap, self.model, batch, self.label)
+        cap.token_mask = batch.kwargs.get("attention_mask") if batch.stored else None
+        stop, stored, samples = batch.stop, batch.stored, None
+        if self.tokens is not None:  # rows are the batch's selected tokens
+            count, stored = self.tokens.rows(batch)
+            stop, samples = first_row + count, (batch.start, batch.stop)
+        self.sink.begin(first_row, stop, cap.keys_expected + len(stored), samples)
+        for key, tensor in stored.items():  # the input itself: token ids, the mask
+            info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
+            self.sink.keep(key, tensor, info, fresh=True)
+        inputs = inputs_requiring_grad(batch.args, batch.kwargs) if self.grads else []
+        output = forward(cap, self.model, batch, self.label)
+        if self.grads:
+            backward(self.model, output, self.grad_target, inputs)
+        del output
+        if self.tokens is not None and first_row == 0:
+            self.tokens.check_modules()
+        if self.early and cap.stop_after is None:  # the first batch ran whole, counted
+            cap.stop_early(dict(cap.calls))
+        cap.clear()
+        self.sink.end()
+        return stop
+
+
+def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
