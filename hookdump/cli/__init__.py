@@ -54,7 +54,7 @@ def main() -> None:
 
 def _exit(code: object) -> NoReturn:
     """End the process without the interpreter's teardown, which frees torch's modules and
-    objects one by one: 0.6 to 0.9 s of every run on the development machine. What the
+    objects one by one: most of a second of every run. What the
     teardown would wait for still runs first: other threads, then the atexit callbacks
     (DataLoader workers, torch.distributed); the dump itself is synced before this."""
     if isinstance(code, str):

@@ -14,8 +14,8 @@ from hookdump.cli import _output
 class GCPause:
     """Python's cyclic garbage collector, paused while torch, the model and the first batch
     load: importing torch makes hundreds of thousands of objects, and the collector walked
-    them again and again (0.44 s of the 3.1 s it took to import torch and torchvision on the
-    development machine). It runs again once the first batch is done."""
+    them again and again, a good part of the import time. It runs again once the first
+    batch is done."""
 
     def __init__(self) -> None:
         self.paused = gc.isenabled()

@@ -1,19 +1,14 @@
-"""Committing shards in the background, in order: each one's last bytes and header are
-written and synced, then it is moved into place and listed in the manifest, while the next
-shard is already being written. Done in line, each sync held the next shard's writes back
-until the disk had caught up: 5.5 s of a 18 s resnet50 run of 8 GB on the development
-machine.
+"""Committing shards in the background, in order: each finished shard is synced, then moved
+into place and listed in the manifest, while the next shard is already being written. Done
+in line, each sync held the next shard's writes back until the disk had caught up.
 
 Shards are committed together, at most every COMMIT_EVERY seconds from the start of the run
 and from the end of the last commit: every commit is a few syncs, and each sync (a cache
-flush of the whole disk) slows the writes that overlap it. Measured on the development
-machine, the 8.2 GB resnet50 job of `benchmarks/process.py` (four 2 GB shards) took 0.7 to
-1.5 s less in 4 of 4 pairs with one commit at the end than with a commit every 5 s; one
-commit per 1 GiB shard had made 6 GiB of O_DIRECT writes 14 s against 11.5 s. A crash then
-loses at most the shards of the last COMMIT_EVERY seconds (`--resume` writes them again);
-an error, Ctrl-C or the end of the run commits the finished shards at once. Over an old
-dump (`--overwrite`) the first shard is committed at once, as it is what moves the old
-dump aside: the disk holds both only until then."""
+flush of the whole disk) slows the writes that overlap it (benchmarks/README.md has the
+figures). A crash then loses at most the shards of the last COMMIT_EVERY seconds
+(`--resume` writes them again); an error, Ctrl-C or the end of the run commits the
+finished shards at once. Over an old dump (`--overwrite`) the first shard is committed at
+once, as it is what moves the old dump aside: the disk holds both only until then."""
 
 from __future__ import annotations
 

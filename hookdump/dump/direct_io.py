@@ -1,7 +1,7 @@
 """Writing shard data with O_DIRECT, past the page cache, on a thread of its own.
 
-Written through the page cache, a 3.8 GiB shard cost the kernel 0.5 to 9 s of CPU time on
-the development machine (a VM), on the same two cores the forward pass needs. With
+Written through the page cache, every byte costs the kernel a copy (seconds of CPU per
+gigabyte on a small VM), on the cores the forward pass needs. With
 O_DIRECT the disk reads the data straight from memory: from the caller's own buffer where
 it is block-aligned (no copy at all), else from a few reused, aligned staging buffers. The
 waiting is done by a disk thread while the caller goes on. Where the file system refuses

@@ -6,8 +6,8 @@ when a batch is at least half a shard; smaller ones are gathered into shards of 
 `--shard-size`, each batch's rows written straight to their place in the file. Nothing is
 held beyond the tensors in flight, and at most `pending` batches are (one by default: a
 batch's tensors stream to disk while its own forward runs, and the next forward waits until
-they are written): memory stays bounded by a batch, whatever `--num-samples` is. Measured on
-2 cores, a second batch in flight raised peak memory by 10% and gained no speed.
+they are written): memory stays bounded by a batch, whatever `--num-samples` is. A second
+batch in flight raised peak memory and gained no speed (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def aligned_empty(like: torch.Tensor) -> torch.Tensor:
 
 class BufferPool:
     """CPU buffers for captured copies, handed back once written and reused by the next
-    batch: a copy into memory already touched skips the page faults of a fresh one (measured
-    here: 22 GB/s against 2.4 GB/s). Only copies of at least `min_bytes` are pooled: smaller
+    batch: a copy into memory already touched skips the page faults of a fresh one, and is
+    many times faster. Only copies of at least `min_bytes` are pooled: smaller
     ones gained no speed (`layer4.*` at batch 32) and a pool holds them idle through the next
     forward, up to a batch of memory."""
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram
 # elements per chunk of the one pass: 1 MiB of float32, read from memory once and then from
-# the cache; measured on 200 MB, 19 ms against 53 ms for whole-tensor passes (2 threads)
+# the cache: several times faster than four whole-tensor passes
 _CHUNK = 1 << 18
 
 
