@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import queue
 import threading
@@ -27,6 +26,7 @@ import torch
 from hookdump.dump.commit import Committer
 from hookdump.dump.direct_io import BLOCK
 from hookdump.dump.folder import describe_os_error
+from hookdump.dump.plan import ShardPlan
 from hookdump.dump.shards import PlannedShard, ShardFile
 from hookdump.dump.stats import KeySummary
 from hookdump.dump.writer import DumpWriter
@@ -145,15 +145,14 @@ class BatchSink:
         self._batch = (0, 0)
         self._sequences: int | None = None
         self._keys: list[str] = []
-        self._total = total  # rows expected (an upper bound when images may be skipped)
+        # rows expected (an upper bound when images may be skipped)
         self._expected = expected or (lambda: total)
+        self._plan = ShardPlan(writer.shard_bytes if writer else 0, total, self._expected)
         self._copies = copies
         self._samples = (0, 0)  # the samples whose rows the current batch holds
         self._shard: ShardFile | None = None
         self._planned: PlannedShard | None = None
         self._planned_start = 0
-        self._rows_per_shard = 0  # 0: every batch streams into a shard of its own
-        self._rows_per_sample = 0.0  # token rows: the first batch's rows per sample
         self._released = False  # the current batch's slot was given back
         self._lent = False  # the tensor in hand went to the shard with its release
         self._batch_bytes = 0
@@ -284,28 +283,15 @@ class BatchSink:
         assert self._committer is not None
         self._committer.raise_if_failed()  # no more batches once a commit has failed
         planned = self._planned
-        if planned is not None and start - self._planned_start + stop - start > planned.rows:
-            self._commit_planned()  # batches of varying rows (tokens): this one would not fit
+        if planned is not None and not self._plan.fits(self._planned_start, planned.rows,
+                                                       start, stop):  # fmt: skip
+            self._commit_planned()
         self._sequences = samples[1] if samples is not None else None  # what shards record
-        if not self._rows_per_shard:
+        if self._plan.streams:
             self._shard = self.writer.open_shard(keys_expected)
         elif self._planned is None:
-            rows = max(self._rows_per_shard, stop - start)
-            left = self._rows_left(start, stop)
-            if left is not None:  # a last shard no bigger than needed: never compacted
-                rows = max(stop - start, min(rows, left))
+            rows = self._plan.planned_rows(start, stop, self._samples[1])
             self._planned, self._planned_start = self.writer.plan_shard(rows), start
-
-    def _rows_left(self, start: int, stop: int) -> int | None:
-        """The rows still to come from `start` on: known (`total`), or, for token rows,
-        expected from the samples still to come at the first batch's rows per sample (exact
-        for packed windows of a known count)."""
-        if self._total is not None:
-            return self._total - start
-        expected = self._expected() if self._rows_per_sample else None
-        if expected is None:
-            return None
-        return stop - start + math.ceil(self._rows_per_sample * max(0, expected - self._samples[1]))
 
     def _on_tensor(
         self, key: str, tensor: torch.Tensor, info: KeyInfo, nbytes: int, ready: Any
@@ -391,18 +377,14 @@ class BatchSink:
                 return
             if not self._room_checked:  # before the first shard is listed (or a dump moved)
                 self._room_checked = True
-                first, last = self._samples
-                self._rows_per_sample = (stop - start) / max(1, last - first)
+                self._plan.first_batch(stop - start, self._samples)
                 try:
                     self._check_room()
                 except BaseException:
                     shard.abort()
                     raise
             self._commit(shard, start, stop)
-            if 2 * self._batch_bytes < self.writer.shard_bytes:
-                # small batches from now on go into planned shards of about --shard-size
-                batches = max(1, self.writer.shard_bytes // max(1, self._batch_bytes))
-                self._rows_per_shard = batches * (stop - start)
+            self._plan.streamed(stop - start, self._batch_bytes)
         elif self._planned is not None and self._planned.filled >= self._planned.rows:
             self._commit_planned()
 
