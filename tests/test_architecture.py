@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,64 @@ def test_a_warning_names_flags_in_the_cli_and_arguments_in_the_library(
     options = RunOptions(model="tiny_models:TwoLinear", weights=weights, strict=False)
     warnings = run(options).warnings
     assert warnings[0].startswith(f"weights {weights}: 1 key missing (linear_2.bias)")
+
+
+def _assigned_attributes(node: ast.AST) -> Iterator[ast.Attribute]:
+    """The attributes an assignment statement sets (`a.b = `, `a.b, c = `, `a.b += `)."""
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+        targets = [node.target]
+    else:
+        return
+    while targets:
+        target = targets.pop()
+        if isinstance(target, ast.Tuple | ast.List):
+            targets.extend(target.elts)
+        elif isinstance(target, ast.Attribute):
+            yield target
+
+
+def _foreign_assignments(package: Path) -> list[str]:
+    """`x.attr = ...` in a module where no class has `attr`, while a class of another
+    module of `package` does: an object finished from outside its own module."""
+    trees = {path: ast.parse(path.read_text()) for path in sorted(package.rglob("*.py"))}
+    owners: dict[str, set[Path]] = {}
+    for path, tree in trees.items():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            fields = {
+                item.target.id
+                for item in cls.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+            for node in ast.walk(cls):
+                fields |= {
+                    a.attr
+                    for a in _assigned_attributes(node)
+                    if isinstance(a.value, ast.Name) and a.value.id == "self"
+                }
+            for name in fields:
+                owners.setdefault(name, set()).add(path)
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            for attribute in _assigned_attributes(node):
+                value = attribute.value
+                if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                    continue
+                owned = owners.get(attribute.attr, set())
+                if owned and path not in owned:
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno}: "
+                                 f"{ast.unparse(attribute)}")  # fmt: skip
+    return found
+
+
+def test_no_object_is_finished_from_outside_its_own_module(tmp_path: Path) -> None:
+    """Results, feeds, models and dumps are built whole by the module that owns them; the
+    check itself catches a planted `feed.first = ...` in another module."""
+    assert _foreign_assignments(ROOT / "hookdump") == []
+    planted = tmp_path / "pkg"
+    planted.mkdir()
+    (planted / "spec.py").write_text("class Feed:\n    first: int = 0\n")
+    (planted / "text.py").write_text("def make(feed):\n    feed.first = 3\n")
+    assert _foreign_assignments(planted) == ["pkg/text.py:2: feed.first"]

@@ -126,14 +126,16 @@ class BatchSink:
         *,
         expected: Callable[[], int | None] | None = None,
         copies: int = 1,
+        summaries: dict[str, KeySummary] | None = None,
     ) -> None:
         """`total`: the rows expected (None: not known; shards are then sized by what
         arrives); `expected`: the samples expected, asked after the first batch for the
         disk-space estimate (default: `total`); `copies`: processes writing as much as this
-        one (torchrun ranks), whose room is needed too."""
+        one (torchrun ranks), whose room is needed too; `summaries`: statistics to go on
+        from (resuming)."""
         self.writer = writer
         self.save_dtype = save_dtype
-        self.summaries: dict[str, KeySummary] = {}
+        self.summaries: dict[str, KeySummary] = dict(summaries or {})
         self.unbatched: dict[str, dict[str, str]] = {}
         self.bytes_done = 0  # captured bytes handled so far, for the progress bar
         self.estimated_bytes: int | None = None  # what the rest of the dump will take
@@ -337,9 +339,7 @@ class BatchSink:
         if summary is None:
             summary = KeySummary(info, tuple(tensor.shape[1:]), dtype_name(tensor.dtype))
             self.summaries[key] = summary
-        nbytes = tensor.numel() * tensor.element_size()
-        summary.nbytes += nbytes
-        summary.stats.update(tensor)
+        nbytes = summary.add(tensor)
         self._keys.append(key)
         self._batch_bytes += nbytes
         self.bytes_done += nbytes

@@ -148,6 +148,18 @@ class KeySummary:
     nbytes: int = 0
     stats: TensorStats = field(default_factory=TensorStats)
 
+    def merge(self, other: KeySummary) -> None:
+        """Fold in the same key's summary from elsewhere (another rank's)."""
+        self.nbytes += other.nbytes
+        self.stats.merge(other.stats)
+
+    def add(self, tensor: torch.Tensor) -> int:
+        """Count a batch of this key's rows in; its bytes."""
+        nbytes = tensor.numel() * tensor.element_size()
+        self.nbytes += nbytes
+        self.stats.update(tensor)
+        return nbytes
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "key": self.info.key,
@@ -162,16 +174,16 @@ class KeySummary:
         }
 
 
-def summarize(dump: Dump) -> dict[str, KeySummary]:
-    """Every key's size and statistics, read shard by shard, a slice of rows at a time (a
-    row larger than a slice is read a part of its first dimension at a time): memory stays
-    bounded whatever the shards' headers claim."""
+def summarize(dump: Dump, shards: list[dict[str, Any]] | None = None) -> dict[str, KeySummary]:
+    """Every key's size and statistics, read from `shards` (default: all) shard by shard, a
+    slice of rows at a time (a row larger than a slice is read a part of its first
+    dimension at a time): memory stays bounded whatever the shards' headers claim."""
     summaries = {
         key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
         for key, meta in dump.tensors.items()
     }
     keys = [key for key in dump if dump.row_bytes([key])]  # zero-width: nothing to read
-    for shard in dump.shards:
+    for shard in dump.shards if shards is None else shards:
         with dump.open_shard(shard, keys) as opened:
             for key in dump:
                 rows = min(shard["stop"], dump.rows_of(key)) - shard["start"]  # a ragged file

@@ -105,6 +105,10 @@ class DumpWriter:
         self._named = max(self._named, len(self.shards)) + 1
         return f"{self.shard_prefix}{self._named - 1:05d}.safetensors"
 
+    def share_run_id(self, run_id: str | None) -> None:
+        """Take the run id every torchrun rank agreed on: one dump, one id in its shards."""
+        self.run_id = run_id
+
     def fix_keys(self) -> None:
         """The first shard is complete (if not yet committed): later batches must bring
         the same keys (see `describe`)."""

@@ -208,6 +208,11 @@ class Capture:
                 for module, training in self._modes:
                     module.training = training
 
+    def next_batch(self, token_mask: torch.Tensor | None) -> None:
+        """The next batch's attention mask ([B, T], 1 for real tokens), when reductions are
+        to take its real tokens only (None: every position counts)."""
+        self.token_mask = token_mask
+
     def clear(self) -> None:
         """Forget what was captured and start counting calls afresh."""
         self._own.tensors = {}

@@ -39,6 +39,10 @@ class Progress:
     read: int = 0
     made: int = 0
 
+    def count(self, samples: int) -> None:
+        """`samples` more were made (or passed over) from what was read."""
+        self.made += samples
+
     def estimate(self) -> int | None:
         """Samples in the whole corpus, extrapolated from those made so far."""
         if self.corpus_bytes is None or not self.read or not self.made:

@@ -170,8 +170,8 @@ def image_input(
                 f"make the dump again without {opt('resume', True)}"
             )
         paths = paths[names.index(done[-1]) + 1 :]
-    source = Feed("images", len(done) + len(paths), list(done), lambda _: iter(()))
-    source.files = list(files)
+    ids: list[Any] = list(done)
+    skipped: list[dict[str, str]] = []
 
     def batches(batch_size: int) -> Iterator[Batch]:
         loader = torch.utils.data.DataLoader(
@@ -187,7 +187,7 @@ def image_input(
                 if error is None:
                     good.append((index, tensor))
                 elif skip_bad:
-                    source.skipped.append({"path": str(paths[index]), "error": error})
+                    skipped.append({"path": str(paths[index]), "error": error})
                 else:
                     raise HookdumpError(
                         f"{opt('input')}: cannot decode {paths[index]} ({error}); remove it or "
@@ -196,14 +196,13 @@ def image_input(
                     )
             if not good:
                 continue
-            source.ids.extend(str(paths[i]) for i, _ in good)
+            ids.extend(str(paths[i]) for i, _ in good)
             tensors = [t for _, t in good]
             args = (tensors,) if spec.layout == "detection" else (torch.stack(tensors),)
             yield Batch(args, {}, row, row + len(good))
             row += len(good)
 
-    source.batches = batches
-    return source
+    return Feed("images", len(done) + len(paths), ids, batches, skipped=skipped, files=list(files))
 
 
 def tensor_input(

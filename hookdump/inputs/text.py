@@ -132,7 +132,7 @@ def _packed(
             while len(stream) - start >= take:
                 ids = ([bos] if options.bos else []) + stream[start : start + take]
                 start += take
-                progress.made += 1
+                progress.count(1)
                 yield window, ids, size
                 window += 1
             del stream[:start]
@@ -152,11 +152,11 @@ def _per_document(
             f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
             f"with; pack them with {opt('context_size')}"
         )
-    progress.made += first  # passed over, but read: the estimate counts them
+    progress.count(first)  # passed over, but read: the estimate counts them
     docs = documents(options.source, options.text_field, progress)
     for document in itertools.islice(docs, first, None):
         ids = _head(tokenizer, document.pieces, length)
-        progress.made += 1
+        progress.count(1)
         yield document.id, ids + [pad] * (length - len(ids)), len(ids)
 
 
@@ -212,15 +212,10 @@ def text_feed(
             total = count_samples(options, tokenizer, model_positions)
         first, stop = part_of(total, part)
         total = stop - first
-    feed = Feed("text", total, ids, lambda _: iter(()))
-    feed.first = first
     corpus = text_files(options.source)
-    feed.files = corpus + list(tokenizer_files or [])
-    feed.special_ids = list(getattr(tokenizer, "all_special_ids", []))
     progress = None
     if total is None and corpus:  # estimated from the corpus's size (none for stdin)
         progress = Progress(sum(path.stat().st_size for path in corpus))
-        feed.estimate = progress.estimate
     packed = options.context_size is not None
 
     def batches(batch_size: int) -> Iterator[Batch]:
@@ -233,8 +228,12 @@ def text_feed(
             yield _batch(torch.tensor(tokens), list(real), rows, packed)
             rows += len(chunk)
 
-    feed.batches = batches
-    return feed
+    return Feed(
+        "text", total, ids, batches, first=first,
+        files=corpus + list(tokenizer_files or []),
+        special_ids=list(getattr(tokenizer, "all_special_ids", [])),
+        estimate=progress.estimate if progress is not None else lambda: None,
+    )  # fmt: skip
 
 
 def _batch(tokens: torch.Tensor, real: list[int], start: int, packed: bool) -> Batch:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -40,9 +41,10 @@ from hookdump.model.zoo import (
 _FAMILY_MODULES = ("detection", "segmentation", "video", "optical_flow", "quantization")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to hook, with what the rest of hookdump needs to know about it."""
+    """A model ready to hook, with what the rest of hookdump needs to know about it; a new
+    one (`dataclasses.replace`) for each step that adds to it, never changed once made."""
 
     module: nn.Module
     spec: str
@@ -228,17 +230,17 @@ def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> Loaded
         # detection and segmentation builders download an ImageNet backbone by default
         kwargs = {"weights_backbone": None, **kwargs}
     module = _build(lambda **kw: tvm.get_model(spec, weights=enum, **kw), spec, kwargs)
-    loaded = LoadedModel(module, spec, weights, models[spec], torchvision_name=spec)
-    if enum is not None:
-        loaded.transforms, loaded.weights_file = enum.transforms(), cached
-    return loaded
+    return LoadedModel(
+        module, spec, weights, models[spec], torchvision_name=spec,
+        transforms=enum.transforms() if enum is not None else None,
+        weights_file=cached if enum is not None else None,
+    )  # fmt: skip
 
 
 def _with_checkpoint(loaded: LoadedModel, path: Path, strict: bool) -> LoadedModel:
     state = load_checkpoint(path)
-    loaded.warnings += apply_state_dict(loaded.module, state, str(path), strict)
-    loaded.weights_file = path
-    return loaded
+    warnings = apply_state_dict(loaded.module, state, str(path), strict)
+    return dataclasses.replace(loaded, warnings=[*loaded.warnings, *warnings], weights_file=path)
 
 
 def is_model_file(spec: str) -> bool:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -54,8 +55,7 @@ def prepare(options: ModelOptions) -> LoadedModel:
     )
     loaded.module.train(options.train)
     loaded.module.to(target)
-    loaded.device = target
-    return loaded
+    return dataclasses.replace(loaded, device=target)
 
 
 def resolve_device(name: str) -> torch.device:

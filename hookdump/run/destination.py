@@ -83,7 +83,7 @@ class Destination:
             )  # fmt: skip
         if self.ranks is not None:  # one dump, one run id: the resumed dump's, or rank 0's
             ids = self.ranks.gather(self.writer.run_id)
-            self.writer.run_id = next((i for i in ids if i is not None), None)
+            self.writer.share_run_id(next((i for i in ids if i is not None), None))
         if self.ranks is not None and self.previous is None:
             self.ranks.barrier()  # every rank has checked --out before rank 0 touches it
             if self.ranks.main:

@@ -123,8 +123,7 @@ def merge_ranks(ranks: Ranks, mine: RankPart) -> RankPart | None:
         samples += len(part.ids)
         for key, summary in part.summaries.items():
             if key in summaries:
-                summaries[key].nbytes += summary.nbytes
-                summaries[key].stats.merge(summary.stats)
+                summaries[key].merge(summary)
             else:
                 summaries[key] = summary
     seen = {s["key"] for s in mine.skipped}

@@ -87,7 +87,7 @@ class BatchLoop:
         cap = self.cap
         if self.early and cap.stop_after is None and not self.count_in_first:
             self.early = calibrate(cap, self.model, batch, self.label)
-        cap.token_mask = batch.kwargs.get("attention_mask") if batch.stored else None
+        cap.next_batch(batch.kwargs.get("attention_mask") if batch.stored else None)
         stop, stored, samples = batch.stop, batch.stored, None
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)

@@ -222,8 +222,8 @@ def _run(
         None if options.per_token else feed.total,  # token rows: not known ahead
         expected=lambda: feed.total if feed.total is not None else feed.estimate(),
         copies=ranks.world if ranks else 1,
+        summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
     )  # fmt: skip
-    sink.summaries = destination.summaries_before()  # resuming: the whole dump's statistics
     tokens = _token_rows(options, sink, feed) if options.per_token else None
     cap = Capture(
         loaded.module, options.layers, options.exclude, options.types, options.capture,
@@ -253,9 +253,7 @@ def _run(
         "loop": looped_at - loaded_at,
         "finish": time.perf_counter() - looped_at,
     }
-    result = _result(options, loaded, whole, manifest, timings, destination, loop)
-    result.estimated_bytes = sink.estimated_bytes
-    return result
+    return _result(options, loaded, whole, manifest, timings, destination, loop, sink)
 
 
 def _result(
@@ -266,6 +264,7 @@ def _result(
     timings: dict[str, float],
     destination: Destination,
     loop: BatchLoop,
+    sink: BatchSink,
 ) -> RunResult:
     skips = whole.skipped_inputs[len(destination.skipped_inputs_before) :]
     return RunResult(
@@ -280,6 +279,7 @@ def _result(
         warnings=[*loaded.warnings, *(f"skipped {s['path']}: {s['error']}" for s in skips)],
         timings=timings,
         num_sequences=len(whole.ids) if loop.tokens is not None else None,
+        estimated_bytes=sink.estimated_bytes,
     )
 
 

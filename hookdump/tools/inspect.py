@@ -76,8 +76,7 @@ def inspect_dump(path: str | Path) -> Inspection:
             if len(missing) == 1
             else f"{len(missing):,} of {len(dump.shards):,} shards are missing, the first {where}"
         )
-    dump.manifest = {**dump.manifest, "shards": readable}
-    summaries = summarize(dump)
+    summaries = summarize(dump, readable)
     return Inspection(
         dump.path if Path(path).is_dir() else Path(path),
         dump.complete and not problems,
