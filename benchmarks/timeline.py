@@ -39,23 +39,24 @@ def timed(owner: Any, name: str, label: str) -> None:
 def instrument() -> None:
     import torch
 
-    from hookdump.dump import direct_io, sink, stats, writer
+    from hookdump.dump import direct_io, memory, shards, sink, stats, writer
     from hookdump.hooks import forward
     from hookdump.model import prepare
-    from hookdump.run import runner
+    from hookdump.run import loop, runner
 
     EVENTS.append(("MainThread", "import torch + hookdump", STARTED, time.perf_counter()))
     timed(runner, "prepare", "model: import + build")
-    timed(runner, "forward", "forward")
+    timed(loop, "forward", "forward")
     timed(sink.BatchSink, "begin", "wait for a slot")
-    timed(sink.BufferPool, "copy", "copy in hook")
+    timed(memory.BufferPool, "copy", "copy in hook")
     timed(sink.BatchSink, "close", "wait for the writer")
     timed(stats.TensorStats, "update", "statistics")
-    timed(writer.ShardFile, "write", "stage (shard)")
-    timed(writer.PlannedShard, "write_rows", "stage (planned)")
+    timed(shards.ShardFile, "write", "stage (shard)")
+    timed(shards.PlannedShard, "write_rows", "stage (planned)")
     timed(direct_io._DiskThread, "take", "wait for a staging buffer")
     timed(direct_io._DiskThread, "_write", "disk write")
-    timed(writer, "_seal", "header + fsync")
+    timed(shards, "_write_header", "header")
+    timed(writer, "fsync_file", "fsync")
     timed(writer.DumpWriter, "commit_shards", "commit")
     timed(writer.DumpWriter, "write_manifest", "manifest")
     timed(writer.DumpWriter, "finish", "finish")

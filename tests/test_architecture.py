@@ -158,3 +158,19 @@ def test_no_object_is_finished_from_outside_its_own_module(tmp_path: Path) -> No
     (planted / "spec.py").write_text("class Feed:\n    first: int = 0\n")
     (planted / "text.py").write_text("def make(feed):\n    feed.first = 3\n")
     assert _foreign_assignments(planted) == ["pkg/text.py:2: feed.first"]
+
+
+def test_no_behaviour_is_dispatched_by_a_built_name() -> None:
+    """No `getattr(obj, f"_on_{kind}")`: a handler has a call site anyone can find."""
+    built = []
+    for path in sorted((ROOT / "hookdump").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.JoinedStr | ast.BinOp)
+            ):
+                built.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert built == []

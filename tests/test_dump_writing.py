@@ -111,7 +111,7 @@ def test_a_planned_shard_that_ends_short_is_compacted(tmp_path: Path) -> None:
 
 
 def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
-    from hookdump.dump.sink import BufferPool
+    from hookdump.dump.memory import BufferPool
 
     pool = BufferPool(min_bytes=0)
     lent = pool.copy(torch.ones(2, 3))
@@ -125,7 +125,7 @@ def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
 
 
 def test_the_buffer_pool_leaves_small_copies_to_malloc() -> None:
-    from hookdump.dump.sink import BufferPool
+    from hookdump.dump.memory import BufferPool
 
     pool = BufferPool(min_bytes=4 * 6)
     small, large = torch.ones(5), torch.ones(6)
@@ -304,7 +304,7 @@ def test_a_file_system_that_refuses_o_direct_at_open_gets_the_page_cache(
 
 def _aligned_bytes(pattern: list[tuple[int, int]]) -> list[torch.Tensor]:
     """Block-aligned byte tensors of the given (value, length) pairs."""
-    from hookdump.dump.sink import aligned_empty
+    from hookdump.dump.memory import aligned_empty
 
     out = []
     for value, length in pattern:
@@ -421,7 +421,7 @@ def test_the_hooks_wait_for_the_disk_past_a_budget_of_bytes_in_flight(
     On a GPU the pinned host copies count too."""
     import time
 
-    from hookdump.dump import direct_io, sink
+    from hookdump.dump import direct_io, memory, sink
 
     real_write = direct_io._DiskThread._write
 
@@ -430,15 +430,15 @@ def test_the_hooks_wait_for_the_disk_past_a_budget_of_bytes_in_flight(
         real_write(self, data, offset)
 
     peaks: list[int] = []
-    real_take = sink._Budget.take
+    real_take = memory.Budget.take
 
-    def noting(self: sink._Budget, n: int, failed: object) -> None:
-        real_take(self, n, failed)  # type: ignore[arg-type]
+    def noting(self: memory.Budget, n: int) -> None:
+        real_take(self, n)
         peaks.append(self.used)
 
     monkeypatch.setattr(direct_io._DiskThread, "_write", slow)
     monkeypatch.setattr(sink, "IN_FLIGHT_BYTES", 300_000)
-    monkeypatch.setattr(sink._Budget, "take", noting)
+    monkeypatch.setattr(memory.Budget, "take", noting)
     args = ["run", "resnet18", "--input-shape", "3,32,32", "-n", "4", "-b", "2", "-q"]
     result = invoke(*args, "--device", device, "-o", str(tmp_path / "d"))
     assert result.exit_code == 0, result.stderr

@@ -41,7 +41,7 @@ def main() -> None:
     """Console-script entry point: the first Ctrl-C or SIGTERM stops the command, and any
     later one is ignored (see `run.signals`) until the process is gone."""
     try:
-        with interrupts_once():
+        with interrupts_once(process_ends=True):
             app(prog_name="hookdump")
     except SystemExit as exc:
         if exc.code in EXIT_INTERRUPTED:

@@ -17,15 +17,15 @@ import functools
 import os
 import queue
 import threading
-from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hookdump.dump.commit import Committer
-from hookdump.dump.direct_io import BLOCK
 from hookdump.dump.folder import describe_os_error
+from hookdump.dump.memory import IN_FLIGHT_BYTES, POOL_MIN_BYTES, Budget, BufferPool, Slots
 from hookdump.dump.plan import ShardPlan
 from hookdump.dump.shards import PlannedShard, ShardFile
 from hookdump.dump.stats import KeySummary
@@ -33,85 +33,37 @@ from hookdump.dump.writer import DumpWriter
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, dtype_name
 
-# glibc's largest dynamic mmap threshold: a freed block above it always goes back to the OS
-# and is faulted in again when allocated, while smaller ones are recycled by malloc itself
-POOL_MIN_BYTES = 32 << 20
-# captured bytes not yet written that the forward may run ahead by: past this the hooks wait
-# for the disk (a batch bigger than the disk can take while its forward runs would otherwise
-# sit in memory whole; the wait costs no time, the disk being the slower of the two)
-IN_FLIGHT_BYTES = 512 << 20
+
+# what the main thread hands the worker, in order
+@dataclass(frozen=True)
+class _Begin:
+    start: int
+    stop: int
+    keys_expected: int
+    samples: tuple[int, int] | None
 
 
-class _Budget:
-    """Bytes in flight, taken by the hooks and given back once written or dropped."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._changed = threading.Condition()
-
-    def take(self, n: int, failed: Callable[[], bool]) -> None:
-        """Wait until `n` more bytes fit (one tensor always does), or the worker failed."""
-        with self._changed:
-            while self.used and self.used + n > self.limit and not failed():
-                self._changed.wait(0.05)
-            self.used += n
-
-    def give(self, n: int) -> None:
-        with self._changed:
-            self.used -= n
-            self._changed.notify_all()
+@dataclass(frozen=True)
+class _Tensor:
+    key: str
+    tensor: torch.Tensor
+    info: KeyInfo
+    nbytes: int  # taken from the budget, given back once written
+    ready: Any  # a CUDA event to wait on before reading `tensor`, or None
 
 
-def aligned_empty(like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised contiguous CPU tensor of `like`'s shape and dtype whose data starts
-    at a BLOCK boundary (a slice of a slightly larger allocation); where that cannot be
-    viewed (quantized, sparse or sub-byte tensors), a plain one."""
-    if like.layout != torch.strided or like.is_quantized or like.element_size() < 1:
-        return torch.empty(like.shape, dtype=like.dtype)
-    nbytes = like.numel() * like.element_size()
-    raw = torch.empty(nbytes + BLOCK, dtype=torch.uint8)
-    skip = -raw.data_ptr() % BLOCK
-    return raw[skip : skip + nbytes].view(like.dtype).view(like.shape)
+@dataclass(frozen=True)
+class _End:
+    pass
 
 
-class BufferPool:
-    """CPU buffers for captured copies, handed back once written and reused by the next
-    batch: a copy into memory already touched skips the page faults of a fresh one, and is
-    many times faster. Only copies of at least `min_bytes` are pooled: smaller
-    ones gained no speed (`layer4.*` at batch 32) and a pool holds them idle through the next
-    forward, up to a batch of memory."""
+@dataclass(frozen=True)
+class _Stop:
+    close: bool  # write what is gathered (else drop it: an abort)
 
-    def __init__(self, min_bytes: int = POOL_MIN_BYTES) -> None:
-        self.min_bytes = min_bytes
-        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
-        self._lent: Counter[tuple[tuple[int, ...], torch.dtype]] = Counter()
-        self._lock = threading.Lock()
 
-    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy of `tensor` in a reused buffer of its shape and dtype (or a new one),
-        block-aligned so that the disk can read it where it lies (see `direct_io`)."""
-        if tensor.numel() * tensor.element_size() < self.min_bytes:
-            return aligned_empty(tensor).copy_(tensor)
-        key = (tuple(tensor.shape), tensor.dtype)
-        with self._lock:
-            free = self._free.get(key)
-            buffer = free.pop() if free else None
-            self._lent[key] += 1
-        return (aligned_empty(tensor) if buffer is None else buffer).copy_(tensor)
-
-    def give_back(self, tensor: torch.Tensor) -> None:
-        """Keep `tensor` for reuse, if a buffer of its kind is out on loan (a reduction's own
-        result is not, and would only pile up)."""
-        key = (tuple(tensor.shape), tensor.dtype)
-        with self._lock:
-            if self._lent[key]:
-                self._lent[key] -= 1
-                self._free.setdefault(key, []).append(tensor)
-
-    def __len__(self) -> int:
-        """Buffers waiting to be reused."""
-        return sum(len(free) for free in self._free.values())
+_END, _CLOSE, _ABORT = _End(), _Stop(close=True), _Stop(close=False)
+_Message = _Begin | _Tensor | _End | _Stop
 
 
 class BatchSink:
@@ -140,8 +92,8 @@ class BatchSink:
         self.bytes_done = 0  # captured bytes handled so far, for the progress bar
         self.estimated_bytes: int | None = None  # what the rest of the dump will take
         self.pool = BufferPool(int(os.environ.get("HOOKDUMP_POOL_MIN_BYTES", POOL_MIN_BYTES)))
-        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._slots = threading.Semaphore(pending)
+        self._queue: queue.SimpleQueue[_Message] = queue.SimpleQueue()
+        self._slots = Slots(pending)
         self._error: BaseException | None = None
         # the worker's own state
         self._batch = (0, 0)
@@ -160,7 +112,7 @@ class BatchSink:
         self._batch_bytes = 0
         self._room_checked = False
         self._committer = Committer(writer) if writer is not None else None
-        self._budget = _Budget(IN_FLIGHT_BYTES)
+        self._budget = Budget(IN_FLIGHT_BYTES)
         self._thread = threading.Thread(target=self._work, name="hookdump-sink", daemon=True)
         self._thread.start()
 
@@ -175,16 +127,15 @@ class BatchSink:
     ) -> None:
         """Rows `start:stop` come next (`samples`: the samples they come from, when rows are
         tokens); waits while `pending` batches are still in flight."""
-        while not self._slots.acquire(timeout=0.05):
-            self._raise_if_failed()
+        self._slots.acquire()
         self._raise_if_failed()
-        self._queue.put(("begin", start, stop, keys_expected, samples))
+        self._queue.put(_Begin(start, stop, keys_expected, samples))
 
     def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
         """One captured tensor of the current batch, as a hook hands it over (a `Receiver`):
         copied now unless `fresh`, so no later in-place op can change it."""
         nbytes = tensor.numel() * tensor.element_size()  # given back once written
-        self._budget.take(nbytes, lambda: self._error is not None)
+        self._budget.take(nbytes)
         if tensor.is_cuda:
             # straight to pinned host memory, queued on the stream before any later in-place
             # op; the worker waits on the event, never a synchronize() per module. Freed
@@ -193,24 +144,24 @@ class BatchSink:
             host.copy_(tensor, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
-            self._queue.put(("tensor", key, host, info, nbytes, ready))
+            self._queue.put(_Tensor(key, host, info, nbytes, ready))
             return
         copy = tensor if fresh else self.pool.copy(tensor)
-        self._queue.put(("tensor", key, copy, info, nbytes, None))
+        self._queue.put(_Tensor(key, copy, info, nbytes, None))
 
     def end(self) -> None:
         """The current batch is complete."""
-        self._queue.put(("end",))
+        self._queue.put(_END)
 
     def close(self) -> None:
         """Write what is gathered and wait for the worker; re-raise its error, if any."""
-        self._queue.put(("close",))
+        self._queue.put(_CLOSE)
         self._thread.join()
         self._raise_if_failed()
 
     def abort(self) -> None:
         """Stop after an error or Ctrl-C in the main thread: drop the unfinished shard."""
-        self._queue.put(("abort",))
+        self._queue.put(_ABORT)
         self._thread.join()
 
     def _raise_if_failed(self) -> None:
@@ -221,19 +172,22 @@ class BatchSink:
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item[0] in ("close", "abort"):
-                if self._error is None and item[0] == "close":
-                    self._guard(self._commit_planned)
-                    self._guard(self._wait_for_commits)
-                self._drop_open_shards()
-                if self._committer is not None:
-                    self._committer.close()
-                return
-            if self._error is None:
-                self._guard(getattr(self, f"_on_{item[0]}"), *item[1:])
-            if item[0] == "end":
-                self._release()
+            match self._queue.get():
+                case _Begin(start, stop, keys_expected, samples):
+                    self._guard(self._on_begin, start, stop, keys_expected, samples)
+                case _Tensor(key, tensor, info, nbytes, ready):
+                    self._guard(self._on_tensor, key, tensor, info, nbytes, ready)
+                case _End():
+                    self._guard(self._on_end)
+                    self._release()
+                case _Stop(close):
+                    if close:
+                        self._guard(self._commit_planned)
+                        self._guard(self._wait_for_commits)
+                    self._drop_open_shards()
+                    if self._committer is not None:
+                        self._committer.close()
+                    return
 
     def _release(self) -> None:
         """The current batch's values are written: the next batch may come (once)."""
@@ -246,6 +200,10 @@ class BatchSink:
             self._committer.wait()
 
     def _guard(self, step: Any, *args: Any) -> None:
+        """Run a step of the worker, unless an earlier one failed; its error is kept for
+        the main thread."""
+        if self._error is not None:
+            return
         try:
             step(*args)
         except OSError as exc:  # a full disk, say: the shards written so far stay usable
@@ -260,9 +218,16 @@ class BatchSink:
             self._error = HookdumpError(
                 f"writing to {where} failed: {describe_os_error(exc)}; {then}"
             )
+            self._wake_main()
         except BaseException as exc:  # handed to the main thread, which raises it
             self._error = exc
+            self._wake_main()
             self._drop_open_shards()
+
+    def _wake_main(self) -> None:
+        """The main thread stops waiting for room and raises the error."""
+        self._budget.cancel()
+        self._slots.cancel()
 
     def _drop_open_shards(self) -> None:
         """Drop the shards being written; those complete are committed (or fail) first."""

@@ -43,11 +43,13 @@ _active: _Handler | None = None
 
 
 @contextlib.contextmanager
-def interrupts_once() -> Iterator[None]:
+def interrupts_once(process_ends: bool = False) -> Iterator[None]:
     """Inside, SIGINT and SIGTERM act as the module says; the handlers before are put back
-    after. Each signal is taken over only from Python's default: one the caller handles or
-    ignores (SIGINT in a background job of a script, under nohup) is left as it is. A no-op
-    outside the main thread and inside another such block."""
+    after (`process_ends`, once a signal came: both stay ignored instead, as the process is
+    ending, so that none lands between this block and the exit). Each signal is taken over
+    only from Python's default: one the caller handles or ignores (SIGINT in a background
+    job of a script, under nohup) is left as it is. A no-op outside the main thread and
+    inside another such block."""
     global _active
     if _active is not None or threading.current_thread() is not threading.main_thread():
         yield
@@ -64,7 +66,7 @@ def interrupts_once() -> Iterator[None]:
     finally:
         _active = None
         for sig in taken:
-            signal.signal(sig, before[sig])
+            signal.signal(sig, signal.SIG_IGN if process_ends and handler.received else before[sig])
 
 
 def ignore_from_now() -> None:
