@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 
@@ -85,6 +86,33 @@ def aligned_empty(like: torch.Tensor) -> torch.Tensor:
     raw = torch.empty(nbytes + BLOCK, dtype=torch.uint8)
     skip = -raw.data_ptr() % BLOCK
     return raw[skip : skip + nbytes].view(like.dtype).view(like.shape)
+
+
+class Release:
+    """Gives a captured copy's buffer and budget back, once, however often it is called.
+    Handed to a shard (`lend`), it is the shard's to call once the disk has read the bytes;
+    otherwise its owner calls it when done (`unless_lent`)."""
+
+    def __init__(self, give_back: Callable[[], None]) -> None:
+        self._give_back: Callable[[], None] | None = give_back
+        self._lock = threading.Lock()
+        self.lent = False
+
+    def lend(self) -> Release:
+        """This release goes with the bytes: whoever takes them calls it."""
+        self.lent = True
+        return self
+
+    def __call__(self) -> None:
+        with self._lock:
+            give_back, self._give_back = self._give_back, None
+        if give_back is not None:
+            give_back()
+
+    def unless_lent(self) -> None:
+        """Call it now, unless it went with the bytes."""
+        if not self.lent:
+            self()
 
 
 class BufferPool:

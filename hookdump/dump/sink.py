@@ -25,7 +25,14 @@ import torch
 
 from hookdump.dump.commit import Committer
 from hookdump.dump.folder import describe_os_error
-from hookdump.dump.memory import IN_FLIGHT_BYTES, POOL_MIN_BYTES, Budget, BufferPool, Slots
+from hookdump.dump.memory import (
+    IN_FLIGHT_BYTES,
+    POOL_MIN_BYTES,
+    Budget,
+    BufferPool,
+    Release,
+    Slots,
+)
 from hookdump.dump.plan import ShardPlan
 from hookdump.dump.shards import PlannedShard, ShardFile
 from hookdump.dump.stats import KeySummary
@@ -108,7 +115,6 @@ class BatchSink:
         self._planned: PlannedShard | None = None
         self._planned_start = 0
         self._released = False  # the current batch's slot was given back
-        self._lent = False  # the tensor in hand went to the shard with its release
         self._batch_bytes = 0
         self._room_checked = False
         self._committer = Committer(writer) if writer is not None else None
@@ -268,12 +274,11 @@ class BatchSink:
             ready.synchronize()
         # once written (or dropped) the buffer goes back to the pool and the next batch
         # reuses it: the shard may hand it back later, after the disk has read it
-        self._lent = False
+        release = Release(functools.partial(self._written, tensor, nbytes))
         try:
-            self._take(key, tensor, info, functools.partial(self._written, tensor, nbytes))
+            self._take(key, tensor, info, release)
         finally:
-            if not self._lent:
-                self._written(tensor, nbytes)
+            release.unless_lent()
 
     def _written(self, tensor: torch.Tensor, nbytes: int) -> None:
         """`tensor`'s bytes are on their way to the file (or dropped): its buffer goes back
@@ -281,11 +286,9 @@ class BatchSink:
         self.pool.give_back(tensor)
         self._budget.give(nbytes)
 
-    def _take(
-        self, key: str, tensor: torch.Tensor, info: KeyInfo, release: Callable[[], None] | None
-    ) -> None:
-        """Summarise and write one tensor; `release` (giving its buffer back) is either
-        handed to the shard, which calls it once the data is written (`_lent`), or left."""
+    def _take(self, key: str, tensor: torch.Tensor, info: KeyInfo, release: Release) -> None:
+        """Summarise and write one tensor; `release` (giving its buffer back) is either lent
+        to the shard, which calls it once the data is written, or left to the caller."""
         start, stop = self._batch
         if tensor.dim() < 1 or tensor.shape[0] != stop - start:
             self.unbatched.setdefault(
@@ -312,9 +315,9 @@ class BatchSink:
             return
         self.writer.describe(key, info, tensor, start)
         if self._shard is not None:
-            lent = release if tensor is given else None  # a cast copy is the shard's alone
-            self._lent = lent is not None
-            self._shard.write(key, tensor, lent)
+            # the shard writes the copy in hand where it lies, and gives it back when the
+            # disk has read it; a cast copy is the shard's alone
+            self._shard.write(key, tensor, release.lend() if tensor is given else None)
         elif self._planned is not None:
             self._planned.write_rows(key, start - self._planned_start, tensor)
 
