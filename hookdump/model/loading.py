@@ -193,23 +193,22 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
     if spec.startswith(TIMM_PREFIX):
         built = load_timm(spec, kwargs, pretrained=weights == "pretrained")
         return LoadedModel(
-            built["module"], spec, weights, "image", transforms=built["transforms"],
-            input_shape=built["input_shape"],
+            built.module, spec, weights, "image", transforms=built.transforms,
+            input_shape=built.input_shape,
         )  # fmt: skip
     if weights == "pretrained":
         raise HookdumpError(
             f"{opt('weights')} pretrained is for timm models; a Hugging Face folder loads its "
             "own weights"
         )
-    built = load_hf(spec, kwargs, strict)
-    layout, shape, vocab = hf_input(built["config"])
+    hf = load_hf(spec, kwargs, strict)
+    layout, shape, vocab = hf_input(hf.config)
     return LoadedModel(
-        built["module"], spec, weights, layout, transforms=built["transforms"],
-        input_shape=shape, vocab=vocab, positions=hf_positions(built["config"]),
-        files=built["files"], warnings=built["warnings"],
-        definition=built["definition"],
-        about={"folder": str(built["folder"]), "config_class": built["config_class"],
-               "architecture": built["class_name"]},
+        hf.module, spec, weights, layout, transforms=hf.transforms,
+        input_shape=shape, vocab=vocab, positions=hf_positions(hf.config),
+        files=hf.files, warnings=hf.warnings, definition=hf.definition,
+        about={"folder": str(hf.folder), "config_class": type(hf.config).__name__,
+               "architecture": hf.class_name},
     )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,30 @@ def hf_folder(spec: str) -> Path:
         ) from exc
 
 
-def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HFModel:
+    """A transformers model built from a folder, with what the rest of hookdump needs."""
+
+    module: Any
+    folder: Path
+    config: Any
+    class_name: str
+    files: list[Path]  # its weights files
+    definition: list[Path]  # config, preprocessor and tokenizer files (--resume hashes them)
+    transforms: Any  # the folder's image processor, if any
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class TimmModel:
+    """A timm model with timm's own preprocessing for it and its input size."""
+
+    module: Any
+    transforms: Any
+    input_shape: tuple[int, ...]
+
+
+def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> HFModel:
     """Build a transformers model through `from_pretrained` with the class its config names
     first in `architectures` (AutoModel when it names none), so a checkpoint loads as it was
     saved. Returns the module and what the rest of hookdump needs to know about it."""
@@ -124,18 +148,17 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> dict[str, An
             f"{opt('model')} {spec} does not load as saved: {'; '.join(problems)}; fix the "
             f"checkpoint or pass {opt('strict', False)}"
         )
-    return {
-        "module": module,
-        "folder": folder,
-        "config_class": type(config).__name__,
-        "class_name": cls.__name__,
-        "files": sorted(p for pattern in _HF_WEIGHTS for p in folder.glob(pattern)),
-        "definition": [folder / n for n in _HF_CONFIGS if (folder / n).is_file()]
+    return HFModel(
+        module=module,
+        folder=folder,
+        config=config,
+        class_name=cls.__name__,
+        files=sorted(p for pattern in _HF_WEIGHTS for p in folder.glob(pattern)),
+        definition=[folder / n for n in _HF_CONFIGS if (folder / n).is_file()]
         + [p for p in _tokenizer_files(folder) if p.name not in _HF_CONFIGS],
-        "transforms": _hf_image_processor(transformers, folder),
-        "config": config,
-        "warnings": [f"{opt('model')} {spec}: {p}" for p in problems],
-    }
+        transforms=_hf_image_processor(transformers, folder),
+        warnings=[f"{opt('model')} {spec}: {p}" for p in problems],
+    )
 
 
 def refuse_folder_code(folder: Path, label: str) -> None:
@@ -318,7 +341,7 @@ def load_tokenizer(folder: str | Path, spec: str, given: bool = True) -> tuple[A
 # --- timm ---------------------------------------------------------------------------------
 
 
-def load_timm(spec: str, model_args: dict[str, Any], pretrained: bool) -> dict[str, Any]:
+def load_timm(spec: str, model_args: dict[str, Any], pretrained: bool) -> TimmModel:
     """`timm.create_model(NAME, pretrained=..., **model_args)`, with timm's own preprocessing
     for it (`resolve_model_data_config`, which takes the model's input size into account)."""
     timm = require("timm", "timm", spec)
@@ -342,11 +365,11 @@ def load_timm(spec: str, model_args: dict[str, Any], pretrained: bool) -> dict[s
             f"cache and cannot be downloaded here ({type(exc).__name__}); download them once"
         ) from exc
     config = timm.data.resolve_model_data_config(module)
-    return {
-        "module": module,
-        "transforms": timm.data.create_transform(**config, is_training=False),
-        "input_shape": tuple(int(d) for d in config["input_size"]),
-    }
+    return TimmModel(
+        module=module,
+        transforms=timm.data.create_transform(**config, is_training=False),
+        input_shape=tuple(int(d) for d in config["input_size"]),
+    )
 
 
 @contextlib.contextmanager
