@@ -13,6 +13,7 @@ lines). `--json` output is JSON, which holds no raw control characters.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -84,14 +85,21 @@ def _raw(stream: TextIO) -> TextIO:
     return stream.raw if isinstance(stream, _Printable) else stream
 
 
-def _console(file: TextIO, **options: Any) -> Console:
+@functools.cache
+def _console_class() -> type[Console]:
+    """rich's Console, making every string printable before layout (made once, on first
+    use: rich is imported only then)."""
     from rich.console import Console
 
     class PrintableConsole(Console):
         def render_str(self, text: str, **kwargs: Any) -> Any:
             return super().render_str(printable(text), **kwargs)
 
-    return PrintableConsole(file=_raw(file), highlight=False, markup=False, emoji=False,
+    return PrintableConsole
+
+
+def _console(file: TextIO, **options: Any) -> Console:
+    return _console_class()(file=_raw(file), highlight=False, markup=False, emoji=False,
                             **options)  # fmt: skip
 
 

@@ -76,6 +76,12 @@ def rows_per_slice(row_bytes: int, budget: int = SLICE_BYTES) -> int:
     return max(1, min(SLICE_ROWS, budget // row_bytes if row_bytes else SLICE_ROWS))
 
 
+def _allocation_failed(exc: BaseException) -> bool:
+    """Whether `exc` is memory that could not be had: Python's, or torch's allocator or
+    file mapping ("... can't allocate memory", "... Cannot allocate memory")."""
+    return isinstance(exc, MemoryError) or "allocate" in str(exc)
+
+
 def _inside(path: Path, folder: Path, what: str) -> str:
     """`path` resolved, if it stays inside `folder` (symlinks followed); else InvalidDump
     (naming only the entry, never where it points)."""
@@ -185,7 +191,16 @@ class Dump:
         parts = [shard[key] for shard in self.iter_shards(keys=[key])]
         if len(parts) == 1:
             return parts[0]
-        return self._read(self.shards[-1], lambda: torch.cat(parts))
+        try:
+            return torch.cat(parts)
+        except (MemoryError, RuntimeError) as exc:
+            if not _allocation_failed(exc):
+                raise
+            whole = self.row_bytes([key]) * self.rows_of(key)
+            raise InvalidDump(
+                f"{key!r} of {self.path} does not fit in memory whole ({whole:,} bytes); read "
+                "it in batches with Dump.batches or row by row with Dump.row"
+            ) from None
 
     def row(self, key: str, index: int) -> torch.Tensor:
         """Sample `index` of `key`, read from the one shard that holds it."""
@@ -276,15 +291,8 @@ class Dump:
         first: every key of the manifest is there, with the shard's rows and the manifest's
         per-sample shape and dtype."""
         path = self.shard_path(shard)
-        try:
-            handle = safe_open(path, framework="pt")
-            opened = handle.__enter__()
-        except (OSError, safetensors.SafetensorError, MemoryError) as exc:
-            raise self._unreadable(shard, exc) from None
-        except RuntimeError as exc:  # torch could not map it: "... Cannot allocate memory"
-            if "allocate" not in str(exc):
-                raise
-            raise self._unreadable(shard, MemoryError()) from None
+        handle = self._read(shard, lambda: safe_open(path, framework="pt"))
+        opened = self._read(shard, handle.__enter__)  # torch maps the file here
         try:
             self._check_run(opened, shard)
             if self._headers_checked:
@@ -345,10 +353,10 @@ class Dump:
     def _read(self, shard: dict[str, Any], read: Any) -> Any:
         try:
             return read()
-        except (OSError, safetensors.SafetensorError, MemoryError) as exc:
+        except (OSError, safetensors.SafetensorError) as exc:
             raise self._unreadable(shard, exc) from None
-        except RuntimeError as exc:  # torch's allocator: "... can't allocate memory ..."
-            if "allocate" not in str(exc):
+        except (MemoryError, RuntimeError) as exc:
+            if not _allocation_failed(exc):
                 raise
             raise self._unreadable(shard, MemoryError()) from None
 

@@ -106,9 +106,9 @@ class BatchSink:
         self._batch = (0, 0)
         self._sequences: int | None = None
         self._keys: list[str] = []
-        # rows expected (an upper bound when images may be skipped)
-        self._expected = expected or (lambda: total)
-        self._plan = ShardPlan(writer.shard_bytes if writer else 0, total, self._expected)
+        # `total`: rows expected (an upper bound when images may be skipped)
+        shard_bytes = writer.shard_bytes if writer else 0
+        self._plan = ShardPlan(shard_bytes, total, expected or (lambda: total))
         self._copies = copies
         self._samples = (0, 0)  # the samples whose rows the current batch holds
         self._shard: ShardFile | None = None
@@ -359,7 +359,7 @@ class BatchSink:
     def _check_room(self) -> None:
         """Estimate the dump's bytes from this first batch's (per sample, times the samples
         expected) and refuse it if the disk cannot hold them."""
-        expected = self._expected()
+        expected = self._plan.expected()
         if expected is None or self.writer is None:
             return
         first, stop = self._samples
