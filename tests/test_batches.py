@@ -154,3 +154,17 @@ def test_mixed_batches_read_a_window_at_a_time_in_a_seeded_order() -> None:
     other = list(mixed_batches(_blocks([10] * 10 + [3]), _reader([]), 8, shuffle=True, seed=6,
                                window=3))  # fmt: skip
     assert not all(torch.equal(a["id"], b["id"]) for a, b in zip(rest, other, strict=True))
+
+
+def test_a_window_of_blocks_mixes_shards_when_shards_hold_many_blocks() -> None:
+    """Two shards of ten blocks each: every window of two shuffled blocks holds one block of
+    each shard, so a batch mixes rows of two shards as the contract says."""
+    from hookdump.dump.batches import mixed_batches
+
+    log: list[tuple[int, int]] = []
+    blocks = _blocks([5] * 20)
+    batches = list(mixed_batches(blocks, _reader(log), 10, shuffle=True, seed=1, window=2,
+                                 source=lambda block: block[0] // 50))  # fmt: skip
+    assert sorted(torch.cat([b["id"] for b in batches]).tolist()) == ROWS[:100].tolist()
+    assert all({lo // 50 for lo, _ in log[i : i + 2]} == {0, 1} for i in range(0, 20, 2))
+    assert all(len({int(i) // 50 for i in b["id"]}) == 2 for b in batches)

@@ -6,7 +6,8 @@ the order is fixed by the seed:
 
 - the shards are cut into blocks of rows of at most `BLOCK_BYTES` (32 MiB) of the
   requested keys (a shard smaller than that is one block);
-- the blocks are taken in a seeded random order, `window` at a time (4 by default);
+- the blocks are taken in a seeded random order, from each shard in turn (so that a
+  window mixes as many shards as it can), `window` at a time (4 by default);
 - the rows of the blocks in the window (and the few left over from the window before) are
   put in a seeded random order and cut into batches; the last partial batch of a window
   waits for the next one, so batches are full until the very last.
@@ -54,7 +55,8 @@ def iter_batches(
         with dump.open_shard(shard, keys) as opened:
             return {key: dump.read_rows(opened, shard, key, lo, hi) for key in keys}
 
-    return mixed_batches(blocks, read, batch_size, shuffle=shuffle, seed=seed, window=window)
+    return mixed_batches(blocks, read, batch_size, shuffle=shuffle, seed=seed, window=window,
+                         source=lambda block: block[0]["file"])  # fmt: skip
 
 
 def mixed_batches(
@@ -65,14 +67,18 @@ def mixed_batches(
     shuffle: bool = False,
     seed: int = 0,
     window: int = WINDOW,
+    source: Callable[[Block], object] | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The algorithm of the module's docstring over any `blocks`, each read (as aligned
     tensors of the same rows) by `read` only when its window comes: in order, or shuffled
-    `window` blocks at a time."""
+    `window` blocks at a time. `source` (a block's shard): shuffled blocks are taken from
+    the sources in turn, so that a window mixes as many shards as it can."""
     generator = torch.Generator().manual_seed(seed)
     order = list(blocks)
     if shuffle:
         order = [order[i] for i in torch.randperm(len(order), generator=generator).tolist()]
+        if source is not None:
+            order = _in_turn(order, source)
     step = window if shuffle else 1
     carry: dict[str, torch.Tensor] | None = None
     for first in range(0, len(order), step):
@@ -90,6 +96,19 @@ def mixed_batches(
         carry = {key: value[full:] for key, value in rows.items()} if full < _rows(rows) else None
     if carry is not None:
         yield carry
+
+
+def _in_turn(blocks: list[Block], source: Callable[[Block], object]) -> list[Block]:
+    """`blocks` taken from their sources in turn (each source's in their order here, the
+    sources in the order they first appear): one block per source stays as it was."""
+    by_source: dict[object, list[Block]] = {}
+    for block in blocks:
+        by_source.setdefault(source(block), []).append(block)
+    queues = list(by_source.values())
+    turned: list[Block] = []
+    for depth in range(max((len(q) for q in queues), default=0)):
+        turned += [q[depth] for q in queues if depth < len(q)]
+    return turned
 
 
 def _check(dump: Dump, keys: list[str], batch_size: int, window: int) -> None:
