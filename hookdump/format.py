@@ -56,6 +56,59 @@ class KeyInfo:
     dtype: torch.dtype
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Rows `start:stop` of a dump and the samples `first_sample:end_sample` they come from:
+    the same span when a row is a sample; with token rows (`tokens`) each sample gives a row
+    per token kept. Handed from the batch loop to the commit thread, it carries what the
+    manifest records of those samples as it was when the batch was made: their ids, and the
+    inputs skipped since the batch before (undecodable images)."""
+
+    start: int
+    stop: int
+    first_sample: int
+    end_sample: int
+    tokens: bool = False
+    ids: tuple[Any, ...] = ()
+    skipped: tuple[dict[str, str], ...] = ()
+
+    @classmethod
+    def of_samples(cls, start: int, stop: int) -> Rows:
+        return cls(start, stop, start, stop)
+
+    @property
+    def count(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def samples(self) -> int:
+        return self.end_sample - self.first_sample
+
+    @staticmethod
+    def joined(spans: list[Rows]) -> Rows:
+        """The rows of consecutive `spans` (one shard gathering several batches) as one."""
+        first, last = spans[0], spans[-1]
+        return Rows(
+            first.start, last.stop, first.first_sample, last.end_sample, first.tokens,
+            tuple(i for span in spans for i in span.ids),
+            tuple(s for span in spans for s in span.skipped),
+        )  # fmt: skip
+
+    def shard_entry(self, file: str) -> dict[str, Any]:
+        """The manifest's entry for a shard of these rows (token rows: the samples whose
+        tokens the shards hold end at `sequences`)."""
+        entry: dict[str, Any] = {"file": file, "start": self.start, "stop": self.stop}
+        if self.tokens:
+            entry["sequences"] = self.end_sample
+        return entry
+
+
+def samples_fed(manifest: dict[str, Any]) -> int:
+    """The samples a (validated) manifest's rows come from: its rows themselves, or with
+    token rows the sequences whose tokens they are."""
+    return int(manifest.get("num_sequences", manifest["num_samples"]))
+
+
 def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
     """The contract's key: `M`, `M:output.0`, `M:input.x`, with `@n` for the n-th extra call."""
     key = module if kind == "output" and part is None else f"{module}:{kind}.{part}"

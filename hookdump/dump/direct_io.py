@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hookdump.dump.folder import create_new, open_existing, remove_entry
+from hookdump.worker import Worker
 
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
 STAGE_BYTES = 8 << 20
@@ -59,10 +60,18 @@ def direct_io_wanted() -> bool:
     return hasattr(os, "O_DIRECT") and os.environ.get("HOOKDUMP_DIRECT_IO", "1") != "0"
 
 
+_Job = tuple[memoryview, int, Callable[[], None]]  # data, offset, what to do once written
+
+
+def _release(job: _Job) -> None:
+    job[2]()
+
+
 class _DiskThread:
-    """Writes buffers at their offsets, in the background: staging buffers (the caller takes
+    """Writes buffers at their offsets on a worker thread: staging buffers (the caller takes
     an empty one, waiting while all are on their way, and hands it over once filled) and
-    the caller's own block-aligned buffers (`lend`), each released once written.
+    the caller's own block-aligned buffers (`lend`), each released once written (or, after
+    a failed write, dropped).
 
     Buffers go out with O_DIRECT; where that is refused, through `path` opened normally."""
 
@@ -74,10 +83,7 @@ class _DiskThread:
         for _ in range(STAGES):  # page-aligned; never closed, only dropped
             self._free.put(memoryview(mmap.mmap(-1, STAGE_BYTES)))
         self._lent = threading.Semaphore(LENT)
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._error: OSError | None = None
-        self._thread = threading.Thread(target=self._run, name="hookdump-disk", daemon=True)
-        self._thread.start()
+        self._worker: Worker[_Job] = Worker("hookdump-disk", self._write_job, drop=_release)
 
     @property
     def direct(self) -> bool:
@@ -85,12 +91,12 @@ class _DiskThread:
 
     def take(self) -> memoryview:
         """An empty staging buffer (of STAGE_BYTES)."""
-        self._raise_if_failed()
+        self._worker.raise_if_failed()
         return self._free.get()
 
     def put(self, buffer: memoryview, nbytes: int, offset: int) -> None:
         """Write `buffer[:nbytes]` at `offset` (both multiples of BLOCK), then free it."""
-        self._jobs.put((buffer[:nbytes], offset, lambda: self._free.put(buffer)))
+        self._submit((buffer[:nbytes], offset, lambda: self._free.put(buffer)))
 
     def lend(self, data: memoryview, offset: int, release: Callable[[], None]) -> None:
         """Write the caller's `data` (block-aligned in memory, its length and `offset`
@@ -102,35 +108,31 @@ class _DiskThread:
             self._lent.release()
             release()
 
-        self._jobs.put((data, offset, done))
+        self._submit((data, offset, done))
+
+    def _submit(self, job: _Job) -> None:
+        try:
+            self._worker.submit(job)
+        except BaseException:
+            job[2]()
+            raise
 
     def flush(self) -> None:
         """Wait until everything handed over is written."""
-        self._jobs.join()
-        self._raise_if_failed()
+        self._worker.wait()
 
     def close(self) -> None:
         """Flush, stop the thread and close the file."""
-        self._jobs.put(None)
-        self._thread.join()
+        self._worker.close()
         os.close(self._fd)
-        self._raise_if_failed()
+        self._worker.raise_if_failed()
 
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            data, offset, done = job
-            if self._error is None:
-                try:
-                    self._write(data, offset)
-                except OSError as exc:
-                    self._error = exc
+    def _write_job(self, job: _Job) -> None:
+        data, offset, done = job
+        try:
+            self._write(data, offset)
+        finally:
             done()
-            self._jobs.task_done()
-        self._jobs.task_done()
 
     def _write(self, data: memoryview, offset: int) -> None:
         try:
@@ -141,9 +143,6 @@ class _DiskThread:
             os.close(self._fd)  # accepted at open, refused at write: the page cache from now
             self._fd, self._direct = open_existing(self.path, os.O_WRONLY), False
             pwrite_all(self._fd, data, offset)
-
-
-_Job = tuple[memoryview, int, Callable[[], None]]
 
 
 def _aligned(data: memoryview) -> bool:

@@ -8,7 +8,8 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from hookdump.dump.folder import (
 )
 from hookdump.dump.shards import PlannedShard, ShardFile, fsync_file
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import FORMAT, MANIFEST, KeyInfo, dtype_name
+from hookdump.format import FORMAT, MANIFEST, KeyInfo, Rows, dtype_name, samples_fed
 
 DEFAULT_SHARD_BYTES = 1 << 30
 MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the last one's
@@ -41,13 +42,85 @@ def write_json(path: Path, data: Mapping[str, Any]) -> int:
     return len(raw)
 
 
+@dataclass(frozen=True)
+class FileNames:
+    """How a writer names its files: a torchrun rank has its own shard prefix and manifest
+    until rank 0 joins them."""
+
+    shard_prefix: str = "shard-"
+    manifest: str = MANIFEST
+
+    @property
+    def own_manifest(self) -> bool:
+        return self.manifest != MANIFEST
+
+
+class _OldDump:
+    """The files an old dump (`overwrite`) left in `out`: kept whole and readable until the
+    first commit moves them aside (`clear`), then deleted in the background."""
+
+    def __init__(self, out: Path, overwrite: bool, made: set[str]) -> None:
+        self.out = out
+        self.overwrite = overwrite
+        self.made = made  # this writer's own files (the set grows; it is read at each listing)
+        self.cleared = False
+        self._cleanup: threading.Thread | None = None
+
+    def present(self) -> bool:
+        """Whether the folder still holds files of an old dump, which the first commit
+        moves aside."""
+        if not self.overwrite or self.cleared:
+            return False
+        try:
+            return bool(self._files())
+        except FileNotFoundError:  # made with the first shard
+            return False
+
+    def bytes_to_free(self) -> int:
+        """What clearing the old dump will give back."""
+        if not self.overwrite or self.cleared:
+            return 0
+        return sum(_size(p) for p in self.out.iterdir())
+
+    def _files(self) -> list[Path]:
+        """The folder's entries that are not this writer's own shards."""
+        entries = list(self.out.iterdir())
+        # the shards begun meanwhile stay (the set is read after the listing: a shard is
+        # named before its file is made)
+        kept = set(self.made)
+        return [p for p in entries if p.name not in kept]
+
+    def clear(self, keep: str | None = None) -> None:
+        if self.cleared:
+            return
+        if keep:
+            self.made.add(keep)
+        check_out_dir(self.out, self.overwrite, self.made)  # again: it may have changed
+        old = sorted(self._files(), key=lambda p: p.name != MANIFEST)
+        if old:
+            # the manifest goes first, so a half-removed dump never reads as complete; the
+            # rest is deleted in the background (unlinking gigabytes takes a while)
+            trash = make_trash(self.out)
+            for path in old:
+                os.replace(path, trash / path.name)  # moves links themselves, never targets
+            self._cleanup = threading.Thread(target=shutil.rmtree, args=(trash, True))
+            self._cleanup.start()
+        self.cleared = True
+
+    def wait(self) -> None:
+        """Until the old dump's files are gone."""
+        if self._cleanup is not None:
+            self._cleanup.join()
+
+
 class DumpWriter:
     """The dump folder: shards, each listed in the manifest once complete, the manifest last.
 
     The caller holds the folder's lock (`dump_folder.locked`). An old dump (with
     `overwrite`) stays whole and readable until the new dump's first shard is complete on
     disk; only then is it moved aside and deleted in the background, so a run that fails
-    before that leaves `out` as it was.
+    before that leaves `out` as it was. `fields`: the rest of the manifest (the model, the
+    command...); the sample ids and skipped inputs come with each shard's rows.
     """
 
     def __init__(
@@ -56,25 +129,22 @@ class DumpWriter:
         *,
         overwrite: bool = False,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
-        shard_prefix: str = "shard-",
-        manifest_name: str = MANIFEST,
-        fields: Callable[[], dict[str, Any]] = dict,
+        names: FileNames = FileNames(),
+        fields: dict[str, Any] | None = None,
     ) -> None:
         check_out_dir(out, overwrite)
         self.out = out
-        self.shard_prefix = shard_prefix  # "shard-r01-" for a torchrun rank
-        self.manifest_name = manifest_name  # a torchrun rank's own, until rank 0 merges them
-        self.overwrite = overwrite
+        self.names = names
         self.shard_bytes = shard_bytes
+        self.fields = dict(fields or {})
         self.tensors: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
+        # the ids of the samples listed, and the inputs skipped before them (see `Rows`)
+        self.fed: tuple[list[Any], list[dict[str, str]]] = ([], [])
         self._named = 0  # shard files named so far (listed ones may lag behind: `Committer`)
         self._made: set[str] = set()  # temporary files of this writer's shards, in `out`
         self._keys_fixed = False  # the first shard is complete: its keys are the dump's
-        # the rest of the manifest (model, command, sample ids...), built anew for each write
-        self.fields = fields
-        self._prepared = False
-        self._cleanup: threading.Thread | None = None
+        self._old = _OldDump(out, overwrite, self._made)
         # in the manifest and every shard: a reader can tell a shard of another run
         self.run_id: str | None = uuid.uuid4().hex
 
@@ -86,7 +156,7 @@ class DumpWriter:
         """
         reserve = 4096 + 256 * max(keys_expected, len(self.tensors))
         name = self._next_name()
-        self._made.add(name + ".tmp")  # before it exists: see `_prepare`
+        self._made.add(name + ".tmp")  # before it exists: see `_OldDump._files`
         return ShardFile(self.out / name, reserve)
 
     def plan_shard(self, rows: int) -> PlannedShard:
@@ -103,7 +173,7 @@ class DumpWriter:
         if not self._named:
             self._keep_room(MANIFEST_ROOM)
         self._named = max(self._named, len(self.shards)) + 1
-        return f"{self.shard_prefix}{self._named - 1:05d}.safetensors"
+        return f"{self.names.shard_prefix}{self._named - 1:05d}.safetensors"
 
     def share_run_id(self, run_id: str | None) -> None:
         """Take the run id every torchrun rank agreed on: one dump, one id in its shards."""
@@ -111,65 +181,70 @@ class DumpWriter:
 
     def fix_keys(self) -> None:
         """The first shard is complete (if not yet committed): later batches must bring
-        the same keys (see `describe`)."""
+        the same keys (see `note_key`)."""
         self._keys_fixed = True
 
     @property
     def keys_fixed(self) -> bool:
         return self._keys_fixed or bool(self.shards)
 
-    def commit_shards(
-        self, shards: list[tuple[ShardFile | PlannedShard, int, int, int | None]]
-    ) -> None:
-        """Commit finished shards, each given as (shard, start, stop, sequences): its rows
-        `start:stop` (token rows: the samples they come from end at `sequences`).
+    def commit_shards(self, shards: list[tuple[ShardFile | PlannedShard, Rows]]) -> None:
+        """Commit finished shards, each given with the rows it holds.
 
         Each shard's file is finished and synced; then (first shard) an old dump is moved
         aside; then the shard is moved into place. The manifest (still incomplete) is
         rewritten once, listing those moved in. After an error, the shards not listed are
         dropped and the error raised."""
-        listed = len(self.shards)
+        listed, skipped = len(self.shards), len(self.fed[1])
         try:
-            for done, (shard, start, stop, sequences) in enumerate(shards):
+            for done, (shard, rows) in enumerate(shards):
                 try:
-                    self._move_in(shard, start, stop, sequences)
+                    self._move_in(shard, rows)
                 except BaseException:
                     for later, *_ in shards[done + 1 :]:
                         later.abort()
                     raise
         finally:
             if len(self.shards) > listed:
-                self._list(listed)
+                self._list(listed, skipped)
 
-    def _list(self, listed: int) -> None:
-        """Write the manifest listing the shards moved in after the first `listed`; if that
-        fails, take them out again: the folder holds what its manifest lists."""
+    def _list(self, listed: int, skipped: int) -> None:
+        """Write the manifest listing the shards moved in after the first `listed` (and the
+        inputs skipped after the first `skipped`); if that fails, take them out again: the
+        folder holds what its manifest lists."""
         try:
             self.write_manifest(complete=False)
         except BaseException:
             for entry in self.shards[listed:]:
                 remove_entry(self.out / entry["file"])
             del self.shards[listed:]
+            ids, inputs = self.fed
+            del ids[self._samples_listed() :], inputs[skipped:]
             raise
 
-    def _move_in(
-        self, shard: ShardFile | PlannedShard, start: int, stop: int, sequences: int | None
-    ) -> None:
-        if start != (self.shards[-1]["stop"] if self.shards else 0):
+    def _move_in(self, shard: ShardFile | PlannedShard, rows: Rows) -> None:
+        if rows.start != (self.shards[-1]["stop"] if self.shards else 0):
             shard.abort()
-            raise ValueError(f"shards out of order: a shard starting at row {start}")
+            raise ValueError(f"shards out of order: a shard starting at row {rows.start}")
         try:
             assert shard.sealed is not None  # finished (`finish_shard`)
             fsync_file(shard.sealed)
-            self._prepare(keep=shard.sealed.name)
+            self._old.clear(keep=shard.sealed.name)
             publish(shard.sealed, shard.path)
         except BaseException:
             shard.abort()
             raise
-        entry: dict[str, Any] = {"file": shard.path.name, "start": start, "stop": stop}
-        if sequences is not None:  # token rows: the samples whose tokens the shards hold
-            entry["sequences"] = sequences
-        self.shards.append(entry)
+        self.shards.append(rows.shard_entry(shard.path.name))
+        ids, skipped = self.fed
+        ids.extend(rows.ids)
+        skipped.extend(rows.skipped)
+
+    def _samples_listed(self) -> int:
+        """The samples whose rows the listed shards hold."""
+        if not self.shards:
+            return 0
+        last = self.shards[-1]
+        return int(last.get("sequences", last["stop"]))
 
     def finish_shard(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
         """Write the rest of a complete shard of rows `start:stop`, header included, so that
@@ -186,9 +261,7 @@ class DumpWriter:
     def check_room(self, needed: int, written: int) -> None:
         """Refuse a dump of about `needed` bytes (`written` of them already in the first
         shard's temporary file) that the disk under `out` cannot hold."""
-        free = shutil.disk_usage(self.out).free + written
-        if self.overwrite and not self._prepared:  # the old dump's bytes will be free
-            free += sum(_size(p) for p in self.out.iterdir())
+        free = shutil.disk_usage(self.out).free + written + self._old.bytes_to_free()
         if needed > free:
             raise HookdumpError(
                 f"the dump needs about {_gb(needed)} but only {_gb(free)} is free under "
@@ -196,7 +269,7 @@ class DumpWriter:
                 "another folder"
             )
 
-    def describe(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
+    def note_key(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
         """Note a key's manifest entry (first batch), or check it did not change (later)."""
         shape = list(tensor.shape[1:])
         if not self.keys_fixed and key not in self.tensors:
@@ -215,63 +288,31 @@ class DumpWriter:
                 f"{shape} at sample {start}; {opt('exclude')} that module"
             )
 
-    def prepare(self) -> None:
-        """Clear the folder now (a torchrun rank 0, before any rank writes)."""
-        self._prepare()
-
-    def prepared_elsewhere(self) -> None:
-        """Another process cleared the folder: leave it alone."""
-        self._prepared = True
+    def clear_old_dump(self, here: bool) -> None:
+        """Under torchrun, before any rank writes: rank 0 (`here`) moves an old dump aside
+        now, the other ranks leave the folder alone."""
+        if here:
+            self._old.clear()
+        else:
+            self._old.cleared = True
 
     def replaces_old_dump(self) -> bool:
         """Whether the folder still holds files of an old dump (`overwrite`), which the
         first commit moves aside."""
-        if not self.overwrite or self._prepared:
-            return False
-        try:
-            return bool(self._old_files())
-        except FileNotFoundError:  # made with the first shard
-            return False
-
-    def _old_files(self) -> list[Path]:
-        """The folder's entries that are not this writer's own shards."""
-        entries = list(self.out.iterdir())
-        # the shards begun meanwhile stay (the set is read after the listing: a shard is
-        # named before its file is made)
-        kept = set(self._made)
-        return [p for p in entries if p.name not in kept]
-
-    def _prepare(self, keep: str | None = None) -> None:
-        if self._prepared:
-            return
-        if keep:
-            self._made.add(keep)
-        check_out_dir(self.out, self.overwrite, self._made)  # again: it may have changed
-        old = sorted(self._old_files(), key=lambda p: p.name != MANIFEST)
-        if old:
-            # the manifest goes first, so a half-removed dump never reads as complete; the
-            # rest is deleted in the background (unlinking gigabytes takes a while)
-            trash = make_trash(self.out)
-            for path in old:
-                os.replace(path, trash / path.name)  # moves links themselves, never targets
-            self._cleanup = threading.Thread(target=shutil.rmtree, args=(trash, True))
-            self._cleanup.start()
-        self._prepared = True
+        return self._old.present()
 
     def manifest(self, complete: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The manifest for what has been written so far (`extra`: fields to add or replace)."""
-        num_samples = self.shards[-1]["stop"] if self.shards else 0
-        fields = {**self.fields(), **(extra or {})}
-        samples = num_samples
+        ids, skipped = self.fed
+        fields: dict[str, Any] = {**self.fields, "sample_ids": ids, "skipped_inputs": skipped}
+        fields.update(extra or {})
         if self.shards and "sequences" in self.shards[-1]:  # rows are tokens
-            samples = fields["num_sequences"] = self.shards[-1]["sequences"]
-        if "sample_ids" in fields:  # ids of the samples written, not of those still to come
-            fields["sample_ids"] = list(fields["sample_ids"][:samples])
+            fields["num_sequences"] = self.shards[-1]["sequences"]
         return {
             "format": FORMAT,
             **({"run_id": self.run_id} if self.run_id is not None else {}),
             "complete": complete,
-            "num_samples": num_samples,
+            "num_samples": self.shards[-1]["stop"] if self.shards else 0,
             **fields,
             "tensors": self.tensors,
             "shards": self.shards,
@@ -282,9 +323,9 @@ class DumpWriter:
 
         Incomplete manifests (`complete: false`) list the shards finished so far.
         """
-        self._prepare()
+        self._old.clear()
         manifest = self.manifest(complete, extra)
-        written = write_json(self.out / self.manifest_name, manifest)  # in the room's place
+        written = write_json(self.out / self.names.manifest, manifest)  # in the room's place
         if not complete:
             self._keep_room(MANIFEST_ROOM + 2 * written)
         return manifest
@@ -294,7 +335,7 @@ class DumpWriter:
         fills, the manifest listing the finished shards is written where it was (removed
         just before), never refused for want of space. Best effort: a disk already full
         gets none."""
-        room = self.out / (self.manifest_name + ".tmp")
+        room = self.out / (self.names.manifest + ".tmp")
         self._made.add(room.name)
         try:
             fd = create_new(room)
@@ -308,12 +349,12 @@ class DumpWriter:
     def drop_room(self) -> None:
         """The run is over: no more manifests to write room for."""
         if self._named:
-            remove_entry(self.out / (self.manifest_name + ".tmp"))
+            remove_entry(self.out / (self.names.manifest + ".tmp"))
 
     def take_over(self, shards: list[dict[str, Any]], tensors: dict[str, dict[str, Any]]) -> None:
         """Become the writer of the whole dump (torchrun's rank 0, once every rank is done):
         list every rank's shards and write the one `manifest.json`."""
-        self.shards, self.tensors, self.manifest_name = shards, tensors, MANIFEST
+        self.shards, self.tensors, self.names = shards, tensors, FileNames()
 
     @classmethod
     def resume(
@@ -322,26 +363,22 @@ class DumpWriter:
         manifest: dict[str, Any],
         *,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
-        shard_prefix: str = "shard-",
-        manifest_name: str = MANIFEST,
-        fields: Callable[[], dict[str, Any]] = dict,
+        names: FileNames = FileNames(),
+        fields: dict[str, Any] | None = None,
     ) -> DumpWriter:
-        """Carry on an incomplete dump: keep its listed shards, drop half-written files.
-        A torchrun rank (its own shard prefix and manifest) touches only its own files."""
-        writer = cls(
-            out,
-            overwrite=True,
-            shard_bytes=shard_bytes,
-            shard_prefix=shard_prefix,
-            manifest_name=manifest_name,
-            fields=fields,
-        )
+        """Carry on an incomplete (validated) dump: keep its listed shards, drop half-written
+        files. A torchrun rank (its own shard prefix and manifest) touches only its own files."""
+        writer = cls(out, overwrite=True, shard_bytes=shard_bytes, names=names, fields=fields)
         writer.tensors, writer.shards = dict(manifest["tensors"]), list(manifest["shards"])
+        writer.fed = (
+            list(manifest["sample_ids"][: samples_fed(manifest)]),
+            list(manifest.get("skipped_inputs", [])),
+        )
         writer.run_id = manifest.get("run_id")  # one dump, one id: its shards carry it
-        writer._prepared = True
-        listed = {writer.manifest_name} | {s["file"] for s in writer.shards}
+        writer._old.cleared = True
+        listed = {names.manifest} | {s["file"] for s in writer.shards}
         # one process: every stray dump file; a torchrun rank: its own
-        mine = shard_prefix if manifest_name != MANIFEST else ""
+        mine = names.shard_prefix if names.own_manifest else ""
         for path in out.iterdir():
             if (
                 path.name.startswith(mine)
@@ -353,8 +390,7 @@ class DumpWriter:
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the complete manifest, once the old dump's files are gone."""
-        if self._cleanup is not None:
-            self._cleanup.join()
+        self._old.wait()
         return self.write_manifest(complete=True, extra=extra)
 
 

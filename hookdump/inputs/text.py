@@ -17,10 +17,7 @@ Two ways to make samples:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import queue
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +28,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.inputs.corpus import PIECE, Progress, documents, text_files
 from hookdump.inputs.spec import Batch, Feed, part_of
+from hookdump.worker import prefetch
 
 PREFETCH = 4  # batches tokenized ahead of the forward
 LONGEST_HEAD = 1 << 22  # the most characters of a document read for one truncated sample
@@ -222,7 +220,7 @@ def text_feed(
         rows = len(done or [])  # resuming: the samples already in the dump are passed over
         made = samples(options, tokenizer, model_positions, first=first + rows, stop=stop,
                        progress=progress)  # fmt: skip
-        for chunk in _prefetch(_chunks(made, batch_size)):
+        for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
             sample_ids, tokens, real = zip(*chunk, strict=True)
             ids.extend(sample_ids)
             yield _batch(torch.tensor(tokens), list(real), rows, packed)
@@ -255,36 +253,3 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
             chunk = []
     if chunk:
         yield chunk
-
-
-def _prefetch(items: Iterator[Any], depth: int = PREFETCH) -> Iterator[Any]:
-    """`items`, produced on a thread of their own up to `depth` ahead (tokenizing off the
-    forward's path); an error there is raised here."""
-    ahead: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if stop.is_set():
-                    return
-                ahead.put(("item", item))
-            ahead.put(("end", None))
-        except BaseException as exc:  # handed over to the consumer
-            ahead.put(("error", exc))
-
-    thread = threading.Thread(target=produce, name="hookdump-tokenize", daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, value = ahead.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:  # the consumer stopped early (an error, Ctrl-C): let the producer end too
-        stop.set()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                ahead.get_nowait()  # frees a producer waiting on a full queue

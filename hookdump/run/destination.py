@@ -10,7 +10,6 @@ between the modes happens here, before the loop (`open`, `start`) or after it (`
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from hookdump.dump.reader import Dump
 from hookdump.dump.stats import KeySummary, summarize
 from hookdump.dump.writer import DumpWriter
 from hookdump.errors import opt
+from hookdump.format import samples_fed
 from hookdump.run.distributed import RankPart, Ranks, drop_rank_manifests, merge_ranks, rank_names
 from hookdump.run.options import RunOptions
 from hookdump.run.resume import check_sources, previous_dump
@@ -50,8 +50,7 @@ class Destination:
         """The ids of the samples already in the dump (resuming), in order."""
         if self.previous is None:
             return []
-        fed = self.previous.get("num_sequences", self.previous["num_samples"])
-        return list(self.previous["sample_ids"][:fed])
+        return list(self.previous["sample_ids"][: samples_fed(self.previous)])
 
     @property
     def done_rows(self) -> int:
@@ -67,29 +66,27 @@ class Destination:
         if self.previous is not None and self.out is not None:
             check_sources(self.out, self.previous.get("sources"), made_from)
 
-    def start(self, *, shard_bytes: int, fields: Callable[[], dict[str, Any]]) -> None:
-        """Make the writer (`fields`: the manifest's other fields, built anew for each write)."""
+    def start(self, *, shard_bytes: int, fields: dict[str, Any]) -> None:
+        """Make the writer (`fields`: what the manifest records of the run)."""
         if self.out is None:
             return
         names = rank_names(self.ranks)
         if self.previous is not None:
             self.writer = DumpWriter.resume(
-                self.out, self.previous, shard_bytes=shard_bytes, fields=fields, **names
+                self.out, self.previous, shard_bytes=shard_bytes, fields=fields, names=names
             )
         else:
             self.writer = DumpWriter(
                 self.out, overwrite=self.overwrite, shard_bytes=shard_bytes, fields=fields,
-                **names,
+                names=names,
             )  # fmt: skip
         if self.ranks is not None:  # one dump, one run id: the resumed dump's, or rank 0's
             ids = self.ranks.gather(self.writer.run_id)
             self.writer.share_run_id(next((i for i in ids if i is not None), None))
         if self.ranks is not None and self.previous is None:
             self.ranks.barrier()  # every rank has checked --out before rank 0 touches it
-            if self.ranks.main:
-                self.writer.prepare()  # an old dump goes before any rank writes
+            self.writer.clear_old_dump(here=self.ranks.main)  # before any rank writes
             self.ranks.barrier()
-            self.writer.prepared_elsewhere()
 
     def summaries_before(self) -> dict[str, KeySummary]:
         """Resuming: the statistics of the samples already in the dump."""

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hookdump.dump.stats import KeySummary
+from hookdump.dump.writer import FileNames
 from hookdump.errors import HookdumpError, opt
 
 
@@ -79,14 +80,11 @@ def rank_device(device: str, ranks: Ranks | None) -> str:
 RANK_MANIFESTS = "manifest-r*.json"
 
 
-def rank_names(ranks: Ranks | None) -> dict[str, str]:
+def rank_names(ranks: Ranks | None) -> FileNames:
     """A torchrun rank's file names: its shards' prefix and its own manifest."""
     if ranks is None:
-        return {}
-    return {
-        "shard_prefix": f"shard-r{ranks.rank:02d}-",
-        "manifest_name": f"manifest-r{ranks.rank:02d}.json",
-    }
+        return FileNames()
+    return FileNames(f"shard-r{ranks.rank:02d}-", f"manifest-r{ranks.rank:02d}.json")
 
 
 @dataclass

@@ -13,11 +13,11 @@ import torch
 
 from hookdump.dump.sink import BatchSink
 from hookdump.errors import HookdumpError, Interrupted
-from hookdump.format import KeyInfo
+from hookdump.format import KeyInfo, Rows
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import calibrate, ends_late, forward
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
-from hookdump.inputs.spec import Batch
+from hookdump.inputs.spec import Batch, Feed
 from hookdump.model.loading import LoadedModel
 from hookdump.run.destination import Destination
 from hookdump.run.signals import exit_code
@@ -55,22 +55,28 @@ class BatchLoop:
         self,
         batches: Iterator[Batch],
         destination: Destination,
-        total: int | None,
+        feed: Feed,
         on_batch: ProgressCallback | None,
         nothing: Callable[[], HookdumpError] | None = None,
     ) -> int:
-        """Feed every batch; the number of rows dumped (this run's last row, resuming);
-        `nothing`: the error to raise, before anything is written, when no row was made."""
+        """Feed every batch (of `feed`); the number of rows dumped (this run's last row,
+        resuming); `nothing`: the error to raise, before anything is written, when no row
+        was made."""
         rows, self.sequences = destination.done_rows, len(destination.done_ids)
+        seen = 0  # the feed's skipped inputs handed over so far
         # gradients need autograd; everything else runs without it
         mode = torch.enable_grad() if self.grads else torch.inference_mode()
         try:
             with self.cap, mode, _autocast(self.device, self.forward_dtype):
                 for batch in batches:
-                    rows = self._one(batch, rows)
+                    # what the manifest records of these samples, as it is now (the feed's
+                    # lists grow on this thread while the commit thread writes manifests)
+                    fed = tuple(feed.ids[batch.start : batch.stop]), tuple(feed.skipped[seen:])
+                    seen += len(fed[1])
+                    rows = self._one(batch, rows, fed)
                     self.sequences = batch.stop
                     if on_batch:
-                        on_batch(self.sequences, total, self.sink.bytes_done)
+                        on_batch(self.sequences, feed.total, self.sink.bytes_done)
             if rows == 0 and nothing is not None:
                 raise nothing()
             self.sink.close()
@@ -82,17 +88,21 @@ class BatchLoop:
             raise
         return rows
 
-    def _one(self, batch: Batch, first_row: int) -> int:
-        """One batch, its rows from `first_row` on; the next batch's first row."""
+    def _one(
+        self, batch: Batch, first_row: int, fed: tuple[tuple[Any, ...], tuple[Any, ...]]
+    ) -> int:
+        """One batch, its rows from `first_row` on (`fed`: its samples' ids, and the inputs
+        skipped before it); the next batch's first row."""
         cap = self.cap
         if self.early and cap.stop_after is None and not self.count_in_first:
             self.early = calibrate(cap, self.model, batch, self.label)
         cap.next_batch(batch.kwargs.get("attention_mask") if batch.stored else None)
-        stop, stored, samples = batch.stop, batch.stored, None
+        stored = batch.stored
+        rows = Rows(first_row, batch.stop, batch.start, batch.stop, False, *fed)
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)
-            stop, samples = first_row + count, (batch.start, batch.stop)
-        self.sink.begin(first_row, stop, cap.keys_expected + len(stored), samples)
+            rows = Rows(first_row, first_row + count, batch.start, batch.stop, True, *fed)
+        self.sink.begin(rows, cap.keys_expected + len(stored))
         for key, tensor in stored.items():  # the input itself: token ids, the mask
             info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
             self.sink.keep(key, tensor, info, fresh=True)
@@ -107,7 +117,7 @@ class BatchLoop:
             cap.stop_early(dict(cap.calls))
         cap.clear()
         self.sink.end()
-        return stop
+        return rows.stop
 
 
 def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:

@@ -9,7 +9,6 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import hookdump
-from hookdump.hooks.capture import Capture
 from hookdump.inputs.spec import Feed, InputSpec
 from hookdump.model.loading import LoadedModel
 from hookdump.run.options import RunOptions
@@ -19,10 +18,11 @@ def manifest_fields(
     options: RunOptions,
     *,
     loaded: LoadedModel,
-    cap: Capture,
     feed: Feed,
     spec: Callable[[], InputSpec],
     sources: dict[str, Any],
+    modules: list[str],
+    kinds: tuple[str, ...],
 ) -> dict[str, Any]:
     """Everything but the shards, the tensors and what grows as the run goes on (sample ids,
     skipped inputs): the model, the command, the recipe, the sources, the input, versions."""
@@ -35,11 +35,11 @@ def manifest_fields(
             "layers": options.layers,
             "exclude": options.exclude,
             "types": options.types,
-            "modules": list(cap.modules),
+            "modules": modules,
         },
-        "capture": list(cap.kinds),
+        "capture": list(kinds),
         "reduce": options.reduce,
-        "grad_target": options.grad_target if "grad" in cap.kinds else None,
+        "grad_target": options.grad_target if "grad" in kinds else None,
         "seed": options.seed,
         "device": str(loaded.device),
         "dtype": options.dtype,

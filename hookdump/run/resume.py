@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hookdump.dump.reader import Dump, read_manifest
 from hookdump.dump.writer import MANIFEST
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import samples_fed
 from hookdump.model.weights import sha256
 from hookdump.run.distributed import RANK_MANIFESTS, Ranks, rank_names
 
@@ -130,8 +131,7 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
     _check_recipe(options, manifest, out)  # whatever it holds: it must be this run's dump
     if not manifest["shards"]:  # nothing was finished (by this rank): it starts anew
         return None if ranks is None else {**_NOTHING, "run_id": manifest.get("run_id")}
-    fed = manifest.get("num_sequences", manifest["num_samples"])  # rows may be tokens
-    if len(manifest.get("sample_ids") or []) < fed:
+    if len(manifest.get("sample_ids") or []) < samples_fed(manifest):
         raise HookdumpError(
             f"{RESUME}: the manifest in {out} does not list its samples' ids, so the dump "
             f"cannot be carried on; start anew with {opt('overwrite', True)}"
@@ -175,7 +175,7 @@ def _this_rank(out: Path, ranks: Ranks) -> dict[str, Any] | None:
         )
     if not out.is_dir():
         return None
-    mine = out / rank_names(ranks)["manifest_name"]
+    mine = out / rank_names(ranks).manifest
     if not mine.is_file():
         return None
     manifest = read_manifest(mine)

@@ -27,9 +27,10 @@ import torch
 from hookdump.dump.folder import locked, refuse_reads_inside
 from hookdump.dump.sink import BatchSink
 from hookdump.errors import HookdumpError, opt
-from hookdump.hooks.capture import Capture
+from hookdump.hooks.capture import Capture, parse_capture
 from hookdump.hooks.forward import out_of_memory
 from hookdump.hooks.gradients import parse_grad_target
+from hookdump.hooks.selection import select_modules
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
 from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, input_spec, parse_shape
@@ -209,14 +210,18 @@ def _run(
     made_from = sources(loaded, feed)
     destination.check_sources(made_from)
 
-    def fields() -> dict[str, Any]:  # called for each manifest write, once `cap` exists
-        return {
-            **static,
-            "sample_ids": list(feed.ids),
-            "skipped_inputs": destination.skipped_inputs_before + list(feed.skipped),
-        }
-
-    destination.start(shard_bytes=options.shard_bytes, fields=fields)
+    # what the manifest records of the run (the selection as the hooks will make it)
+    static = manifest_fields(
+        options, loaded=loaded, feed=feed, spec=spec, sources=made_from,
+        modules=list(select_modules(loaded.module, options.layers, options.exclude,
+                                    options.types)),
+        kinds=parse_capture(options.capture),
+    )  # fmt: skip
+    if ranks is not None:  # --resume checks that it goes on with as many processes
+        static["processes"] = ranks.world
+    if options.per_token:
+        static["rows"] = "tokens"
+    destination.start(shard_bytes=options.shard_bytes, fields=static)
     sink = BatchSink(
         destination.writer, checked.save_dtype,
         None if options.per_token else feed.total,  # token rows: not known ahead
@@ -229,12 +234,6 @@ def _run(
         loaded.module, options.layers, options.exclude, options.types, options.capture,
         reduce=options.reduce, receiver=tokens or sink,
     )  # fmt: skip
-    static = manifest_fields(options, loaded=loaded, cap=cap, feed=feed, spec=spec,
-                             sources=made_from)  # fmt: skip
-    if ranks is not None:  # --resume checks that it goes on with as many processes
-        static["processes"] = ranks.world
-    if tokens is not None:
-        static["rows"] = "tokens"
     loop = BatchLoop(
         cap, loaded, sink, forward_dtype=checked.forward_dtype, grad_target=checked.grad_target,
         early_stop=options.early_stop and not options.train, label=options.model, tokens=tokens,
@@ -242,7 +241,7 @@ def _run(
     batches = _on_device(feed.batches(options.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
     nothing = None if ranks else lambda: _nothing_read(options, bool(feed.ids))
-    rows = loop.run(batches, destination, feed.total, on_batch, nothing)
+    rows = loop.run(batches, destination, feed, on_batch, nothing)
     looped_at = time.perf_counter()
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
     if whole.rows == 0:
