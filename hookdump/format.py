@@ -44,7 +44,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class KeyInfo:
-    """Where a captured tensor came from."""
+    """Where a captured tensor came from, and its per-sample shape (all but the first
+    dimension) and dtype. `rows`: the first dimension of the tensor a live capture saw
+    (None when read from a dump, or for a 0-d tensor), which tells an unbatched value."""
 
     key: str
     module: str
@@ -54,6 +56,7 @@ class KeyInfo:
     part: str | None
     shape: tuple[int, ...]
     dtype: torch.dtype
+    rows: int | None = None
 
 
 @dataclass(frozen=True)

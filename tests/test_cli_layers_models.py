@@ -79,10 +79,10 @@ def test_models_glob_matching_nothing_is_an_error() -> None:
     ],
 )
 def test_default_input_shapes_follow_the_model(model: str, shape: list[int]) -> None:
-    from hookdump.inputs.spec import input_spec
+    from hookdump.inputs.samples import sample_form
     from hookdump.model.loading import load_model
 
-    assert list(input_spec(load_model(model)).shape) == shape
+    assert list(sample_form(load_model(model)).shape) == shape
 
 
 @pytest.mark.parametrize("model", ["lraspp_mobilenet_v3_large", "ssdlite320_mobilenet_v3_large"])

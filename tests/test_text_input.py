@@ -293,7 +293,7 @@ def test_a_byte_level_bpe_gpt2_without_a_pad_token(tmp_path: Path) -> None:
 def test_ranks_slices_of_the_text_join_into_the_whole(
     gpt2: Path, tmp_path: Path, packed: bool, limit: list[str]
 ) -> None:
-    """What each torchrun rank feeds (`part`), joined in rank order, is what one process
+    """What each torchrun rank feeds (`share`), joined in rank order, is what one process
     feeds: the same sample ids and token ids, with or without a limit."""
     from hookdump.inputs.text import TextOptions, text_feed
 
@@ -306,8 +306,8 @@ def test_ranks_slices_of_the_text_join_into_the_whole(
         max_tokens=40 if "--max-tokens" in limit else None,
     )  # fmt: skip
 
-    def fed(part: tuple[int, int] | None) -> tuple[list[object], list[list[int]], int]:
-        feed = text_feed(options, tokenizer, part=part)
+    def fed(share: tuple[int, int] | None) -> tuple[list[object], list[list[int]], int]:
+        feed = text_feed(options, tokenizer, share=share)
         ids = [row for b in feed.batches(3) for row in b.kwargs["input_ids"].tolist()]
         return list(feed.ids), ids, feed.first
 
@@ -327,7 +327,7 @@ def test_standard_input_under_torchrun_is_refused(gpt2: Path) -> None:
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
     with pytest.raises(hookdump.HookdumpError, match="every rank would read its own standard"):
-        text_feed(TextOptions("-"), tokenizer, part=(0, 2))
+        text_feed(TextOptions("-"), tokenizer, share=(0, 2))
 
 
 def test_the_disk_estimate_of_token_rows_comes_from_the_corpus_size(

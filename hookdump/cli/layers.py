@@ -45,7 +45,7 @@ def layers(
 ) -> None:
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""
     from hookdump.cli.render import layers_table
-    from hookdump.inputs.spec import input_spec, parse_shape
+    from hookdump.inputs.samples import parse_shape, sample_form
     from hookdump.model.prepare import ModelOptions, prepare
     from hookdump.tools.layers import list_layers
 
@@ -64,7 +64,7 @@ def layers(
     )
     rows = list_layers(
         loaded,
-        input_spec(loaded, shape),
+        sample_form(loaded, shape),
         layers=as_list(layers),
         exclude=as_list(exclude),
         types=as_list(types),

@@ -101,6 +101,52 @@ class _Tensors:
         self.tensors[key] = tensor if fresh else tensor.clone()
 
 
+class _Calls:
+    """The calls of one forward: how many each module made, which are running (innermost
+    last) and which finished, in order; and with early stop, how many are still to come."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.running: list[str] = []
+        self.finished: list[str] = []
+        self.stop_after: dict[str, int] | None = None
+        self._open: dict[str, list[int]] = {}  # each module's calls not yet returned
+        self._to_come = 0
+        self.storing = True  # off while only counting calls (see `Capture.counting_only`)
+
+    def enter(self, name: str) -> int:
+        """`name` is called: the call's number (0 for its first)."""
+        call = self.counts.get(name, 0)
+        self.counts[name] = call + 1
+        self._open.setdefault(name, []).append(call)
+        self.running.append(name)
+        return call
+
+    def leave(self, name: str) -> int:
+        """`name` returns: the number of the call returning."""
+        stack = self._open.get(name)
+        call = stack.pop() if stack else self.counts.get(name, 1) - 1
+        if name in self.running:
+            # remove the innermost entry of this module (recursion-safe)
+            del self.running[len(self.running) - 1 - self.running[::-1].index(name)]
+        self.finished.append(name)
+        return call
+
+    def last_needed(self, name: str, call: int) -> bool:
+        """Early stop: whether this call was the last one the selection waits for."""
+        if not self.stop_after or call >= self.stop_after.get(name, 0):
+            return False
+        self._to_come -= 1
+        return self._to_come == 0
+
+    def clear(self) -> None:
+        self.counts.clear()
+        self.finished.clear()
+        self.running.clear()
+        self._open.clear()
+        self._to_come = sum(self.stop_after.values()) if self.stop_after else 0
+
+
 class Capture:
     """Hooks on the selected modules of `model`, active inside a `with` block.
 
@@ -137,27 +183,39 @@ class Capture:
         self.modules = select_modules(model, _as_list(layers), _as_list(exclude), _as_list(types))
         self.kinds = parse_capture(capture)
         self.train = train
-        self._own = _Tensors()
-        self._receiver: Receiver = receiver or self._own
-        self._store = True  # off while only counting calls (see `counting_only`)
+        self._receiver: Receiver = receiver or _Tensors()
         # the current batch's attention mask ([B, T]): token reductions skip the padding
         self.token_mask: torch.Tensor | None = None
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
-        self.calls: dict[str, int] = {}
-        self.finished: list[str] = []
-        self.running: list[str] = []
-        self._call_stack: dict[str, list[int]] = {}
-        # early stop: calls each module makes in one forward, and how many are still to come
-        self.stop_after: dict[str, int] | None = None
-        self._to_come = 0
+        self._calls = _Calls()
         self._handles: list[RemovableHandle] = []
         self._modes: list[tuple[nn.Module, bool]] = []
 
     @property
+    def calls(self) -> dict[str, int]:
+        """module -> calls it made in this forward (since `clear`)."""
+        return self._calls.counts
+
+    @property
+    def running(self) -> list[str]:
+        """The hooked modules whose forward has begun and not returned, innermost last."""
+        return self._calls.running
+
+    @property
+    def finished(self) -> list[str]:
+        """The hooked modules that returned, in order."""
+        return self._calls.finished
+
+    @property
+    def stop_after(self) -> dict[str, int] | None:
+        """Early stop: the calls each module makes in one forward (None: not stopping)."""
+        return self._calls.stop_after
+
+    @property
     def tensors(self) -> dict[str, torch.Tensor]:
         """key -> captured copy, in the order the hooks fired (empty with a `receiver`)."""
-        return self._own.tensors
+        return self._receiver.tensors if isinstance(self._receiver, _Tensors) else {}
 
     @property
     def keys_expected(self) -> int:
@@ -169,11 +227,11 @@ class Capture:
     @contextlib.contextmanager
     def counting_only(self) -> Iterator[None]:
         """Inside: hooks count calls and note keys, but keep no values."""
-        self._store = False
+        self._calls.storing = False
         try:
             yield
         finally:
-            self._store = True
+            self._calls.storing = True
 
     def __enter__(self) -> Capture:
         self._modes = [(m, m.training) for m in self.model.modules()]
@@ -215,30 +273,24 @@ class Capture:
 
     def clear(self) -> None:
         """Forget what was captured and start counting calls afresh."""
-        self._own.tensors = {}
-        self.calls.clear()
-        self.finished.clear()
-        self.running.clear()
-        self._call_stack.clear()
-        self._to_come = sum(self.stop_after.values()) if self.stop_after else 0
+        if isinstance(self._receiver, _Tensors):
+            self._receiver.tensors = {}
+        self._calls.clear()
 
     def stop_early(self, calls: dict[str, int]) -> None:
         """From now on, end each forward once every module has made `calls[module]` calls."""
-        self.stop_after = {name: n for name, n in calls.items() if n}
+        self._calls.stop_after = {name: n for name, n in calls.items() if n}
         self.clear()
 
     def take(self) -> dict[str, torch.Tensor]:
         """The tensors captured since the last clear, then clear."""
-        tensors = self._own.tensors
+        tensors = self.tensors
         self.clear()
         return tensors
 
     def _pre_hook(self, name: str, module_type: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            call = self.calls.get(name, 0)
-            self.calls[name] = call + 1
-            self._call_stack.setdefault(name, []).append(call)
-            self.running.append(name)
+            call = self._calls.enter(name)
             inputs = [(str(i), arg) for i, arg in enumerate(args)] + list(kwargs.items())
             for part, arg in inputs:
                 if "input" in self.kinds:
@@ -250,20 +302,13 @@ class Capture:
 
     def _post_hook(self, name: str, module_type: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            stack = self._call_stack.get(name)
-            call = stack.pop() if stack else self.calls.get(name, 1) - 1
-            if name in self.running:
-                # remove the innermost entry of this module (recursion-safe)
-                del self.running[len(self.running) - 1 - self.running[::-1].index(name)]
-            self.finished.append(name)
+            call = self._calls.leave(name)
             if "output" in self.kinds:
                 self._record(name, module_type, "output", None, output, call)
             if "grad" in self.kinds:
                 self._hook_grads(name, module_type, "grad_output", None, output, call)
-            if self.stop_after and call < self.stop_after.get(name, 0):
-                self._to_come -= 1
-                if self._to_come == 0:
-                    raise StopForward
+            if self._calls.last_needed(name, call):
+                raise StopForward
 
         return hook
 
@@ -290,9 +335,11 @@ class Capture:
         """Note where `key` came from (once) and keep a copy of its value."""
         known = self.info.get(key)
         if known is None:
+            rows = tensor.shape[0] if tensor.dim() else None
             self.info[key] = KeyInfo(
-                key, name, module_type, kind, call, part, tuple(tensor.shape), tensor.dtype
-            )
+                key, name, module_type, kind, call, part, tuple(tensor.shape[1:]), tensor.dtype,
+                rows,
+            )  # fmt: skip
         elif (known.module, known.kind, known.call, known.part) != (name, kind, call, part):
             raise HookdumpError(
                 f"two tensors would be saved under the key {key!r}: {_origin(known)} and "
@@ -300,7 +347,7 @@ class Capture:
                 f"(a module's name holds '@' or ':', which keys use); {opt('exclude')} one of "
                 "them"
             )
-        if not self._store:
+        if not self._calls.storing:
             return
         value = tensor.detach()
         reduced = reduce_tensor(

@@ -9,7 +9,7 @@ import torch
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import Capture, StopForward
-from hookdump.inputs.spec import Batch
+from hookdump.inputs.samples import Batch
 
 
 def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> Any:

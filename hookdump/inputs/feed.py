@@ -9,28 +9,28 @@ from collections.abc import Callable
 from typing import Any
 
 from hookdump.inputs.files import open_input
-from hookdump.inputs.spec import Feed, InputOptions, InputSpec, part_of, random_batches
+from hookdump.inputs.samples import Feed, InputOptions, SampleForm, random_batches, share_of
 
 
 def open_feed(
     options: InputOptions,
     *,
-    spec: Callable[[], InputSpec],
+    form: Callable[[], SampleForm],
     transforms: Any = None,
     done: list[Any] | None = None,
-    part: tuple[int, int] | None = None,
+    share: tuple[int, int] | None = None,
 ) -> Feed:
-    """The samples `options` name. `spec`: the model's input spec, worked out only when a
+    """The samples `options` name. `form`: the model's input form, worked out only when a
     source needs it (random input, images); `transforms`: the weights' preprocessing;
     `done`: ids of the samples already dumped (resuming: the feed goes on after them);
-    `part` (rank, world): a torchrun rank's slice of the samples."""
+    `share` (rank, world): a torchrun rank's slice of the samples."""
     done = done or []
     if options.source != "random":
-        return open_input(options, spec=spec, transforms=transforms, done=done, part=part)
+        return open_input(options, form=form, transforms=transforms, done=done, share=share)
     total = options.num_samples if options.num_samples is not None else options.batch_size
-    first, stop = part_of(total, part)
+    first, stop = share_of(total, share)
 
     def batches(batch_size: int) -> Any:
-        return random_batches(spec(), stop - first, batch_size, options.seed, len(done), first)
+        return random_batches(form(), stop - first, batch_size, options.seed, len(done), first)
 
     return Feed("random", stop - first, range(first, stop), batches)

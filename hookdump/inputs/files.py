@@ -17,7 +17,7 @@ import torch
 from PIL import Image, ImageOps
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, part_of
+from hookdump.inputs.samples import Batch, Feed, InputOptions, SampleForm, share_of
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 TENSOR_SUFFIXES = (".safetensors", ".pt", ".npy")
@@ -97,22 +97,22 @@ def open_rgb(path: Path) -> Image.Image:
 
 
 def image_transform(
-    spec: InputSpec, weights_transforms: Any, image_size: int | None
+    form: SampleForm, weights_transforms: Any, image_size: int | None
 ) -> Callable[[Image.Image], torch.Tensor]:
     """The weights' own preprocessing, else resize, centre crop and ImageNet normalisation."""
     import torchvision.transforms.functional as TF
 
-    if spec.layout == "detection":
+    if form.layout == "detection":
         return TF.to_tensor  # detection models resize and normalise inside
-    if spec.layout != "image" or len(spec.shape) != 3:
+    if form.layout != "image" or len(form.shape) != 3:
         raise HookdumpError(
             f"{opt('input')}: images need a model that takes [3, H, W] images; this one takes "
-            f"{spec.layout} input of shape {list(spec.shape)} per sample (use random input "
+            f"{form.layout} input of shape {list(form.shape)} per sample (use random input "
             "or a tensor file)"
         )
     if weights_transforms is not None and image_size is None:
         return weights_transforms
-    crop = image_size or spec.shape[-1]
+    crop = image_size or form.shape[-1]
     resize = round(crop * 256 / 224)
     mean = getattr(weights_transforms, "mean", IMAGENET_MEAN)
     std = getattr(weights_transforms, "std", IMAGENET_STD)
@@ -146,7 +146,7 @@ def _as_list(items: list[Any]) -> list[Any]:
 
 def image_input(
     paths: list[Path],
-    spec: InputSpec,
+    form: SampleForm,
     transform: Callable[[Image.Image], torch.Tensor],
     *,
     skip_bad: bool,
@@ -198,7 +198,7 @@ def image_input(
                 continue
             ids.extend(str(paths[i]) for i, _ in good)
             tensors = [t for _, t in good]
-            args = (tensors,) if spec.layout == "detection" else (torch.stack(tensors),)
+            args = (tensors,) if form.layout == "detection" else (torch.stack(tensors),)
             yield Batch(args, {}, row, row + len(good))
             row += len(good)
 
@@ -206,11 +206,11 @@ def image_input(
 
 
 def tensor_input(
-    path: Path, limit: int | None, first: int = 0, part: tuple[int, int] | None = None
+    path: Path, limit: int | None, first: int = 0, share: tuple[int, int] | None = None
 ) -> Feed:
     """Rows of a tensor file: one tensor is the batch; several are keyword arguments.
 
-    `part` (rank, world): only that rank's contiguous slice of the rows, numbered from 0."""
+    `share` (rank, world): only that rank's contiguous slice of the rows, numbered from 0."""
     columns = _open_tensor_file(path)
     rows = {name: int(shape[0]) if shape else 0 for name, (shape, _) in columns.items()}
     counts = set(rows.values())
@@ -220,7 +220,7 @@ def tensor_input(
             f"{rows}"
         )
     total = counts.pop() if limit is None else min(limit, counts.pop())
-    offset, end = part_of(total, part)
+    offset, end = share_of(total, share)
     total = end - offset
 
     def batches(batch_size: int) -> Iterator[Batch]:
@@ -303,26 +303,26 @@ def _float32(tensor: torch.Tensor) -> torch.Tensor:
 def open_input(
     options: InputOptions,
     *,
-    spec: Callable[[], InputSpec],
+    form: Callable[[], SampleForm],
     transforms: Any,
     done: list[Any],
-    part: tuple[int, int] | None,
+    share: tuple[int, int] | None,
 ) -> Feed:
-    """The file input that `options.source` names (anything but `random`); `spec`: the
-    model's input spec, asked for only by images; `transforms`: the weights' preprocessing;
-    `done`: ids of samples already in the dump being resumed; `part` (rank, world): a
+    """The file input that `options.source` names (anything but `random`); `form`: the
+    model's input form, asked for only by images; `transforms`: the weights' preprocessing;
+    `done`: ids of samples already in the dump being resumed; `share` (rank, world): a
     torchrun rank's slice."""
     text, limit = options.source, options.num_samples
     path = Path(text)
     if path.suffix in TENSOR_SUFFIXES:
         if not path.is_file():
             raise HookdumpError(f"{opt('input')} {text}: no such file")
-        return tensor_input(path, limit, len(done), part)
+        return tensor_input(path, limit, len(done), share)
     paths = image_paths(text)
-    image_spec = spec()
+    image_spec = form()
     transform = image_transform(image_spec, transforms, options.image_size)
     paths = paths[:limit] if limit else paths
-    first, stop = part_of(len(paths), part)
+    first, stop = share_of(len(paths), share)
     return image_input(
         paths[first:stop],
         image_spec,

@@ -27,7 +27,7 @@ import torch
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.inputs.corpus import PIECE, Progress, documents, text_files
-from hookdump.inputs.spec import Batch, Feed, part_of
+from hookdump.inputs.samples import Batch, Feed, share_of
 from hookdump.worker import prefetch
 
 PREFETCH = 4  # batches tokenized ahead of the forward
@@ -190,17 +190,17 @@ def text_feed(
     model_positions: int | None = None,
     done: list[Any] | None = None,
     tokenizer_files: list[Path] | None = None,
-    part: tuple[int, int] | None = None,
+    share: tuple[int, int] | None = None,
 ) -> Feed:
     """The samples as a `Feed` of batches (`input_ids`, and `attention_mask` for document
     samples), tokenized on a thread a few batches ahead; `done`: the ids of the samples
-    already dumped (resuming: the feed goes on after them); `part` (rank, world): a torchrun
+    already dumped (resuming: the feed goes on after them); `share` (rank, world): a torchrun
     rank's contiguous slice of the samples, counted first when no limit gives their number
     (`feed.first` is the slice's first sample)."""
     ids: list[Any] = list(done or [])
     total = sample_limit(options, model_positions)
     first, stop = 0, None
-    if part is not None:
+    if share is not None:
         if options.source == "-":
             raise HookdumpError(
                 f"{opt('text')} - under torchrun: every rank would read its own standard "
@@ -208,7 +208,7 @@ def text_feed(
             )
         if total is None:
             total = count_samples(options, tokenizer, model_positions)
-        first, stop = part_of(total, part)
+        first, stop = share_of(total, share)
         total = stop - first
     corpus = text_files(options.source)
     progress = None

@@ -42,6 +42,18 @@ _FAMILY_MODULES = ("detection", "segmentation", "video", "optical_flow", "quanti
 
 
 @dataclass(frozen=True)
+class ModelSources:
+    """The files a model was made from, which `--resume` compares by SHA-256."""
+
+    weights_file: Path | None = None
+    model_file: Path | None = None  # MODEL, when it is a file
+    files: list[Path] = field(default_factory=list)  # a Hugging Face folder's weights files
+    # what defines the model beside its weights: an hf: folder's config and tokenizer files,
+    # the source files of a module:attribute model
+    definition: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class LoadedModel:
     """A model ready to hook, with what the rest of hookdump needs to know about it; a new
     one (`dataclasses.replace`) for each step that adds to it, never changed once made."""
@@ -50,33 +62,28 @@ class LoadedModel:
     spec: str
     weights: str
     family: str  # classification, detection, segmentation, video, optical_flow, custom
-    torchvision_name: str | None = None
     transforms: Any = None  # the torchvision weights' preprocessing, when they have one
     input_shape: tuple[int, ...] | None = None  # per sample, when the model file records it
-    weights_file: Path | None = None
-    model_file: Path | None = None  # MODEL, when it is a file
     warnings: list[str] = field(default_factory=list)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     vocab: int = 0  # token ids of random input are below this (family "tokens")
     positions: int | None = None  # the most tokens a sample may have (a text model's config)
-    files: list[Path] = field(default_factory=list)  # a Hugging Face folder's weights files
-    # what defines the model beside its weights: an hf: folder's config and tokenizer files,
-    # the source files of a module:attribute model (--resume compares their SHA-256)
-    definition: list[Path] = field(default_factory=list)
     about: dict[str, Any] = field(default_factory=dict)  # more for the manifest's model entry
+    sources: ModelSources = ModelSources()
 
-    def describe(self) -> dict[str, Any]:
+    def manifest_entry(self) -> dict[str, Any]:
         """The manifest's `model` entry."""
         entry: dict[str, Any] = {
             "spec": self.spec,
             "weights": self.weights,
             "class": self.class_path,
         }
-        if self.weights_file is not None:
-            entry["weights_file"] = str(self.weights_file)
-            entry["weights_sha256"] = sha256(self.weights_file)
-        if self.files:
-            entry["files_sha256"] = {str(p): sha256(p) for p in self.files}
+        weights_file, files = self.sources.weights_file, self.sources.files
+        if weights_file is not None:
+            entry["weights_file"] = str(weights_file)
+            entry["weights_sha256"] = sha256(weights_file)
+        if files:
+            entry["files_sha256"] = {str(p): sha256(p) for p in files}
         return {**entry, **self.about}
 
     @property
@@ -169,14 +176,18 @@ def load_model(
             raise HookdumpError(f"{opt('model')} {spec} is a file; it takes no {opt('model_args')}")
         module, shape = _load_model_file(Path(spec), unsafe_pickle)
         loaded = LoadedModel(
-            module, spec, weights, "custom", input_shape=shape, model_file=Path(spec)
-        )
+            module, spec, weights, "custom", input_shape=shape,
+            sources=ModelSources(model_file=Path(spec)),
+        )  # fmt: skip
     elif ":" in spec:
         module = _build(_import_attribute(spec), spec, kwargs)
-        loaded = LoadedModel(module, spec, weights, "custom", definition=_sources_of(module, spec))
+        definition = _sources_of(module, spec)
+        loaded = LoadedModel(
+            module, spec, weights, "custom", sources=ModelSources(definition=definition)
+        )
     else:
         loaded = _load_torchvision(spec, weights, kwargs)
-        if loaded.weights_file is not None:
+        if loaded.sources.weights_file is not None:
             return loaded
     if weights == "none":
         return loaded
@@ -206,7 +217,8 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
     return LoadedModel(
         hf.module, spec, weights, layout, transforms=hf.transforms,
         input_shape=shape, vocab=vocab, positions=hf_positions(hf.config),
-        files=hf.files, warnings=hf.warnings, definition=hf.definition,
+        warnings=hf.warnings,
+        sources=ModelSources(files=hf.files, definition=hf.definition),
         about={"folder": str(hf.folder), "config_class": type(hf.config).__name__,
                "architecture": hf.class_name},
     )  # fmt: skip
@@ -230,16 +242,20 @@ def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> Loaded
         kwargs = {"weights_backbone": None, **kwargs}
     module = _build(lambda **kw: tvm.get_model(spec, weights=enum, **kw), spec, kwargs)
     return LoadedModel(
-        module, spec, weights, models[spec], torchvision_name=spec,
+        module, spec, weights, models[spec],
         transforms=enum.transforms() if enum is not None else None,
-        weights_file=cached if enum is not None else None,
+        sources=ModelSources(weights_file=cached if enum is not None else None),
     )  # fmt: skip
 
 
 def _with_checkpoint(loaded: LoadedModel, path: Path, strict: bool) -> LoadedModel:
     state = load_checkpoint(path)
     warnings = apply_state_dict(loaded.module, state, str(path), strict)
-    return dataclasses.replace(loaded, warnings=[*loaded.warnings, *warnings], weights_file=path)
+    return dataclasses.replace(
+        loaded,
+        warnings=[*loaded.warnings, *warnings],
+        sources=dataclasses.replace(loaded.sources, weights_file=path),
+    )
 
 
 def is_model_file(spec: str) -> bool:

@@ -20,7 +20,7 @@ from hookdump.dump.stats import KeySummary, summarize
 from hookdump.dump.writer import DumpWriter
 from hookdump.errors import opt
 from hookdump.format import samples_fed
-from hookdump.run.distributed import RankPart, Ranks, drop_rank_manifests, merge_ranks, rank_names
+from hookdump.run.distributed import Ranks, RankShare, drop_rank_manifests, merge_ranks, rank_names
 from hookdump.run.options import RunOptions
 from hookdump.run.resume import check_sources, previous_dump
 
@@ -104,14 +104,14 @@ class Destination:
             )
         return "nothing was written"
 
-    def gather(self, part: RankPart) -> RankPart:
+    def gather(self, part: RankShare) -> RankShare:
         """The whole dump: this run's part, or under torchrun every rank's part joined on
         rank 0 (the other ranks get their own)."""
         if self.ranks is None:
             return part
         return merge_ranks(self.ranks, part) or part
 
-    def finish(self, whole: RankPart, extra: dict[str, Any]) -> dict[str, Any] | None:
+    def finish(self, whole: RankShare, extra: dict[str, Any]) -> dict[str, Any] | None:
         """Write the complete manifest of `whole` (on torchrun's rank 0 only), with `extra`
         fields; the manifest written, if any."""
         manifest = None

@@ -31,8 +31,8 @@ class Ranks:
         return self.rank == 0
 
     @property
-    def part(self) -> tuple[int, int]:
-        """(rank, world): which slice of the samples this rank dumps (`inputs.part_of`)."""
+    def share(self) -> tuple[int, int]:
+        """(rank, world): which slice of the samples this rank dumps (`inputs.share_of`)."""
         return self.rank, self.world
 
     def gather(self, value: Any) -> list[Any]:
@@ -88,7 +88,7 @@ def rank_names(ranks: Ranks | None) -> FileNames:
 
 
 @dataclass
-class RankPart:
+class RankShare:
     """What one rank dumped, as it is sent to rank 0 at the end."""
 
     rows: int
@@ -100,10 +100,10 @@ class RankPart:
     skipped_inputs: list[dict[str, str]]
 
 
-def merge_ranks(ranks: Ranks, mine: RankPart) -> RankPart | None:
+def merge_ranks(ranks: Ranks, mine: RankShare) -> RankShare | None:
     """Every rank's part gathered onto rank 0 and joined in sample order: the shards' rows
     renumbered, statistics merged, ids and skipped lists concatenated. None on other ranks."""
-    everyone: list[RankPart] = ranks.gather(mine)
+    everyone: list[RankShare] = ranks.gather(mine)
     if not ranks.main:
         return None
     with_rows = [p for p in everyone if p.rows]
@@ -125,7 +125,7 @@ def merge_ranks(ranks: Ranks, mine: RankPart) -> RankPart | None:
             else:
                 summaries[key] = summary
     seen = {s["key"] for s in mine.skipped}
-    return RankPart(
+    return RankShare(
         rows=offset,
         shards=shards,
         tensors=with_rows[0].tensors if with_rows else {},

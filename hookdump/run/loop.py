@@ -17,7 +17,7 @@ from hookdump.format import KeyInfo, Rows
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import calibrate, ends_late, forward
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
-from hookdump.inputs.spec import Batch, Feed
+from hookdump.inputs.samples import Batch, Feed
 from hookdump.model.loading import LoadedModel
 from hookdump.run.destination import Destination
 from hookdump.run.signals import exit_code
@@ -104,7 +104,8 @@ class BatchLoop:
             rows = Rows(first_row, first_row + count, batch.start, batch.stop, True, *fed)
         self.sink.begin(rows, cap.keys_expected + len(stored))
         for key, tensor in stored.items():  # the input itself: token ids, the mask
-            info = KeyInfo(key, key, "-", "tokens", 0, None, tuple(tensor.shape), tensor.dtype)
+            shape, first = tuple(tensor.shape[1:]), tensor.shape[0]
+            info = KeyInfo(key, key, "-", "tokens", 0, None, shape, tensor.dtype, first)
             self.sink.keep(key, tensor, info, fresh=True)
         inputs = inputs_requiring_grad(batch.args, batch.kwargs) if self.grads else []
         output = forward(cap, self.model, batch, self.label)

@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import hookdump
-from hookdump.inputs.spec import Feed, InputSpec
+from hookdump.inputs.samples import Feed, SampleForm
 from hookdump.model.loading import LoadedModel
 from hookdump.run.options import RunOptions
 
@@ -19,7 +19,7 @@ def manifest_fields(
     *,
     loaded: LoadedModel,
     feed: Feed,
-    spec: Callable[[], InputSpec],
+    form: Callable[[], SampleForm],
     sources: dict[str, Any],
     modules: list[str],
     kinds: tuple[str, ...],
@@ -27,7 +27,7 @@ def manifest_fields(
     """Everything but the shards, the tensors and what grows as the run goes on (sample ids,
     skipped inputs): the model, the command, the recipe, the sources, the input, versions."""
     return {
-        "model": loaded.describe(),
+        "model": loaded.manifest_entry(),
         "command": options.command,
         "recipe": options.recipe(),
         "sources": sources,
@@ -46,7 +46,7 @@ def manifest_fields(
         "save_dtype": options.save_dtype,
         "train": options.train,
         "batch_size": options.batch_size,
-        "input": _input(options, loaded, feed, spec),
+        "input": _input(options, loaded, feed, form),
         "skipped": [],
         "versions": {
             name: _version(name) for name in ("hookdump", "torch", "torchvision", "safetensors")
@@ -57,9 +57,9 @@ def manifest_fields(
 
 
 def _input(
-    options: RunOptions, loaded: LoadedModel, feed: Feed, spec: Callable[[], InputSpec]
+    options: RunOptions, loaded: LoadedModel, feed: Feed, form: Callable[[], SampleForm]
 ) -> dict[str, Any]:
-    if feed.kind == "text":
+    if feed.input_type == "text":
         return {
             "source": options.text,
             "layout": "tokens",
@@ -70,12 +70,12 @@ def _input(
             "tokenizer": options.tokenizer or loaded.about.get("folder"),
         }
     source: dict[str, Any] = {"source": options.input}
-    if feed.kind == "random":
-        source.update(layout=spec().layout, shape=list(spec().shape))
-    elif feed.kind == "tensors":
+    if feed.input_type == "random":
+        source.update(layout=form().layout, shape=list(form().shape))
+    elif feed.input_type == "tensors":
         source["layout"] = "tensors"
     else:
-        source["layout"] = spec().layout
+        source["layout"] = form().layout
         source["image_size"] = options.image_size
         source["preprocessing"] = (
             "weights"

@@ -20,7 +20,7 @@ from hookdump.model.weights import sha256
 from hookdump.run.distributed import RANK_MANIFESTS, Ranks, rank_names
 
 if TYPE_CHECKING:
-    from hookdump.inputs.spec import Feed
+    from hookdump.inputs.samples import Feed
     from hookdump.model.loading import LoadedModel
     from hookdump.run.options import RunOptions
 
@@ -32,12 +32,15 @@ _NOTHING: dict[str, Any] = {"tensors": {}, "shards": [], "sample_ids": [], "num_
 def sources(loaded: LoadedModel, feed: Feed | None) -> dict[str, Any]:
     """The files a dump is made from, as the manifest records them."""
     found: dict[str, Any] = {}
-    for name, path in (("model", loaded.model_file), ("weights", loaded.weights_file)):
+    for name, path in (
+        ("model", loaded.sources.model_file),
+        ("weights", loaded.sources.weights_file),
+    ):
         if path is not None:
             found[name] = {"path": str(path), "sha256": sha256(path)}
-    if loaded.files:  # a Hugging Face folder's weights
-        found["model_files"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.files]
-    found["definition"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.definition]
+    if loaded.sources.files:  # a Hugging Face folder's weights
+        found["model_files"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.sources.files]
+    found["definition"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.sources.definition]
     if feed is not None:
         found["input"] = [_stat(path) for path in feed.files]
     return found

@@ -33,14 +33,14 @@ from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.selection import select_modules
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
-from hookdump.inputs.spec import Batch, Feed, InputOptions, InputSpec, input_spec, parse_shape
+from hookdump.inputs.samples import Batch, Feed, InputOptions, SampleForm, parse_shape, sample_form
 from hookdump.inputs.text import TextOptions, text_feed
 from hookdump.model.loading import LoadedModel, is_model_file
 from hookdump.model.prepare import prepare, resolve_dtype
 from hookdump.model.weights import is_checkpoint_path
 from hookdump.model.zoo import load_tokenizer
 from hookdump.run.destination import Destination
-from hookdump.run.distributed import RankPart, Ranks, from_environment, rank_device
+from hookdump.run.distributed import Ranks, RankShare, from_environment, rank_device
 from hookdump.run.loop import BatchLoop
 from hookdump.run.manifest import manifest_fields
 from hookdump.run.options import RunOptions, RunResult
@@ -205,14 +205,14 @@ def _run(
     destination = Destination.open(options, ranks)
     loaded = prepare(options.model_options(rank_device(options.device, ranks)))
     loaded_at = time.perf_counter()
-    spec = functools.cache(lambda: input_spec(loaded, checked.shape))
-    feed = _feed(options, checked, loaded, spec, destination, ranks)
+    form = functools.cache(lambda: sample_form(loaded, checked.shape))
+    feed = _feed(options, checked, loaded, form, destination, ranks)
     made_from = sources(loaded, feed)
     destination.check_sources(made_from)
 
     # what the manifest records of the run (the selection as the hooks will make it)
     static = manifest_fields(
-        options, loaded=loaded, feed=feed, spec=spec, sources=made_from,
+        options, loaded=loaded, feed=feed, form=form, sources=made_from,
         modules=list(select_modules(loaded.module, options.layers, options.exclude,
                                     options.types)),
         kinds=parse_capture(options.capture),
@@ -258,7 +258,7 @@ def _run(
 def _result(
     options: RunOptions,
     loaded: LoadedModel,
-    whole: RankPart,
+    whole: RankShare,
     manifest: dict[str, Any] | None,
     timings: dict[str, float],
     destination: Destination,
@@ -286,14 +286,14 @@ def _feed(
     options: RunOptions,
     checked: _Checked,
     loaded: LoadedModel,
-    spec: Callable[[], InputSpec],
+    form: Callable[[], SampleForm],
     destination: Destination,
     ranks: Ranks | None,
 ) -> Feed:
     if options.text is not None:
         feed, what = _text_feed(options, loaded, destination, ranks), opt("text")
     else:
-        feed, what = _file_feed(options, checked, loaded, spec, destination, ranks), opt("input")
+        feed, what = _file_feed(options, checked, loaded, form, destination, ranks), opt("input")
     refuse_reads_inside(options.out, what, feed.files)
     return feed
 
@@ -302,7 +302,7 @@ def _file_feed(
     options: RunOptions,
     checked: _Checked,
     loaded: LoadedModel,
-    spec: Callable[[], InputSpec],
+    form: Callable[[], SampleForm],
     destination: Destination,
     ranks: Ranks | None,
 ) -> Feed:
@@ -316,10 +316,10 @@ def _file_feed(
             skip_bad_inputs=options.skip_bad_inputs,
             workers=options.workers,
         ),
-        spec=spec,
+        form=form,
         transforms=loaded.transforms,
         done=destination.done_ids,
-        part=ranks.part if ranks else None,
+        share=ranks.share if ranks else None,
     )
 
 
@@ -351,7 +351,7 @@ def _text_feed(
     )
     return text_feed(
         text, tokenizer, model_positions=positions, done=destination.done_ids,
-        tokenizer_files=files, part=ranks.part if ranks else None,
+        tokenizer_files=files, share=ranks.share if ranks else None,
     )  # fmt: skip
 
 
@@ -367,7 +367,7 @@ def _part(
     destination: Destination,
     rows: int,
     loop: BatchLoop,
-) -> RankPart:
+) -> RankShare:
     """What this run (this rank) dumped, as values."""
     skipped = [{"key": s.key, "reason": f"not a tensor ({s.type})"} for s in cap.skipped.values()]
     skipped += list(sink.unbatched.values())
@@ -379,12 +379,12 @@ def _part(
         before = destination.previous.get("skipped", [])
         skipped = [s for s in before if s["key"] not in seen] + skipped
     writer = destination.writer
-    return RankPart(
+    return RankShare(
         rows=rows,
         shards=list(writer.shards) if writer else [],
         tensors=dict(writer.tensors) if writer else {},
         summaries=dict(sink.summaries),
-        ids=list(feed.ids[:fed]) if feed.kind == "random" else list(feed.ids)[:fed],
+        ids=list(feed.ids[:fed]) if feed.input_type == "random" else list(feed.ids)[:fed],
         skipped=skipped,
         skipped_inputs=destination.skipped_inputs_before + list(feed.skipped),
     )

@@ -16,7 +16,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo
 from hookdump.hooks.capture import Receiver
-from hookdump.inputs.spec import Batch
+from hookdump.inputs.samples import Batch
 
 
 def parse_positions(text: str | None) -> slice:

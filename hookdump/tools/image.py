@@ -29,7 +29,7 @@ MAX_ROW_BYTES = 256 << 20
 class Rendered:
     """What was drawn, for the one-line report (and the tests)."""
 
-    kind: str  # grid or histogram
+    chart: str  # grid or histogram
     path: Path
     width: int
     height: int
@@ -40,7 +40,7 @@ class Rendered:
     tile: int = 0
 
     def describe(self, key: str, sample: int) -> str:
-        if self.kind == "grid":
+        if self.chart == "grid":
             shown = (
                 f"{self.tiles} channels"
                 if self.tiles == self.channels

@@ -10,7 +10,7 @@ import torch
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import forward
 from hookdump.hooks.selection import module_type_name
-from hookdump.inputs.spec import InputSpec, random_batches
+from hookdump.inputs.samples import SampleForm, random_batches
 from hookdump.model.loading import LoadedModel
 
 
@@ -40,7 +40,7 @@ class LayerRow:
 
 def list_layers(
     loaded: LoadedModel,
-    spec: InputSpec,
+    form: SampleForm,
     *,
     layers: list[str],
     exclude: list[str],
@@ -48,10 +48,10 @@ def list_layers(
     seed: int = 0,
 ) -> list[LayerRow]:
     """The selected modules in registration order, after one forward of random input shaped
-    by `spec` (the model on its device, as `model.prepare.prepare` leaves it)."""
+    by `form` (the model on its device, as `model.prepare.prepare` leaves it)."""
     model = loaded.module
     # two samples: with one, a dim 0 of size 1 could not be told from the batch dim
-    batch = next(random_batches(spec, 2, 2, seed))
+    batch = next(random_batches(form, 2, 2, seed))
     if loaded.device.type != "cpu":
         batch = batch.to(loaded.device)
     cap = Capture(model, layers, exclude, types, ("output",))
@@ -70,9 +70,9 @@ def list_layers(
         if info.call != 0:
             continue
         row, part = rows[info.module], info.part or ""
-        if info.shape and info.shape[0] == batch.rows:
-            row.outputs[part] = list(info.shape[1:])
-        else:
+        if info.rows == batch.rows:
             row.outputs[part] = list(info.shape)
+        else:  # the whole value, as it came
+            row.outputs[part] = [info.rows, *info.shape] if info.rows is not None else []
             row.unbatched.append(part)
     return list(rows.values())

@@ -25,7 +25,7 @@ MAX_SAMPLE_ELEMENTS = 1 << 31  # --input-shape: 8 GiB of float32 for one random 
 
 
 @dataclass(frozen=True)
-class InputSpec:
+class SampleForm:
     """What one sample looks like and how samples are passed to `forward`."""
 
     # image: one batched tensor; detection: a list of per-sample tensors;
@@ -69,7 +69,7 @@ class Feed:
     """Samples for a run: their ids (sample indices, paths or row indices), how many, and
     how to batch them."""
 
-    kind: str  # random, images, tensors or text
+    input_type: str  # random, images, tensors or text
     total: int | None  # samples to read (fewer if images fail to decode; None: not known)
     ids: Any  # a range (random input) or a list that grows as files are read
     batches: Callable[[int], Iterator[Batch]]
@@ -81,12 +81,12 @@ class Feed:
     estimate: Callable[[], int | None] = lambda: None
 
 
-def part_of(total: int, part: tuple[int, int] | None) -> tuple[int, int]:
+def share_of(total: int, share: tuple[int, int] | None) -> tuple[int, int]:
     """The contiguous rows `first:stop` of `total` that process `rank` of `world` takes
-    (`part`: (rank, world); all of them without one)."""
-    if part is None:
+    (`share`: (rank, world); all of them without one)."""
+    if share is None:
         return 0, total
-    rank, world = part
+    rank, world = share
     return rank * total // world, (rank + 1) * total // world
 
 
@@ -160,27 +160,27 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def input_spec(loaded: LoadedModel, shape: tuple[int, ...] | None = None) -> InputSpec:
-    """The random-input spec for a model: its own default shape, or `shape` if given."""
+def sample_form(loaded: LoadedModel, shape: tuple[int, ...] | None = None) -> SampleForm:
+    """The random-input form for a model: its own default shape, or `shape` if given."""
     family = loaded.family
     if family == "tokens":  # a Hugging Face text model: random token ids
-        return InputSpec("tokens", shape or loaded.input_shape or (32,), vocab=loaded.vocab)
+        return SampleForm("tokens", shape or loaded.input_shape or (32,), vocab=loaded.vocab)
     if family == "image" and loaded.input_shape is not None:  # Hugging Face vision, timm
-        return InputSpec("image", shape or loaded.input_shape)
+        return SampleForm("image", shape or loaded.input_shape)
     if family == "custom":
-        return _custom_spec(loaded.module, shape or loaded.input_shape, loaded.spec)
+        return _custom_form(loaded.module, shape or loaded.input_shape, loaded.spec)
     layout = {"detection": "detection", "optical_flow": "flow"}.get(family, "image")
     if shape is not None:
-        return InputSpec(layout, shape)
-    crop, resize, frames = _weights_sizes(loaded.torchvision_name or "")
+        return SampleForm(layout, shape)
+    crop, resize, frames = _weights_sizes(loaded.spec)  # a torchvision name, for these families
     if family == "video":
-        return InputSpec(layout, (3, frames, crop, crop))
+        return SampleForm(layout, (3, frames, crop, crop))
     if family == "segmentation":
-        return InputSpec(layout, (3, resize, resize))
+        return SampleForm(layout, (3, resize, resize))
     if family == "classification":
         size = getattr(loaded.module, "image_size", None)  # ViT built without weights: 224
-        return InputSpec(layout, (3, size if isinstance(size, int) else crop, crop))
-    return InputSpec(layout, (3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
+        return SampleForm(layout, (3, size if isinstance(size, int) else crop, crop))
+    return SampleForm(layout, (3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
 
 
 def _weights_sizes(name: str) -> tuple[int, int, int]:
@@ -204,23 +204,23 @@ def _weights_sizes(name: str) -> tuple[int, int, int]:
     return crop, resize if resize_size else crop, frames
 
 
-def _custom_spec(model: nn.Module, shape: tuple[int, ...] | None, spec: str) -> InputSpec:
+def _custom_form(model: nn.Module, shape: tuple[int, ...] | None, label: str) -> SampleForm:
     """Guess the input of a user's model from its first Embedding, Linear or Conv layer."""
     first = next((m for m in model.modules() if isinstance(m, _GUESSABLE)), None)
     if isinstance(first, nn.Embedding):
-        return InputSpec("tokens", shape or (DEFAULT_SEQUENCE,), vocab=first.num_embeddings)
+        return SampleForm("tokens", shape or (DEFAULT_SEQUENCE,), vocab=first.num_embeddings)
     if shape is not None:
-        return InputSpec("image", shape)
+        return SampleForm("image", shape)
     if isinstance(first, nn.Linear):
-        return InputSpec("image", (first.in_features,))
+        return SampleForm("image", (first.in_features,))
     if isinstance(first, nn.Conv1d):
-        return InputSpec("image", (first.in_channels, DEFAULT_IMAGE_SIZE))
+        return SampleForm("image", (first.in_channels, DEFAULT_IMAGE_SIZE))
     if isinstance(first, nn.Conv2d):
-        return InputSpec("image", (first.in_channels, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
+        return SampleForm("image", (first.in_channels, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
     if isinstance(first, nn.Conv3d):
-        return InputSpec("image", (first.in_channels, DEFAULT_FRAMES, 112, 112))
+        return SampleForm("image", (first.in_channels, DEFAULT_FRAMES, 112, 112))
     raise HookdumpError(
-        f"cannot tell the input shape of {spec!r} (it has no Linear, Conv or Embedding "
+        f"cannot tell the input shape of {label!r} (it has no Linear, Conv or Embedding "
         f"layer to go by); pass {opt('input_shape')}, e.g. {opt('input_shape')} 3,224,224"
     )
 
@@ -229,7 +229,7 @@ _GUESSABLE = (nn.Embedding, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def random_batches(
-    spec: InputSpec,
+    form: SampleForm,
     num_samples: int,
     batch_size: int,
     seed: int,
@@ -241,16 +241,16 @@ def random_batches(
     Row i holds sample `offset + i` (a torchrun rank's slice starts at its offset). A batch
     larger than the memory available is a MemoryError before any of it is made: made a
     sample at a time, it would be killed by the kernel instead, without a word."""
-    per_sample = math.prod(spec.shape) * (8 if spec.layout == "tokens" else 4)
-    per_sample *= 2 if spec.layout == "flow" else 1
+    per_sample = math.prod(form.shape) * (8 if form.layout == "tokens" else 4)
+    per_sample *= 2 if form.layout == "flow" else 1
     needed = 2 * per_sample * min(batch_size, max(0, num_samples - first))  # and stacked
     available = _memory_available()
     if available is not None and needed > available:
         raise MemoryError(f"a batch of random input needs {needed:,} bytes, {available:,} free")
     for start in range(first, num_samples, batch_size):
         stop = min(start + batch_size, num_samples)
-        samples = [_random_sample(spec, seed, offset + i) for i in range(start, stop)]
-        if spec.layout == "detection":
+        samples = [_random_sample(form, seed, offset + i) for i in range(start, stop)]
+        if form.layout == "detection":
             args: tuple[Any, ...] = ([s[0] for s in samples],)
         else:
             args = tuple(torch.stack(parts) for parts in zip(*samples, strict=True))
@@ -269,10 +269,10 @@ def _memory_available() -> int | None:
     return None
 
 
-def _random_sample(spec: InputSpec, seed: int, index: int) -> tuple[torch.Tensor, ...]:
+def _random_sample(form: SampleForm, seed: int, index: int) -> tuple[torch.Tensor, ...]:
     # 2**31-1 is prime: mixes (seed, index) into one 64-bit seed without collisions in practice
     generator = torch.Generator().manual_seed((seed * 2_147_483_647 + index) % 2**63)
-    if spec.layout == "tokens":
-        return (torch.randint(0, spec.vocab, spec.shape, generator=generator),)
-    count = 2 if spec.layout == "flow" else 1
-    return tuple(torch.randn(spec.shape, generator=generator) for _ in range(count))
+    if form.layout == "tokens":
+        return (torch.randint(0, form.vocab, form.shape, generator=generator),)
+    count = 2 if form.layout == "flow" else 1
+    return tuple(torch.randn(form.shape, generator=generator) for _ in range(count))
