@@ -24,10 +24,10 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 
-from hookdump.dump.direct_io import AppendFile
 from hookdump.hooks.selection import select_modules
 from hookdump.run.options import RunOptions
 from hookdump.run.runner import run
+from hookdump.store.direct_io import AppendFile
 
 MODEL, BATCH = "resnet50", 32
 

@@ -10,6 +10,7 @@ No torch at import time: the CLI's `--help` imports this.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,15 @@ DTYPE_OF_SAFETENSORS = {st: name for name, st in SAFETENSORS_DTYPES.items()}
 TYPE_ATTRIBUTE = "_hookdump_type"
 
 
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': the one unit system of tables, reprs and errors."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.float32` -> `float32`."""
     return str(dtype).removeprefix("torch.")
@@ -57,6 +67,13 @@ class KeyInfo:
     shape: tuple[int, ...]
     dtype: torch.dtype
     rows: int | None = None
+
+    @property
+    def nbytes(self) -> int | None:
+        """The bytes of `rows` rows (None when `rows` is not known)."""
+        if self.rows is None:
+            return None
+        return self.rows * math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)

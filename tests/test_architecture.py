@@ -38,11 +38,11 @@ def test_the_layers_contract_holds_and_catches_an_upward_import(tmp_path: Path) 
         ROOT / "hookdump", copy / "hookdump", ignore=shutil.ignore_patterns("__pycache__")
     )
     shutil.copy(ROOT / "pyproject.toml", copy)
-    writer = copy / "hookdump" / "dump" / "writer.py"  # the dump layer reaching up to run/
+    writer = copy / "hookdump" / "store" / "writer.py"  # the store layer reaching up to run/
     writer.write_text(writer.read_text() + "\nfrom hookdump.run import runner  # noqa\n")
     result = _lint_imports(copy)
     assert result.returncode != 0
-    assert "hookdump.dump is not allowed to import hookdump.run" in result.stdout
+    assert "hookdump.store is not allowed to import hookdump.run" in result.stdout
 
 
 def test_library_errors_name_arguments_and_the_cli_names_flags(in_tests_dir: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 from clitools import invoke
 
 import hookdump
-from hookdump.dump.reader import Dump
+from hookdump.store.reader import Dump
 
 X, Y = "linear_1:input.0", "linear_1"
 
@@ -125,7 +125,7 @@ def _reader(log: list[tuple[int, int]]) -> Callable[[tuple[int, int]], dict[str,
 def test_mixed_batches_give_every_row_once_aligned_and_full_until_the_last(
     sizes: list[int], shuffle: bool, batch_size: int
 ) -> None:
-    from hookdump.dump.batches import mixed_batches
+    from hookdump.store.batches import mixed_batches
 
     log: list[tuple[int, int]] = []
     batches = list(mixed_batches(_blocks(sizes), _reader(log), batch_size, shuffle=shuffle,
@@ -139,7 +139,7 @@ def test_mixed_batches_give_every_row_once_aligned_and_full_until_the_last(
 
 
 def test_mixed_batches_read_a_window_at_a_time_in_a_seeded_order() -> None:
-    from hookdump.dump.batches import mixed_batches
+    from hookdump.store.batches import mixed_batches
 
     log: list[tuple[int, int]] = []
     batches = mixed_batches(_blocks([10] * 10 + [3]), _reader(log), 8, shuffle=True, seed=5,
@@ -159,7 +159,7 @@ def test_mixed_batches_read_a_window_at_a_time_in_a_seeded_order() -> None:
 def test_a_window_of_blocks_mixes_shards_when_shards_hold_many_blocks() -> None:
     """Two shards of ten blocks each: every window of two shuffled blocks holds one block of
     each shard, so a batch mixes rows of two shards as the contract says."""
-    from hookdump.dump.batches import mixed_batches
+    from hookdump.store.batches import mixed_batches
 
     log: list[tuple[int, int]] = []
     blocks = _blocks([5] * 20)

@@ -467,7 +467,7 @@ def test_200000_missing_shards_are_one_line(tmp_path: Path) -> None:
 
 def test_diff_pairs_a_million_shards_in_one_walk() -> None:
     """Each segment's shards used to be found by a scan of every shard: hours for 10**6."""
-    from hookdump.dump.reader import Dump
+    from hookdump.store.reader import Dump
     from hookdump.tools.diff import _segments
 
     def dump(width: int, count: int) -> Dump:

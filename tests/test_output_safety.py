@@ -19,7 +19,7 @@ from clitools import assert_usage_error, finish, hookdump_process, invoke
 from safetensors.torch import save_file
 
 import hookdump
-from hookdump.dump.folder import describe_os_error
+from hookdump.store.folder import describe_os_error
 
 TESTS = Path(__file__).parent
 MARKER = "MARKER-outside-the-dump-7f3a"
@@ -249,7 +249,7 @@ def test_each_shard_is_on_disk_before_the_manifest_lists_it(
 ) -> None:
     """Committed one by one or (within COMMIT_EVERY) together, each shard is synced,
     renamed and its folder entry synced before a manifest names it."""
-    from hookdump.dump import commit
+    from hookdump.store import commit
 
     monkeypatch.setattr(commit, "COMMIT_EVERY", 60.0 if grouped else 0.0)
     out = tmp_path / "d"

@@ -32,7 +32,7 @@ def interrupted(out: Path, monkeypatch: pytest.MonkeyPatch, at: int, *extra: str
 def commit_every(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> float:
     """Shards committed one by one, or (60 s apart) all only once the run stops: Ctrl-C and
     errors must commit the finished ones all the same."""
-    from hookdump.dump import commit
+    from hookdump.store import commit
 
     monkeypatch.setattr(commit, "COMMIT_EVERY", request.param)
     return float(request.param)
@@ -122,7 +122,7 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
 ) -> None:
     import errno
 
-    from hookdump.dump.shards import ShardFile
+    from hookdump.store.shards import ShardFile
 
     out = tmp_path / "d"
     real_write = ShardFile.write
@@ -203,7 +203,7 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     is (the dump has no gap)."""
     import errno
 
-    from hookdump.dump import writer
+    from hookdump.store import writer
 
     out = tmp_path / "d"
     real_fsync = writer.fsync_file
@@ -237,8 +237,8 @@ def test_shards_are_committed_together_every_interval(
     aside, and the disk should not hold both for longer."""
     import time
 
-    from hookdump.dump import commit
-    from hookdump.dump.writer import DumpWriter
+    from hookdump.store import commit
+    from hookdump.store.writer import DumpWriter
 
     out = tmp_path / "d"
     if old_dump:

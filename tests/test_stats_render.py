@@ -9,7 +9,7 @@ import torch
 from rich.console import Console
 
 from hookdump.cli.render import can_draw_sparklines, format_bytes, sparkline
-from hookdump.dump.stats import HIST_BINS, TensorStats
+from hookdump.store.stats import HIST_BINS, TensorStats
 
 
 def test_stats_over_batches_equal_stats_of_the_whole() -> None:

@@ -344,7 +344,7 @@ def test_the_disk_estimate_of_token_rows_comes_from_the_corpus_size(
     report = json.loads(result.stdout)
     assert 0.8 < report["estimated_bytes"] / report["total_bytes"] < 1.25
 
-    import hookdump.dump.writer as writer
+    import hookdump.store.writer as writer
 
     free = report["total_bytes"] // 2
     monkeypatch.setattr(writer.shutil, "disk_usage", lambda _: type("U", (), {"free": free}))
@@ -359,7 +359,7 @@ def test_token_rows_of_a_known_count_fill_their_last_shard_exactly(
     """Packed windows of a known count make a known number of token rows: the shard that
     gathers the batches after the first is planned to that size, so it is never compacted
     (read back and written again) at the end."""
-    import hookdump.dump.shards as shards
+    import hookdump.store.shards as shards
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(CORPUS * 5) + "\n")

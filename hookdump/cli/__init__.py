@@ -10,10 +10,11 @@ import contextlib
 import os
 import sys
 import threading
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
+import hookdump
 from hookdump.cli import diff, inspect, layers, models, run, show
 from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
 from hookdump.cli._output import printable
@@ -29,6 +30,29 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain help: rich rendering alone took ~0.2 s
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"hookdump {hookdump.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print hookdump's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Dump what happens inside a PyTorch model: hook modules, capture tensors, save them."""
+
+
 app.command("run")(run.run)
 app.command("layers")(layers.layers)
 app.command("models")(models.models)

@@ -12,24 +12,16 @@ from rich.text import Text
 
 from hookdump.cli._errors import for_cli
 from hookdump.cli._output import printable
+from hookdump.format import format_bytes
 
 if TYPE_CHECKING:
-    from hookdump.dump.stats import KeySummary
     from hookdump.run.options import RunResult
+    from hookdump.store.stats import KeySummary
     from hookdump.tools.diff import DiffResult
     from hookdump.tools.inspect import Inspection
     from hookdump.tools.layers import LayerRow
 
 TIMES = "\u00d7"
-
-
-def format_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_number(value: float | None) -> str:

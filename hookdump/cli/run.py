@@ -30,7 +30,7 @@ from hookdump.cli._options import (
     WeightsOpt,
     as_list,
 )
-from hookdump.cli._progress import GCPause, Progress
+from hookdump.cli._progress import GCPause, progress_bar
 from hookdump.errors import CheckFailed
 
 
@@ -304,7 +304,7 @@ def run(
             quiet, json_output = True, False
         show_progress = not (quiet or json_output)
         reads_stdin = "-" in (options.input, options.text)
-        with Progress(show_progress) as progress, _stdin_unless(reads_stdin):
+        with progress_bar(show_progress) as progress, _stdin_unless(reads_stdin):
             result = run_dump(options, on_batch=pause.chain(progress))
         if not quiet:
             for warning in result.warnings:

@@ -217,6 +217,16 @@ class Capture:
         """key -> captured copy, in the order the hooks fired (empty with a `receiver`)."""
         return self._receiver.tensors if isinstance(self._receiver, _Tensors) else {}
 
+    def __repr__(self) -> str:
+        names = list(self.modules)
+        shown = ", ".join(names[:4]) + (f", ... {len(names) - 4} more" if len(names) > 4 else "")
+        active = "hooked" if self._handles else "not hooked"
+        return (
+            f"Capture({type(self.model).__name__}: {len(names)} modules {active} [{shown}], "
+            f"capture {','.join(self.kinds)}, reduce {self.reduce}, {len(self.tensors)} tensors "
+            "kept)"
+        )
+
     @property
     def keys_expected(self) -> int:
         """The keys one forward makes: those seen so far, or before any forward an estimate

@@ -19,7 +19,7 @@ def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> 
     the hooked modules that had run (the original stays as its `__cause__`); an allocation
     failure is left as it is, for the caller to advise on."""
     try:
-        return module(*batch.args, **batch.kwargs)
+        return batch.call(module)
     except StopForward:
         return None
     except (KeyboardInterrupt, HookdumpError):

@@ -92,7 +92,8 @@ def share_of(total: int, share: tuple[int, int] | None) -> tuple[int, int]:
 
 @dataclass
 class Batch:
-    """Rows `start:stop` of the input, ready for `model(*args, **kwargs)`."""
+    """Rows `start:stop` of the input, ready for `model(*args, **kwargs)`, or, given
+    `forward`, for `forward(model, payload)` (a Python caller's own batch and call)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -100,36 +101,50 @@ class Batch:
     stop: int = 0
     # what the dump keeps of the input itself, by reserved key (`__input_ids__`), [rows, ...]
     stored: dict[str, torch.Tensor] = field(default_factory=dict)
+    forward: Callable[[Any, Any], Any] | None = None
+    payload: Any = None
 
     @property
     def rows(self) -> int:
         return self.stop - self.start
 
-    def first_row(self) -> Batch:
-        """The batch cut to its first sample (tensors with the batch as dim 0, and lists)."""
+    def call(self, module: Any) -> Any:
+        """Run `module` on this batch."""
+        if self.forward is not None:
+            return self.forward(module, self.payload)
+        return module(*self.args, **self.kwargs)
 
-        def cut(value: Any) -> Any:
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == self.rows:
-                return value[:1]
+    def first_row(self) -> Batch:
+        """The batch cut to its first sample (see `cut`)."""
+        return self.cut(0, 1)
+
+    def cut(self, lo: int, hi: int) -> Batch:
+        """Rows `lo:hi` of the batch (counted from its first): every tensor whose first
+        dimension is the batch's rows, and every list of that length, inside tuples, lists
+        and dicts; anything else as it is."""
+
+        def part(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value[lo:hi] if value.dim() and value.shape[0] == self.rows else value
             if isinstance(value, list) and len(value) == self.rows:
-                return value[:1]
-            return value
+                return value[lo:hi]
+            return _rebuilt(value, part)
 
         return Batch(
-            tuple(cut(a) for a in self.args),
-            {k: cut(v) for k, v in self.kwargs.items()},
-            self.start,
-            self.start + 1,
-            {k: cut(v) for k, v in self.stored.items()},
+            tuple(part(a) for a in self.args),
+            {k: part(v) for k, v in self.kwargs.items()},
+            self.start + lo,
+            self.start + min(hi, self.rows),
+            {k: part(v) for k, v in self.stored.items()},
+            self.forward,
+            part(self.payload),
         )
 
     def to(self, device: torch.device) -> Batch:
         def move(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
                 return value.to(device, non_blocking=True)
-            if isinstance(value, list):
-                return [move(v) for v in value]
-            return value
+            return _rebuilt(value, move)
 
         return Batch(
             tuple(move(a) for a in self.args),
@@ -137,7 +152,26 @@ class Batch:
             self.start,
             self.stop,
             self.stored,  # written from the CPU
+            self.forward,
+            move(self.payload),
         )
+
+
+def _rebuilt(value: Any, each: Callable[[Any], Any]) -> Any:
+    """`value` with `each` applied to the items of its tuples, lists and dicts (a named
+    tuple or dict subclass keeps its type where it can be rebuilt so)."""
+    if isinstance(value, tuple):
+        items = [each(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [each(v) for v in value]
+    if isinstance(value, dict):
+        rebuilt = {k: each(v) for k, v in value.items()}
+        try:
+            return type(value)(rebuilt)
+        except TypeError:  # a mapping type that takes other arguments
+            return rebuilt
+    return value
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import itertools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -51,6 +52,22 @@ class ModelSources:
     # what defines the model beside its weights: an hf: folder's config and tokenizer files,
     # the source files of a module:attribute model
     definition: list[Path] = field(default_factory=list)
+    live: bool = False  # a module handed over in Python: its weights are its state dict
+
+
+def live_model(module: nn.Module) -> LoadedModel:
+    """A module handed over in Python (`hookdump.dump`), used as it is: on its own device
+    (its first parameter's or buffer's), in its own mode."""
+    if not isinstance(module, nn.Module):
+        raise HookdumpError(
+            f"model must be a torch.nn.Module or a MODEL string, not {type(module).__name__}"
+        )
+    tensors = itertools.chain(module.parameters(), module.buffers())
+    device = next((t.device for t in tensors), torch.device("cpu"))
+    cls = type(module)
+    spec = f"{cls.__module__}.{cls.__qualname__}"
+    sources = ModelSources(definition=_sources_of(module, spec), live=True)
+    return LoadedModel(module, spec, "live", "custom", device=device, sources=sources)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,21 @@ def sha256(path: Path) -> str:
     return _sha256(str(path.resolve()), info.st_size, info.st_mtime_ns)
 
 
+def state_sha256(module: nn.Module) -> str:
+    """The SHA-256 of a live module's state dict: every parameter's and buffer's name,
+    dtype, shape and bytes, in order (what a checkpoint of it would hold)."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in module.state_dict(keep_vars=False).items():
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            if flat.numel():
+                digest.update(flat.view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
 @functools.lru_cache(maxsize=8)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()

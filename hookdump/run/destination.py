@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hookdump.dump.folder import check_out_dir
-from hookdump.dump.reader import Dump
-from hookdump.dump.stats import KeySummary, summarize
-from hookdump.dump.writer import DumpWriter
 from hookdump.errors import opt
 from hookdump.format import samples_fed
 from hookdump.run.distributed import Ranks, RankShare, drop_rank_manifests, merge_ranks, rank_names
 from hookdump.run.options import RunOptions
 from hookdump.run.resume import check_sources, previous_dump
+from hookdump.store.folder import check_out_dir
+from hookdump.store.reader import Dump
+from hookdump.store.stats import KeySummary, summarize
+from hookdump.store.writer import DumpWriter
 
 
 @dataclass

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.stats import KeySummary
-from hookdump.dump.writer import FileNames
 from hookdump.errors import HookdumpError, opt
+from hookdump.store.stats import KeySummary
+from hookdump.store.writer import FileNames
 
 
 @dataclass(frozen=True)

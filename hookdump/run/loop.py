@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.sink import BatchSink
 from hookdump.errors import HookdumpError, Interrupted
 from hookdump.format import KeyInfo, Rows
 from hookdump.hooks.capture import Capture
@@ -20,10 +19,10 @@ from hookdump.hooks.gradients import backward, inputs_requiring_grad
 from hookdump.inputs.samples import Batch, Feed
 from hookdump.model.loading import LoadedModel
 from hookdump.run.destination import Destination
+from hookdump.run.progress import ProgressCallback
 from hookdump.run.signals import exit_code
 from hookdump.run.tokens import TokenRows
-
-ProgressCallback = Callable[[int, int | None, int], None]
+from hookdump.store.sink import BatchSink
 
 
 class BatchLoop:

@@ -59,6 +59,8 @@ def manifest_fields(
 def _input(
     options: RunOptions, loaded: LoadedModel, feed: Feed, form: Callable[[], SampleForm]
 ) -> dict[str, Any]:
+    if feed.input_type == "python":  # batches handed over by hookdump.dump
+        return {"source": "python", "layout": "tokens" if options.per_token else "batches"}
     if feed.input_type == "text":
         return {
             "source": options.text,

@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hookdump.dump.stats import KeySummary
-from hookdump.dump.writer import DEFAULT_SHARD_BYTES
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import format_bytes
 from hookdump.model.prepare import ModelOptions
+from hookdump.store.stats import KeySummary
+from hookdump.store.writer import DEFAULT_SHARD_BYTES
 
-RECIPE = {"recipe": True}  # field metadata: the option shapes the dump's contents
+RECIPE = {"recipe": True}
+REPR_KEYS = (
+    12  # the keys a RunResult's repr lists  # field metadata: the option shapes the dump's contents
+)
 
 
 @dataclass
@@ -158,6 +162,28 @@ class RunResult:
     @property
     def total_bytes(self) -> int:
         return sum(k.nbytes for k in self.keys)
+
+    def __repr__(self) -> str:
+        """The summary in short: the run, then a line per key (the first REPR_KEYS)."""
+        rows = f"{self.num_samples} tokens" if self.num_sequences is not None else (
+            f"{self.num_samples} samples"
+        )  # fmt: skip
+        where = f" -> {str(self.out)!r}" if self.out is not None else ""
+        head = (
+            f"RunResult({self.model!r}{where}: {rows}, {len(self.keys)} keys, "
+            f"{format_bytes(self.total_bytes)}, {self.wall_time:.1f} s)"
+        )
+        shown = self.keys[:REPR_KEYS]
+        width = max((len(k.info.key) for k in shown), default=0)
+        lines = [
+            f"  {k.info.key:<{width}}  {list(k.shape)!s:<16} {k.dtype:<8} "
+            f"mean {k.stats.mean:<10.4g} std {k.stats.std:<10.4g} "
+            f"nan {k.stats.nan} inf {k.stats.inf}"
+            for k in shown
+        ]
+        if len(self.keys) > REPR_KEYS:
+            lines.append(f"  ... {len(self.keys) - REPR_KEYS} more keys")
+        return "\n".join([head, *lines])
 
     def nonfinite(self) -> list[KeySummary]:
         """The keys holding NaN or Inf, in forward order (the first is where it started)."""

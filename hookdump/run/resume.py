@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookdump.dump.reader import Dump, read_manifest
-from hookdump.dump.writer import MANIFEST
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import samples_fed
-from hookdump.model.weights import sha256
+from hookdump.model.weights import sha256, state_sha256
 from hookdump.run.distributed import RANK_MANIFESTS, Ranks, rank_names
+from hookdump.store.reader import Dump, read_manifest
+from hookdump.store.writer import MANIFEST
 
 if TYPE_CHECKING:
     from hookdump.inputs.samples import Feed
@@ -41,6 +41,8 @@ def sources(loaded: LoadedModel, feed: Feed | None) -> dict[str, Any]:
     if loaded.sources.files:  # a Hugging Face folder's weights
         found["model_files"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.sources.files]
     found["definition"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.sources.definition]
+    if loaded.sources.live:  # a module handed over in Python: its weights as they are now
+        found["state_dict"] = {"class": loaded.spec, "sha256": state_sha256(loaded.module)}
     if feed is not None:
         found["input"] = [_stat(path) for path in feed.files]
     return found
@@ -68,6 +70,7 @@ def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
                 f"(SHA-256 {_short(old)}, now {_short(new)}); {fix}"
             )
     _check_definition(out, before, now, fix)
+    _check_state(out, before.get("state_dict"), now.get("state_dict"))
     if before.get("model_files", []) != now.get("model_files", []):
         raise HookdumpError(
             f"{RESUME}: the weights files of {opt('model')} are not those the dump in {out} "
@@ -112,6 +115,16 @@ def _check_definition(out: Path, before: dict[str, Any], now: dict[str, Any], fi
                 f"dump in {out} began (SHA-256 {str(old.get(path))[:12]}, now "
                 f"{str(new.get(path))[:12]}); {fix}"
             )
+
+
+def _check_state(out: Path, old: Any, new: Any) -> None:
+    """A live module's weights (`hookdump.dump`) must be those the dump began with."""
+    if old != new:
+        raise HookdumpError(
+            f"{RESUME}: the model's weights are not those the dump in {out} was made from "
+            f"(state dict SHA-256 {_short(old)}, now {_short(new)}); resume with the same "
+            f"weights, or start anew with {opt('overwrite', True)}"
+        )
 
 
 def _short(entry: dict[str, Any] | None) -> str:

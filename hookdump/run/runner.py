@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from hookdump.dump.folder import locked, refuse_reads_inside
-from hookdump.dump.sink import BatchSink
 from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import Capture, parse_capture
 from hookdump.hooks.forward import out_of_memory
@@ -33,9 +32,10 @@ from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.selection import select_modules
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
+from hookdump.inputs.python import PythonData, python_feed
 from hookdump.inputs.samples import Batch, Feed, InputOptions, SampleForm, parse_shape, sample_form
 from hookdump.inputs.text import TextOptions, text_feed
-from hookdump.model.loading import LoadedModel, is_model_file
+from hookdump.model.loading import LoadedModel, is_model_file, live_model
 from hookdump.model.prepare import prepare, resolve_dtype
 from hookdump.model.weights import is_checkpoint_path
 from hookdump.model.zoo import load_tokenizer
@@ -44,11 +44,12 @@ from hookdump.run.distributed import Ranks, RankShare, from_environment, rank_de
 from hookdump.run.loop import BatchLoop
 from hookdump.run.manifest import manifest_fields
 from hookdump.run.options import RunOptions, RunResult
+from hookdump.run.progress import ProgressCallback
 from hookdump.run.resume import sources
 from hookdump.run.signals import interrupts_once
 from hookdump.run.tokens import TokenRows, parse_positions
-
-ProgressCallback = Callable[[int, int | None, int], None]
+from hookdump.store.folder import locked, refuse_reads_inside
+from hookdump.store.sink import BatchSink
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,29 @@ class _Checked:
     grad_target: str | int
 
 
-def run(options: RunOptions, on_batch: ProgressCallback | None = None) -> RunResult:
+PYTHON = "python"  # `RunOptions.input` of a run fed by `hookdump.dump`
+
+
+@dataclass(frozen=True)
+class Given:
+    """What a Python caller hands over (`hookdump.dump`) in place of loading `options.model`
+    and reading `options.input` or `options.text`."""
+
+    module: nn.Module | None  # None: `options.model` is loaded as the CLI loads it
+    data: PythonData
+    special_ids: tuple[int, ...] = ()  # the tokenizer's, for `skip_special_tokens`
+
+
+def run(
+    options: RunOptions, on_batch: ProgressCallback | None = None, *, given: Given | None = None
+) -> RunResult:
     """Dump what the selected modules produce for the input, as `options` say.
 
     Args:
         options: the run (see `RunOptions`).
         on_batch: called after each batch with (samples done, samples in all, bytes
             captured so far), for a progress bar.
+        given: a live module and data from Python, instead of `options.model` and input.
 
     Returns:
         A `RunResult`: per-key statistics, the sample count, what was skipped, the
@@ -87,7 +104,7 @@ def run(options: RunOptions, on_batch: ProgressCallback | None = None) -> RunRes
         ['layer1.0.conv1', 'layer1.0.bn1']
     """
     started = time.perf_counter()
-    checked = _checked(options)
+    checked = _checked(options, python=given is not None)
     given_out = options.out  # reported as given
     if options.out is not None:  # a link is followed once, here: entries never are
         options = dataclasses.replace(options, out=options.out.resolve())
@@ -95,7 +112,7 @@ def run(options: RunOptions, on_batch: ProgressCallback | None = None) -> RunRes
     with interrupts_once(), locked(options.out if ranks is None or ranks.main else None):
         try:
             return dataclasses.replace(
-                _run(options, checked, ranks, started, on_batch), out=given_out
+                _run(options, checked, ranks, started, on_batch, given), out=given_out
             )
         except Exception as exc:
             if out_of_memory(exc):
@@ -103,13 +120,16 @@ def run(options: RunOptions, on_batch: ProgressCallback | None = None) -> RunRes
             raise
 
 
-def _checked(options: RunOptions) -> _Checked:
+def _checked(options: RunOptions, python: bool = False) -> _Checked:
     if options.batch_size < 1:
         raise HookdumpError(f"{opt('batch_size')} {options.batch_size} must be at least 1")
     num_samples = options.num_samples if options.num_samples is not None else options.batch_size
     if num_samples < 1:
         raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
-    _check_text(options)
+    if not python:
+        _check_text(options)
+    elif options.per_token:  # Python data: token rows come from dicts of ids and masks
+        _check_token_rows(options)
     if options.image_size is not None and not 1 <= options.image_size <= MAX_IMAGE_SIZE:
         raise HookdumpError(
             f"{opt('image_size')} {options.image_size} must be from 1 to {MAX_IMAGE_SIZE} "
@@ -129,7 +149,7 @@ def _checked(options: RunOptions) -> _Checked:
         "model": options.model if is_model_file(options.model) else None,
         "model_folder": hf_folder if Path(hf_folder).is_dir() else None,
         "weights": options.weights if is_checkpoint_path(options.weights) else None,
-        "input": options.input if options.input not in ("random", "-") else None,
+        "input": options.input if options.input not in ("random", "-") and not python else None,
         "config": options.config,
     }
     for name, path in named.items():
@@ -145,12 +165,7 @@ def _check_text(options: RunOptions) -> None:
             raise HookdumpError(f"{opt('per_token', True)} needs text input: {opt('text')}")
         return
     if options.per_token:
-        parse_positions(options.positions)
-        if options.reduce != "none":
-            raise HookdumpError(
-                f"{opt('per_token', True)} keeps a row per token and {opt('reduce')} "
-                f"{options.reduce} reduces the tokens away; give one of them"
-            )
+        _check_token_rows(options)
 
     if options.input != "random":
         raise HookdumpError(
@@ -165,6 +180,15 @@ def _check_text(options: RunOptions) -> None:
     ):
         if value is not None and value < least:
             raise HookdumpError(f"{opt(name)} {value} must be at least {least}")
+
+
+def _check_token_rows(options: RunOptions) -> None:
+    parse_positions(options.positions)
+    if options.reduce != "none":
+        raise HookdumpError(
+            f"{opt('per_token', True)} keeps a row per token and {opt('reduce')} "
+            f"{options.reduce} reduces the tokens away; give one of them"
+        )
 
 
 def _nothing_read(options: RunOptions, fed: bool) -> HookdumpError:
@@ -184,6 +208,8 @@ def _nothing_read(options: RunOptions, fed: bool) -> HookdumpError:
         return HookdumpError(
             f"{opt('text')} {options.text}: no sample was made (the corpus has no document{window})"
         )
+    if options.input == PYTHON:
+        return HookdumpError("data held no batch; give an iterable of batches")
     return HookdumpError(f"{opt('input')} {options.input}: no sample could be read")
 
 
@@ -201,12 +227,22 @@ def _run(
     ranks: Ranks | None,
     started: float,
     on_batch: ProgressCallback | None,
+    given: Given | None,
 ) -> RunResult:
     destination = Destination.open(options, ranks)
-    loaded = prepare(options.model_options(rank_device(options.device, ranks)))
+    if given is not None and given.module is not None:
+        loaded = live_model(given.module)
+    else:
+        loaded = prepare(options.model_options(rank_device(options.device, ranks)))
     loaded_at = time.perf_counter()
     form = functools.cache(lambda: sample_form(loaded, checked.shape))
-    feed = _feed(options, checked, loaded, form, destination, ranks)
+    if given is None:
+        feed = _feed(options, checked, loaded, form, destination, ranks)
+    else:
+        feed = python_feed(
+            given.data, num_samples=options.num_samples, done_ids=destination.done_ids,
+            special_ids=list(given.special_ids),
+        )  # fmt: skip
     made_from = sources(loaded, feed)
     destination.check_sources(made_from)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.reader import SLICE_BYTES, Dump, rows_per_slice
 from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.store.reader import SLICE_BYTES, Dump, rows_per_slice
 
 
 @dataclass

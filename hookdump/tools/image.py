@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torchvision.utils import make_grid
 
-from hookdump.dump.reader import Dump
 from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.store.reader import Dump
 
 MIN_TILE = 48  # feature maps smaller than this are enlarged (nearest) to stay legible
 PAD = 2

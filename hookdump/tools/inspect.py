@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hookdump.dump.folder import leftovers
-from hookdump.dump.reader import Dump
-from hookdump.dump.stats import KeySummary, summarize
 from hookdump.errors import Message, library_name, opt, render_message
+from hookdump.store.folder import leftovers
+from hookdump.store.reader import Dump
+from hookdump.store.stats import KeySummary, summarize
 
 
 @dataclass

@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.filler import NoShards, ShardFiller, Shards
-from hookdump.dump.memory import (
+from hookdump.errors import HookdumpError
+from hookdump.format import KeyInfo, Rows, dtype_name
+from hookdump.store.filler import NoShards, ShardFiller, Shards
+from hookdump.store.memory import (
     IN_FLIGHT_BYTES,
     POOL_MIN_BYTES,
     Budget,
@@ -29,11 +31,9 @@ from hookdump.dump.memory import (
     Release,
     Slots,
 )
-from hookdump.dump.plan import ShardPlan
-from hookdump.dump.stats import KeySummary
-from hookdump.dump.writer import DumpWriter
-from hookdump.errors import HookdumpError
-from hookdump.format import KeyInfo, Rows, dtype_name
+from hookdump.store.plan import ShardPlan
+from hookdump.store.stats import KeySummary
+from hookdump.store.writer import DumpWriter
 from hookdump.worker import Worker
 
 

@@ -8,7 +8,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +16,19 @@ import safetensors
 import torch
 from safetensors import safe_open
 
-from hookdump.dump.batches import WINDOW, iter_batches
-from hookdump.dump.folder import inside
 from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
 from hookdump.format import (
     DTYPE_OF_SAFETENSORS,
     FORMAT,
     ITEMSIZE,
     MANIFEST,
+    KeyInfo,
+    format_bytes,
     parse_key,
     validate_manifest,
 )
+from hookdump.store.batches import WINDOW, iter_batches
+from hookdump.store.folder import inside
 
 MAX_MANIFEST_BYTES = 1 << 30
 # what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
@@ -37,6 +39,7 @@ MAX_MANIFEST_CONTAINERS = 4_000_000
 # header claims
 SLICE_BYTES = 64 << 20
 SLICE_ROWS = 1 << 20
+REPR_KEYS = 12  # the keys a Dump's repr lists
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -93,8 +96,10 @@ def _inside(path: Path, folder: Path, what: str) -> str:
     return real
 
 
-class Dump:
-    """A dump on disk, read lazily: only the shards a key needs are opened.
+class Dump(Mapping[str, torch.Tensor]):
+    """A dump on disk, read lazily: only the shards a key needs are opened. A read-only
+    mapping of key -> every sample of that key as one tensor (`keys`, `items`, `values`,
+    `get`, `in`, `len`); `items()` and `values()` read one key at a time.
 
     The manifest is checked when the dump is opened, and each shard when it is read (a
     regular file inside the folder whose header agrees with the manifest); anything wrong
@@ -161,9 +166,31 @@ class Dump:
         """Per-key metadata from the manifest (module, kind, call, per-sample shape, dtype)."""
         return self.manifest["tensors"]
 
-    def keys(self) -> list[str]:
-        """The keys in forward order."""
+    def keys(self) -> list[str]:  # type: ignore[override]
+        """The keys in forward order (a list: `dump.keys()[0]` is the first module's)."""
         return list(self.tensors)
+
+    @property
+    def sample_ids(self) -> list[Any]:
+        """The samples' ids in row order (with token rows: the sequences'): file paths,
+        row numbers, or the ids given to `hookdump.dump`."""
+        ids = self.manifest.get("sample_ids")
+        return list(ids) if ids is not None else list(range(self.num_samples))
+
+    def info(self, key: str) -> KeyInfo:
+        """Where `key` came from (module, class, kind, call, part), its per-sample shape and
+        dtype, and its rows in this dump (`info.nbytes`: the bytes they take)."""
+        if key not in self.tensors:
+            raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.tensors)}")
+        meta = self.tensors[key]
+        return KeyInfo(
+            key, meta["module"], meta.get("module_type") or "-", meta["kind"],
+            int(meta.get("call", 0)), meta.get("part"), tuple(meta["shape"]),
+            getattr(torch, meta["dtype"]), self.rows_of(key),
+        )  # fmt: skip
+
+    __eq__ = object.__eq__  # not Mapping's, which would read and compare every tensor
+    __hash__ = object.__hash__
 
     @property
     def ragged(self) -> bool:
@@ -249,7 +276,7 @@ class Dump:
             batch_size: rows per batch.
             shuffle: rows in an order fixed by `seed`, mixed within a window of `window`
                 blocks of at most 32 MiB of `keys` (a small shard is one block; memory
-                holds that window; see `hookdump.dump.batches`). Without it, rows come in
+                holds that window; see `hookdump.store.batches`). Without it, rows come in
                 order, a block at a time.
             seed: fixes the shuffled order.
             window: blocks whose rows are mixed together (at least 2 mixes blocks).
@@ -371,8 +398,20 @@ class Dump:
         return InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}")
 
     def __repr__(self) -> str:
+        """The summary in short: the dump, then a line per key (the first REPR_KEYS)."""
         state = "" if self.complete else ", incomplete"
-        return f"Dump({str(self.path)!r}, {len(self)} keys, {self.num_samples} samples{state})"
+        head = f"Dump({str(self.path)!r}, {len(self)} keys, {self.num_samples} samples{state})"
+        infos = [self.info(key) for key in self.keys()[:REPR_KEYS]]
+        width = max((len(i.key) for i in infos), default=0)
+        lines = [
+            f"  {i.key:<{width}}  {i.module_type:<12} {i.kind:<11} "
+            f"{list(i.shape)!s:<16} {str(i.dtype).removeprefix('torch.'):<8} "
+            f"{format_bytes(i.nbytes or 0):>10}"
+            for i in infos
+        ]
+        if len(self) > REPR_KEYS:
+            lines.append(f"  ... {len(self) - REPR_KEYS} more keys")
+        return "\n".join([head, *lines])
 
 
 def load(path: str | Path) -> Dump:

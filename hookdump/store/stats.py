@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hookdump.dump.reader import SLICE_BYTES
 from hookdump.format import KeyInfo
+from hookdump.store.reader import SLICE_BYTES
 
 if TYPE_CHECKING:
-    from hookdump.dump.reader import Dump
+    from hookdump.store.reader import Dump
 
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
-from hookdump.dump.folder import create_new, open_existing, remove_entry
 from hookdump.errors import HookdumpError
 from hookdump.format import SAFETENSORS_DTYPES, dtype_name
+from hookdump.store.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
+from hookdump.store.folder import create_new, open_existing, remove_entry
 
 
 class ShardFile:

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
-from hookdump.dump.direct_io import allocate
-from hookdump.dump.folder import (
+from hookdump.errors import HookdumpError, opt
+from hookdump.format import FORMAT, MANIFEST, KeyInfo, Rows, dtype_name, samples_fed
+from hookdump.store.direct_io import allocate
+from hookdump.store.folder import (
     DUMP_FILE,
     check_out_dir,
     create_new,
@@ -25,9 +27,7 @@ from hookdump.dump.folder import (
     remove_entry,
     write_durably,
 )
-from hookdump.dump.shards import PlannedShard, ShardFile, fsync_file
-from hookdump.errors import HookdumpError, opt
-from hookdump.format import FORMAT, MANIFEST, KeyInfo, Rows, dtype_name, samples_fed
+from hookdump.store.shards import PlannedShard, ShardFile, fsync_file
 
 DEFAULT_SHARD_BYTES = 1 << 30
 MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the last one's

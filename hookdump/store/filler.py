@@ -11,13 +11,13 @@ from typing import Protocol
 
 import torch
 
-from hookdump.dump.commit import Committer
-from hookdump.dump.folder import describe_os_error
-from hookdump.dump.plan import ShardPlan
-from hookdump.dump.shards import PlannedShard, ShardFile
-from hookdump.dump.writer import DumpWriter
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, Rows
+from hookdump.store.commit import Committer
+from hookdump.store.folder import describe_os_error
+from hookdump.store.plan import ShardPlan
+from hookdump.store.shards import PlannedShard, ShardFile
+from hookdump.store.writer import DumpWriter
 
 Lend = Callable[[], Callable[[], None] | None]  # the copy's release, if the shard may keep it
 

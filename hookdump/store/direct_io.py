@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from hookdump.dump.folder import create_new, open_existing, remove_entry
+from hookdump.store.folder import create_new, open_existing, remove_entry
 from hookdump.worker import Worker
 
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block

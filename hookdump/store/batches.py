@@ -28,7 +28,7 @@ import torch
 from hookdump.errors import HookdumpError, did_you_mean, opt
 
 if TYPE_CHECKING:
-    from hookdump.dump.reader import Dump
+    from hookdump.store.reader import Dump
 
 WINDOW = 4
 Block = TypeVar("Block")

@@ -1,0 +1,216 @@
+"""`hookdump.dump`: the Python door onto the engine the CLI's `run` uses. A live module (or a
+MODEL string) and the caller's own batches go through the same runner, sink and writer, with
+the same guarantees: the lock, atomic shards, the old dump kept until the new one's first
+shard is safe, the disk check, resume, hooks removed and the module's device and mode
+restored on every exit."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.format import dtype_name
+from hookdump.inputs.python import PythonData
+from hookdump.model.prepare import resolve_device
+from hookdump.model.zoo import load_tokenizer
+from hookdump.run.options import RunOptions, parse_size
+from hookdump.run.progress import Progress
+from hookdump.run.runner import PYTHON, Given, run
+from hookdump.store.reader import Dump
+
+
+def dump(
+    model: nn.Module | str,
+    data: Any,
+    out: str | os.PathLike[str],
+    *,
+    layers: str | Sequence[str] = (),
+    exclude: str | Sequence[str] = (),
+    types: str | Sequence[str] = (),
+    capture: str | Sequence[str] = ("output",),
+    reduce: str = "none",
+    forward: Callable[[Any, Any], Any] | None = None,
+    ids: Callable[[Any], Iterable[Any]] | Iterable[Any] | None = None,
+    per_token: bool = False,
+    positions: str | None = None,
+    skip_special_tokens: bool = False,
+    tokenizer: Any = None,
+    num_samples: int | None = None,
+    save_dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str | None = None,
+    train: bool | None = None,
+    shard_size: int | str = "1GiB",
+    overwrite: bool = False,
+    resume: bool = False,
+    early_stop: bool = True,
+    grad_target: str | int = "sum",
+    weights: str = "none",
+    model_args: Sequence[str] = (),
+    seed: int = 0,
+    progress: bool = False,
+) -> Dump:
+    """Stream what the selected modules of `model` produce for `data` into a dump in `out`.
+
+    Args:
+        model: an `nn.Module`, used as it is (its device, dtype and mode are its own unless
+            `device`/`train` say otherwise, and are put back afterwards), or a MODEL string as
+            the CLI takes it (then built with `weights`, `model_args`, `seed`).
+        data: an iterable of batches (a `DataLoader`, a list, a generator), or one `Tensor`
+            (one batch). A `Tensor` batch is called as `model(t)`, a tuple or list as
+            `model(*b)`, a dict as `model(**b)`. A batch's rows are the first dimension of
+            its first tensor; batches may differ in size. Tensors are moved to the model's
+            device.
+        out: the dump folder (new or empty, or see `overwrite` and `resume`).
+        layers, exclude, types: which modules (globs over qualified names, class names).
+        capture: any of `output`, `input`, `grad`. reduce: `none`, `mean`, `max`,
+            `first`, `last` or `flatten`.
+        forward: `forward(model, batch)` runs the model on a batch instead (e.g.
+            `lambda m, b: m(b[0])` for `(image, label)` pairs).
+        ids: a callable `batch -> ids` (one per row), or an iterable of ids; recorded as
+            the manifest's sample ids. Default: the row numbers.
+        per_token: batches are dicts holding `input_ids` and `attention_mask` (the other
+            keys go to the model too); each real token is a row, with `__token_ids__`,
+            `__sample__` and `__position__` beside, as with `--text ... --per-token`.
+        positions: with `per_token`, `START:STOP` of each sample's real tokens.
+        skip_special_tokens: with `per_token`, drop the rows of `tokenizer`'s special
+            tokens (`tokenizer`: a tokenizer object or a folder holding one).
+        num_samples: stop after this many rows of data (samples).
+        save_dtype: the dtype written (default: as captured). dtype: the forward's
+            precision (autocast for float16 or bfloat16).
+        shard_size: bytes per shard file (an int, or `"512MiB"`).
+        overwrite: replace a dump in `out`. resume: finish an interrupted dump in `out`:
+            `data` is skipped up to the samples already dumped, which needs the same data
+            in the same order; given `ids`, the skipped ones must equal the dump's (without
+            them that is assumed). The model's state dict and class source must be the same.
+        early_stop: end each forward once the selected modules have all run.
+        grad_target: the objective of `capture="grad"`: `sum` or an index into dim 1.
+        progress: a progress bar on stderr.
+
+    Returns:
+        The complete dump, opened (`Dump`): `d["layer4"]` is every row of that key.
+
+    Raises:
+        HookdumpError: a bad option or batch (naming it), a forward that raised (naming the
+            module it was in); the hooks are gone and `out` is as it was, or, past the first
+            shard, resumable. `Interrupted` (one) after Ctrl-C, once the finished shards
+            are committed.
+
+    Example:
+        >>> loader = DataLoader(dataset, batch_size=64)          # (image, label) pairs
+        >>> d = hookdump.dump(model, loader, "acts/", layers=["layer4"], reduce="mean",
+        ...                   forward=lambda m, b: m(b[0]))
+        >>> d["layer4"].shape
+        torch.Size([10000, 2048])
+    """
+    live = model if isinstance(model, nn.Module) else None
+    if live is None and not isinstance(model, str):
+        raise HookdumpError(
+            f"model must be a torch.nn.Module or a MODEL string, not {type(model).__name__}"
+        )
+    special = _special_ids(tokenizer, skip_special_tokens, str(model) if live is None else "")
+    options = RunOptions(
+        model=str(model) if live is None else "",
+        layers=_names(layers), exclude=_names(exclude), types=_names(types),
+        capture=capture if isinstance(capture, str) else ",".join(capture),
+        reduce=reduce, grad_target=str(grad_target),
+        weights=weights, model_args=list(model_args), seed=seed,
+        input=PYTHON, per_token=per_token, positions=positions,
+        skip_special_tokens=skip_special_tokens, num_samples=num_samples,
+        dtype=_dtype(dtype, "dtype"),
+        save_dtype=_dtype(save_dtype, "save_dtype") if save_dtype is not None else None,
+        out=Path(out), overwrite=overwrite, resume=resume, early_stop=early_stop,
+        shard_bytes=shard_size if isinstance(shard_size, int) else parse_size(shard_size),
+    )  # fmt: skip
+    if isinstance(shard_size, int) and shard_size < 1:
+        raise HookdumpError(f"{opt('shard_size')} {shard_size} must be at least one byte")
+    given = Given(live, PythonData(data, forward, ids, per_token), special)
+    with _as_asked(live, device, train) as (where, mode):
+        if live is not None:
+            options = dataclasses.replace(options, model=_class_path(live), device=where,
+                                          train=mode)  # fmt: skip
+        elif device is not None:
+            options = dataclasses.replace(options, device=str(device))
+        if train is not None and live is None:
+            options = dataclasses.replace(options, train=train)
+        with Progress(progress, _stderr_console() if progress else None) as on_batch:
+            run(options, on_batch, given=given)
+    return Dump(Path(out))
+
+
+@contextmanager
+def _as_asked(
+    module: nn.Module | None, device: torch.device | str | None, train: bool | None
+) -> Iterator[tuple[str, bool]]:
+    """`module` on `device` and in `train` mode where asked, put back as it was after (every
+    submodule's mode, and its device); yields the device and mode it runs in."""
+    if module is None:
+        yield str(device or "auto"), bool(train)
+        return
+    modes = [(m, m.training) for m in module.modules()]
+    places = {t.device for t in [*module.parameters(), *module.buffers()]}
+    if device is not None and len(places) > 1:
+        raise HookdumpError(
+            f"the model lies on {len(places)} devices ({', '.join(sorted(map(str, places)))}); "
+            f"leave {opt('device')} out to run it where it is"
+        )
+    before = next(iter(places), torch.device("cpu"))
+    try:
+        where = resolve_device(str(device)) if device is not None else before
+        if device is not None:
+            module.to(where)
+        if train is not None:
+            module.train(train)
+        yield str(where), module.training
+    finally:
+        for sub, training in modes:
+            sub.training = training
+        if device is not None:
+            module.to(before)
+
+
+def _special_ids(tokenizer: Any, skip: bool, model: str) -> tuple[int, ...]:
+    if not skip:
+        return ()
+    if tokenizer is None:
+        raise HookdumpError(
+            f"{opt('skip_special_tokens')} needs {opt('tokenizer')}: a tokenizer, or a folder "
+            "holding one, whose special tokens are dropped"
+        )
+    if isinstance(tokenizer, str | Path):
+        tokenizer, _ = load_tokenizer(tokenizer, model or str(tokenizer), given=True)
+    found = getattr(tokenizer, "all_special_ids", None)
+    if found is None:
+        raise HookdumpError(
+            f"{opt('tokenizer')} {type(tokenizer).__name__} has no all_special_ids; give a "
+            "transformers tokenizer or the folder of one"
+        )
+    return tuple(int(i) for i in found)
+
+
+def _names(value: str | Sequence[str]) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _dtype(value: torch.dtype | str, option: str) -> str:
+    """A dtype given as torch's or by name, as the options name it."""
+    return dtype_name(value) if isinstance(value, torch.dtype) else str(value)
+
+
+def _class_path(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)

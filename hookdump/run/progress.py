@@ -1,0 +1,64 @@
+"""A progress bar on stderr while a run works (samples/s, MB/s captured, time left), for
+both doors: the CLI gives it its printable console, `hookdump.dump(progress=True)` rich's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+ProgressCallback = Callable[[int, int | None, int], None]
+
+
+class Progress:
+    """A progress bar on stderr (samples/s, MB/s captured, ETA), once a run has more than
+    one batch."""
+
+    def __init__(self, enabled: bool, console: Any) -> None:
+        """`console`: a rich Console on stderr; the bar shows only where it is a terminal
+        (or a notebook)."""
+        self.enabled = enabled
+        self.console = console
+        self.bar: Any = None
+        self.task: Any = None
+        self.first: tuple[int, int, float] = (0, 0, 0.0)  # samples, bytes, time at batch 1
+
+    def __enter__(self) -> ProgressCallback | None:
+        return self.update if self.enabled else None
+
+    def update(self, done: int, total: int | None, nbytes: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if total is not None and done >= total:
+                return
+            from rich import progress
+
+            console = self.console
+            if not (console.is_terminal or console.is_jupyter):  # a log: no bar
+                self.enabled = False
+                return
+            self.bar = progress.Progress(
+                progress.TextColumn("samples"),
+                progress.BarColumn(),
+                progress.MofNCompleteColumn(),
+                progress.TextColumn("{task.fields[rate]}"),
+                progress.TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task("run", total=total, rate="")
+            # rates count from the first batch on, not from loading the model
+            self.first = (done, nbytes, time.perf_counter())
+            self.bar.update(self.task, completed=done)
+            return
+        samples, captured, since = self.first
+        elapsed = max(time.perf_counter() - since, 1e-9)
+        speed = (done - samples) / elapsed
+        rate = f"{speed:.3g} samples/s, {(nbytes - captured) / elapsed / 1e6:.3g} MB/s"
+        self.bar.update(self.task, completed=done, rate=rate)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,250 @@
+"""`hookdump.dump`: a live module and the caller's own batches streamed to a dump, checked
+against plain hooks that clone, the model's own outputs, transformers' hidden states, and
+the CLI's dump of the same model and input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from clitools import invoke
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookdump
+from hookdump.errors import HookdumpError, Interrupted
+
+ROOT = Path(__file__).parent.parent
+
+
+def _net(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _cloned_outputs(model: nn.Module, batches: list[Any], call: Any) -> dict[str, torch.Tensor]:
+    """The reference: a plain forward hook on every leaf that clones its output."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    handles = [
+        m.register_forward_hook(
+            lambda _m, _i, out, name=name: seen.setdefault(name, []).append(out.detach().clone())
+        )
+        for name, m in model.named_modules()
+        if not list(m.children())
+    ]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                call(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: torch.cat(values) for name, values in seen.items()}
+
+
+def test_a_dataloader_of_pairs_with_forward_matches_plain_hooks(tmp_path: Path) -> None:
+    model = _net().eval()
+    x, y = torch.randn(10, 4), torch.arange(10)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)  # batches of 4, 4 and 2
+    d = hookdump.dump(model, loader, tmp_path / "d", forward=lambda m, b: m(b[0]))
+    expected = _cloned_outputs(model, list(loader), lambda m, b: m(b[0]))
+    assert isinstance(d, hookdump.Dump) and d.complete
+    assert d.keys() == ["0", "1", "2"]
+    for key, value in expected.items():
+        torch.testing.assert_close(d[key], value, rtol=0, atol=0)
+    assert d.sample_ids == list(range(10))
+    assert d.manifest["input"] == {"source": "python", "layout": "batches"}
+
+
+def test_dict_batches_go_in_as_keyword_arguments_and_ids_come_from_a_callable(
+    tmp_path: Path,
+) -> None:
+    from tiny_models import Scale
+
+    class Named(Scale):
+        def forward(
+            self, x: torch.Tensor, *, factor: torch.Tensor, names: list[str]
+        ) -> torch.Tensor:
+            return super().forward(x, factor=factor)
+
+    batches = [
+        {
+            "x": torch.full((2, 3), float(i)),
+            "factor": torch.tensor(2.0),
+            "names": [f"a{i}", f"b{i}"],
+        }
+        for i in range(3)
+    ]
+    d = hookdump.dump(Named(), batches, tmp_path / "d", layers=["__root__"],
+                      ids=lambda b: b["names"])  # fmt: skip
+    assert d.sample_ids == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    expected = torch.cat([b["x"] * 2 for b in batches])
+    torch.testing.assert_close(d["__root__"], expected, rtol=0, atol=0)
+
+
+def test_batches_of_different_sizes_and_a_single_tensor(tmp_path: Path) -> None:
+    model = _net().eval()
+    batches = [torch.randn(n, 4) for n in (3, 1, 5)]
+    d = hookdump.dump(model, batches, tmp_path / "d", layers=["2"])
+    with torch.no_grad():
+        expected = torch.cat([model(b) for b in batches])
+    torch.testing.assert_close(d["2"], expected, rtol=0, atol=0)
+    one = hookdump.dump(model, batches[2], tmp_path / "one", layers=["2"], num_samples=4)
+    torch.testing.assert_close(one["2"], expected[4:8], rtol=0, atol=0)  # one batch, cut to 4
+
+
+def test_the_model_runs_in_the_mode_asked_and_comes_back_as_it_was(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train()
+    model[0].eval()  # a mixed mode, to be put back exactly
+    x = torch.ones(6, 4)
+    d = hookdump.dump(model, [x], tmp_path / "d", train=False)
+    with torch.no_grad():
+        expected = model[0](x)  # eval: dropout is the identity
+    torch.testing.assert_close(d["1"], expected, rtol=0, atol=0)
+    assert model.training and not model[0].training and model[1].training
+    assert d.manifest["train"] is False
+
+
+def test_a_forward_that_raises_names_it_removes_the_hooks_and_leaves_out_alone(
+    tmp_path: Path,
+) -> None:
+    from conftest import hook_state
+    from tiny_models import Broken
+
+    model = nn.Sequential(nn.Linear(4, 4), Broken())
+    before = hook_state(model)
+    with pytest.raises(HookdumpError, match=r"raised .*inside '1'"):
+        hookdump.dump(model, [torch.ones(2, 4)], tmp_path / "d")
+    assert hook_state(model) == before
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+
+
+def _interrupting(batches: list[torch.Tensor], after: int) -> Iterator[torch.Tensor]:
+    for i, batch in enumerate(batches):
+        if i == after:
+            raise KeyboardInterrupt
+        yield batch
+
+
+def test_an_interrupted_dump_resumed_equals_one_run_whole(tmp_path: Path) -> None:
+    model = _net().eval()
+    batches = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    whole = hookdump.dump(model, batches, tmp_path / "whole", shard_size=1)
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupted, match="resume"):
+        hookdump.dump(model, _interrupting(batches, 3), out, shard_size=1)
+    assert not hookdump.load(out).complete and hookdump.load(out).num_samples == 6
+    resumed = hookdump.dump(model, batches, out, shard_size=1, resume=True)
+    assert resumed.complete and resumed.sample_ids == whole.sample_ids
+    for key in whole:
+        torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=0)
+
+
+def test_a_resume_with_other_ids_or_other_weights_is_refused(tmp_path: Path) -> None:
+    model = _net().eval()
+    batches = [torch.randn(2, 4) for _ in range(4)]
+    ids = [f"s{i}" for i in range(8)]
+    out = tmp_path / "d"
+    with pytest.raises(Interrupted):
+        hookdump.dump(model, _interrupting(batches, 2), out, ids=ids, shard_size=1)
+    with pytest.raises(HookdumpError, match="sample 1 has id 'x1', but the dump holds 's1'"):
+        hookdump.dump(model, batches, out, ids=["s0", "x1", *ids[2:]], resume=True)
+    with torch.no_grad():
+        model[0].bias.add_(1)
+    with pytest.raises(HookdumpError, match=r"weights are not those the dump .* was made from"):
+        hookdump.dump(model, batches, out, ids=ids, resume=True)
+
+
+def test_token_rows_from_dict_batches_match_output_hidden_states(
+    tmp_path: Path, gpt2: Path
+) -> None:
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(gpt2).eval()
+    ids = torch.randint(0, 30, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # a padded sample: its last two positions are no rows
+    batches = [{"input_ids": ids[:2], "attention_mask": mask[:2]},
+               {"input_ids": ids[2:], "attention_mask": mask[2:]}]  # fmt: skip
+    d = hookdump.dump(model, batches, tmp_path / "d", layers=["h.0"], per_token=True)
+    with torch.no_grad():
+        hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    real = mask.bool()
+    torch.testing.assert_close(d["h.0"], hidden.hidden_states[1][real])
+    assert d["__token_ids__"].tolist() == ids[real].tolist()
+    assert d["__sample__"].tolist() == real.nonzero()[:, 0].tolist()
+    assert d["__position__"].tolist() == real.nonzero()[:, 1].tolist()
+    assert d.manifest["rows"] == "tokens" and d.manifest["num_sequences"] == 3
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_the_cli_and_hookdump_dump_write_the_same_dump(tmp_path: Path) -> None:
+    """The same model (by MODEL string) and input: identical keys, metadata and bytes."""
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(3))
+    save_file({"x": x}, tmp_path / "x.safetensors")
+    cli = tmp_path / "cli"
+    args = ["run", "tiny_models:TwoLinear", "--input", str(tmp_path / "x.safetensors")]
+    result = invoke(*args, "-b", "4", "-o", str(cli), "-q")
+    assert result.exit_code == 0, result.stderr
+    py = hookdump.dump("tiny_models:TwoLinear", [x[:4], x[4:]], tmp_path / "py")
+    a = hookdump.load(cli)
+    assert a.keys() == py.keys()
+    assert a.tensors == py.tensors
+    for key in a:
+        assert torch.equal(a[key], py[key]), key
+
+
+def test_the_public_surface(tmp_path: Path) -> None:
+    for name in ("dump", "run", "RunOptions", "capture", "Capture", "load", "Dump", "KeyInfo",
+                 "HookdumpError", "InvalidDump", "__version__"):  # fmt: skip
+        assert name in dir(hookdump) and getattr(hookdump, name) is not None
+    assert callable(hookdump.dump)
+    code = "import sys, hookdump; dir(hookdump); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+    result = invoke("--version")
+    assert (result.exit_code, result.stdout) == (0, f"hookdump {hookdump.__version__}\n")
+
+
+def test_a_dump_is_a_mapping_with_info_and_a_short_summary(tmp_path: Path) -> None:
+    from collections.abc import Mapping
+
+    model = _net().eval()
+    d = hookdump.dump(model, [torch.randn(5, 4)], tmp_path / "d", ids=list("abcde"))
+    assert isinstance(d, Mapping) and len(d) == 3 and "1" in d and "9" not in d
+    assert d.get("9") is None and [k for k, _ in d.items()] == ["0", "1", "2"]
+    info = d.info("2")
+    assert (info.module, info.module_type, info.kind, info.shape, info.dtype, info.rows) == (
+        "2", "Linear", "output", (3,), torch.float32, 5,
+    )  # fmt: skip
+    assert info.nbytes == 5 * 3 * 4
+    assert d.sample_ids == list("abcde") and d.num_samples == 5
+    lines = repr(d).splitlines()
+    assert lines[0].startswith("Dump(") and "3 keys, 5 samples" in lines[0]
+    assert lines[3].split()[:5] == ["2", "Linear", "output", "[3]", "float32"]
+    assert d == d and d != hookdump.load(tmp_path / "d")  # identity: no tensor compared
+
+
+def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
+    model = _net()
+    with pytest.raises(HookdumpError, match="iterable of batches"):
+        hookdump.dump(model, 3, tmp_path / "a")
+    with pytest.raises(HookdumpError, match="holds no tensor"):
+        hookdump.dump(model, [["text"]], tmp_path / "b")
+    with pytest.raises(HookdumpError, match="per_token=True takes dict batches"):
+        hookdump.dump(model, [torch.ones(2, 4)], tmp_path / "c", per_token=True)
+    with pytest.raises(HookdumpError, match="gave 1 ids for the batch at row 0"):
+        hookdump.dump(model, [torch.ones(2, 4)], tmp_path / "e", ids=lambda b: ["only"])
+    with pytest.raises(HookdumpError, match="skip_special_tokens needs tokenizer"):
+        hookdump.dump(model, [{"input_ids": torch.ones(1, 2).long()}], tmp_path / "f",
+                      per_token=True, skip_special_tokens=True)  # fmt: skip
+    assert not any(p.exists() for p in (tmp_path / n for n in "abcef"))
+    manifest = json.dumps(hookdump.dump(model, [torch.ones(1, 4)], tmp_path / "g").manifest)
+    assert '"source": "python"' in manifest
