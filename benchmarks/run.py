@@ -24,10 +24,14 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 
+from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.selection import select_modules
+from hookdump.inputs.samples import InputOptions
+from hookdump.model.prepare import ModelOptions
 from hookdump.run.options import RunOptions
 from hookdump.run.runner import run
 from hookdump.store.direct_io import AppendFile
+from hookdump.store.writer import DumpOptions
 
 MODEL, BATCH = "resnet50", 32
 
@@ -71,8 +75,9 @@ class Job:
 
     def hookdump(self, layers: list[str], out: str = "hd") -> dict[str, float]:
         options = RunOptions(
-            model=MODEL, layers=layers, batch_size=BATCH, out=self.scratch / out, overwrite=True
-        )
+            ModelOptions(MODEL), CaptureOptions(layers=tuple(layers)),
+            InputOptions(batch_size=BATCH), dump=DumpOptions(self.scratch / out, overwrite=True),
+        )  # fmt: skip
         return run(options).timings
 
     def write(self, tensors: dict[str, torch.Tensor], name: str = "floor") -> None:
@@ -203,8 +208,9 @@ def bench_reuse(job: Job, reps: int) -> dict[str, float]:
             os.environ["HOOKDUMP_POOL_MIN_BYTES"] = str(1 << 62)
         try:
             options = RunOptions(
-                model=MODEL, layers=["layer1.*"], batch_size=16, num_samples=64,
-                out=job.scratch / "reuse", overwrite=True,
+                ModelOptions(MODEL), CaptureOptions(layers=("layer1.*",)),
+                InputOptions(batch_size=16, num_samples=64),
+                dump=DumpOptions(job.scratch / "reuse", overwrite=True),
             )  # fmt: skip
             timings = run(options).timings
         finally:

@@ -102,14 +102,23 @@ class Job:
         if len(self.windows) < SAMPLES:
             raise SystemExit(f"the corpus makes only {len(self.windows)} windows")
 
-    def hookdump(self, out: str, samples: int = SAMPLES, **extra: Any) -> dict[str, float]:
+    def hookdump(
+        self, out: str, samples: int = SAMPLES, shard_bytes: int = 1 << 30
+    ) -> dict[str, float]:
+        from hookdump.hooks.options import CaptureOptions
+        from hookdump.inputs.samples import InputOptions
+        from hookdump.inputs.text import TextOptions
+        from hookdump.model.prepare import ModelOptions
         from hookdump.run.options import RunOptions
         from hookdump.run.runner import run
+        from hookdump.run.tokens import TokenOptions
+        from hookdump.store.writer import DumpOptions
 
         options = RunOptions(
-            model=f"hf:{self.folder}", text=str(self.corpus), context_size=CONTEXT,
-            per_token=True, layers=LAYERS, batch_size=BATCH, num_samples=samples,
-            out=self.scratch / out, overwrite=True, **extra,
+            ModelOptions(f"hf:{self.folder}"), CaptureOptions(layers=tuple(LAYERS)),
+            InputOptions(batch_size=BATCH, num_samples=samples),
+            TextOptions(str(self.corpus), context_size=CONTEXT), TokenOptions(),
+            DumpOptions(self.scratch / out, overwrite=True, shard_bytes=shard_bytes),
         )  # fmt: skip
         return run(options).timings
 

@@ -38,6 +38,12 @@ DTYPE_OF_SAFETENSORS = {st: name for name, st in SAFETENSORS_DTYPES.items()}
 TYPE_ATTRIBUTE = "_hookdump_type"
 
 
+def recipe(name: str | None = None) -> dict[str, Any]:
+    """Field metadata: the option shapes a dump's contents, so `--resume` compares it (under
+    `name` in the manifest's recipe, default the field's own)."""
+    return {"recipe": name or True}
+
+
 def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB': the one unit system of tables, reprs and errors."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

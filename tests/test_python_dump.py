@@ -248,3 +248,17 @@ def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
     assert not any(p.exists() for p in (tmp_path / n for n in "abcef"))
     manifest = json.dumps(hookdump.dump(model, [torch.ones(1, 4)], tmp_path / "g").manifest)
     assert '"source": "python"' in manifest
+
+
+def test_options_take_typed_values_or_the_clis_spellings(tmp_path: Path) -> None:
+    model = _net().eval()
+    x = [torch.randn(3, 4)]
+    typed = hookdump.dump(model, x, tmp_path / "a", capture=("output", "input"), layers=["2"],
+                          save_dtype=torch.float16, shard_size=1 << 20)  # fmt: skip
+    spelled = hookdump.dump(model, x, tmp_path / "b", capture="output,input", layers="2",
+                            save_dtype="float16", shard_size="1MiB")  # fmt: skip
+    assert typed.keys() == spelled.keys() == ["2:input.0", "2"]
+    assert typed.tensors == spelled.tensors and typed.info("2").dtype == torch.float16
+    assert typed.manifest["recipe"] == spelled.manifest["recipe"]
+    with pytest.raises(HookdumpError, match="save_dtype 'float8' is not one of"):
+        hookdump.dump(model, x, tmp_path / "c", save_dtype="float8")

@@ -268,13 +268,20 @@ def test_shards_are_committed_together_every_interval(
 def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hookdump.inputs.samples import InputOptions
+    from hookdump.model.prepare import ModelOptions
     from hookdump.run.distributed import Ranks
     from hookdump.run.options import RunOptions
     from hookdump.run.resume import previous_dump
+    from hookdump.store.writer import DumpOptions
 
     out = tmp_path / "d"
     interrupted(out, monkeypatch, at=3)  # one process: manifest.json, incomplete
-    options = RunOptions(model="tiny_models:CtrlC", num_samples=10, batch_size=2, out=out)
+    options = RunOptions(
+        ModelOptions("tiny_models:CtrlC"),
+        input=InputOptions(num_samples=10, batch_size=2),
+        dump=DumpOptions(out=out),
+    )
     with pytest.raises(hookdump.HookdumpError, match="started by one process; resume it without"):
         previous_dump(options, Ranks(rank=1, world=2, local_rank=1))
 

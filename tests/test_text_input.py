@@ -302,12 +302,12 @@ def test_ranks_slices_of_the_text_join_into_the_whole(
     tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
     options = TextOptions(
         str(corpus), context_size=5 if packed else None, max_length=None if packed else 8,
-        num_samples=7 if "--num-samples" in limit else None,
         max_tokens=40 if "--max-tokens" in limit else None,
     )  # fmt: skip
+    num_samples = 7 if "--num-samples" in limit else None
 
     def fed(share: tuple[int, int] | None) -> tuple[list[object], list[list[int]], int]:
-        feed = text_feed(options, tokenizer, share=share)
+        feed = text_feed(options, tokenizer, num_samples=num_samples, share=share)
         ids = [row for b in feed.batches(3) for row in b.kwargs["input_ids"].tolist()]
         return list(feed.ids), ids, feed.first
 

@@ -46,6 +46,7 @@ def layers(
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""
     from hookdump.cli.render import layers_table
     from hookdump.inputs.samples import parse_shape, sample_form
+    from hookdump.model.loading import parse_model_args
     from hookdump.model.prepare import ModelOptions, prepare
     from hookdump.tools.layers import list_layers
 
@@ -54,7 +55,7 @@ def layers(
         ModelOptions(
             model=model,
             weights=weights,
-            model_args=as_list(model_arg),
+            model_args=parse_model_args(as_list(model_arg)),
             seed=seed,
             device=device,
             train=train,

@@ -255,55 +255,54 @@ def run(
     pause = GCPause()  # first: the imports below bring torch in
     try:
         from hookdump.cli.render import print_summary
+        from hookdump.hooks.capture import parse_capture
+        from hookdump.hooks.gradients import parse_grad_target
+        from hookdump.hooks.options import CaptureOptions
+        from hookdump.inputs.samples import InputOptions, parse_shape
+        from hookdump.inputs.text import TextOptions
+        from hookdump.model.loading import parse_model_args
+        from hookdump.model.prepare import ModelOptions, resolve_dtype
         from hookdump.run.options import RunOptions, parse_size
         from hookdump.run.runner import run as run_dump
+        from hookdump.run.tokens import TokenOptions, parse_positions
+        from hookdump.store.writer import DumpOptions
 
+        # the strings of the command line become typed options here, and nowhere else
         options = RunOptions(
-            model=model,
-            layers=as_list(layers),
-            exclude=as_list(exclude),
-            types=as_list(types),
-            capture=capture,
-            reduce=reduce,
-            grad_target=grad_target,
-            weights=weights,
-            strict=not no_strict,
-            unsafe_pickle=unsafe_pickle,
-            model_args=as_list(model_arg),
-            input=input,
-            text=text,
-            text_field=text_field,
-            tokenizer=tokenizer,
-            context_size=context_size,
-            bos=not no_bos,
-            max_length=max_length,
-            max_tokens=max_tokens,
-            per_token=per_token,
-            positions=positions,
-            skip_special_tokens=skip_special_tokens,
-            input_shape=input_shape,
-            image_size=image_size,
-            skip_bad_inputs=skip_bad_inputs,
-            workers=workers,
-            batch_size=batch_size,
-            num_samples=num_samples,
-            seed=seed,
-            device=device,
-            dtype=dtype,
-            save_dtype=save_dtype,
-            out=out,
-            overwrite=overwrite,
-            resume=resume,
-            train=train,
-            early_stop=not no_early_stop,
-            shard_bytes=parse_size(shard_size),
-            command=ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]]),
+            model=ModelOptions(
+                model=model, weights=weights, model_args=parse_model_args(as_list(model_arg)),
+                seed=seed, device=device, train=train, strict=not no_strict,
+                unsafe_pickle=unsafe_pickle,
+            ),
+            capture=CaptureOptions(
+                layers=tuple(as_list(layers)), exclude=tuple(as_list(exclude)),
+                types=tuple(as_list(types)), kinds=parse_capture(capture), reduce=reduce,
+                grad_target=parse_grad_target(grad_target), early_stop=not no_early_stop,
+            ),
+            input=InputOptions(
+                source=input, num_samples=num_samples, batch_size=batch_size,
+                shape=parse_shape(input_shape) if input_shape else None,
+                image_size=image_size, skip_bad_inputs=skip_bad_inputs, workers=workers,
+            ),
+            text=None if text is None else TextOptions(
+                source=text, text_field=text_field, tokenizer=tokenizer,
+                context_size=context_size, bos=not no_bos, max_length=max_length,
+                max_tokens=max_tokens,
+            ),
+            tokens=TokenOptions(parse_positions(positions), skip_special_tokens)
+            if per_token else None,
+            dump=DumpOptions(
+                out=out, overwrite=overwrite, resume=resume, shard_bytes=parse_size(shard_size),
+                save_dtype=resolve_dtype(save_dtype, "save_dtype") if save_dtype else None,
+            ),
+            dtype=resolve_dtype(dtype, "dtype"),
+            command=tuple(ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]])),
             config=config,
-        )
+        )  # fmt: skip
         if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports
             quiet, json_output = True, False
         show_progress = not (quiet or json_output)
-        reads_stdin = "-" in (options.input, options.text)
+        reads_stdin = "-" in (input, text)
         with progress_bar(show_progress) as progress, _stdin_unless(reads_stdin):
             result = run_dump(options, on_batch=pause.chain(progress))
         if not quiet:

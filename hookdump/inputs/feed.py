@@ -15,13 +15,15 @@ from hookdump.inputs.samples import Feed, InputOptions, SampleForm, random_batch
 def open_feed(
     options: InputOptions,
     *,
+    seed: int,
     form: Callable[[], SampleForm],
     transforms: Any = None,
     done: list[Any] | None = None,
     share: tuple[int, int] | None = None,
 ) -> Feed:
-    """The samples `options` name. `form`: the model's input form, worked out only when a
-    source needs it (random input, images); `transforms`: the weights' preprocessing;
+    """The samples `options` name (`seed`: of random input). `form`: the model's input
+    form, worked out only when a source needs it (random input, images); `transforms`: the
+    weights' preprocessing;
     `done`: ids of the samples already dumped (resuming: the feed goes on after them);
     `share` (rank, world): a torchrun rank's slice of the samples."""
     done = done or []
@@ -31,6 +33,6 @@ def open_feed(
     first, stop = share_of(total, share)
 
     def batches(batch_size: int) -> Any:
-        return random_batches(form(), stop - first, batch_size, options.seed, len(done), first)
+        return random_batches(form(), stop - first, batch_size, seed, len(done), first)
 
     return Feed("random", stop - first, range(first, stop), batches)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import recipe
 from hookdump.model.loading import LoadedModel
 
 DEFAULT_IMAGE_SIZE = 224
@@ -42,25 +43,25 @@ class SampleForm:
 
 @dataclass(frozen=True)
 class InputOptions:
-    """What feeds the model (the part of `RunOptions` about input).
+    """How many samples, in what batches, and (unless the run reads text) from where.
 
     Args:
         source: `random`, an image, a folder, a glob, a list file, `-`, or a tensor file.
-        num_samples: random samples in all, or the most file samples (None: one batch of
-            random input, every file).
+        num_samples: random samples in all, or the most file or text samples (None: one
+            batch of random input, every file, the whole corpus).
         batch_size: samples per forward.
-        seed: seeds the random input (sample `i` depends only on `(seed, i)`).
+        shape: the per-sample shape of random input (None: the model's own).
         image_size: crop images to this size (None: the weights' or the model's own).
         skip_bad_inputs: skip undecodable images instead of failing.
         workers: image-decoding worker processes.
     """
 
-    source: str = "random"
-    num_samples: int | None = None
-    batch_size: int = 8
-    seed: int = 0
-    image_size: int | None = None
-    skip_bad_inputs: bool = False
+    source: str = field(default="random", metadata=recipe("input"))
+    num_samples: int | None = field(default=None, metadata=recipe())
+    batch_size: int = field(default=8, metadata=recipe())
+    shape: tuple[int, ...] | None = field(default=None, metadata=recipe("input_shape"))
+    image_size: int | None = field(default=None, metadata=recipe())
+    skip_bad_inputs: bool = field(default=False, metadata=recipe())
     workers: int = 2
 
 

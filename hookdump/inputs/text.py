@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import recipe
 from hookdump.inputs.corpus import PIECE, Progress, documents, text_files
 from hookdump.inputs.samples import Batch, Feed, share_of
 from hookdump.worker import prefetch
@@ -41,22 +42,22 @@ class TextOptions:
     Args:
         source: a `.txt` or `.jsonl` file, a folder of `.txt` files, or `-`.
         text_field: the document's field in each `.jsonl` object.
+        tokenizer: a folder holding the tokenizer (None: the `hf:` model's).
         context_size: pack documents into windows of this many tokens (None: a document
             per sample).
         bos: packed windows start with the BOS token.
         max_length: a document sample's tokens (None: 128, or the model's positions if
             fewer).
-        num_samples: at most this many samples.
         max_tokens: the most whole samples whose tokens (padding included) fit in this.
     """
 
-    source: str
-    text_field: str = "text"
-    context_size: int | None = None
-    bos: bool = True
-    max_length: int | None = None
-    num_samples: int | None = None
-    max_tokens: int | None = None
+    source: str = field(metadata=recipe("text"))
+    text_field: str = field(default="text", metadata=recipe())
+    tokenizer: str | None = field(default=None, metadata=recipe())
+    context_size: int | None = field(default=None, metadata=recipe())
+    bos: bool = field(default=True, metadata=recipe())
+    max_length: int | None = field(default=None, metadata=recipe())
+    max_tokens: int | None = field(default=None, metadata=recipe())
 
 
 def sample_length(options: TextOptions, model_positions: int | None) -> int:
@@ -66,10 +67,12 @@ def sample_length(options: TextOptions, model_positions: int | None) -> int:
     return options.max_length or min(128, model_positions or 128)
 
 
-def sample_limit(options: TextOptions, model_positions: int | None) -> int | None:
-    """The most samples `--num-samples` and `--max-tokens` allow (None: the whole corpus);
+def sample_limit(
+    options: TextOptions, model_positions: int | None, num_samples: int | None = None
+) -> int | None:
+    """The most samples `num_samples` and `--max-tokens` allow (None: the whole corpus);
     every sample has the same number of tokens, so a token budget is a sample count."""
-    limits = [options.num_samples] if options.num_samples is not None else []
+    limits = [num_samples] if num_samples is not None else []
     if options.max_tokens is not None:
         limits.append(options.max_tokens // sample_length(options, model_positions))
     return min(limits) if limits else None
@@ -83,11 +86,12 @@ def samples(
     first: int = 0,
     stop: int | None = None,
     progress: Progress | None = None,
+    num_samples: int | None = None,
 ) -> Iterator[tuple[Any, list[int], int]]:
     """(sample id, token ids, real tokens) for samples `first:stop` of the corpus, in order,
     as many as the limits allow; samples before `first` are passed over (one document per
     sample: without tokenizing them)."""
-    limit = sample_limit(options, model_positions)
+    limit = sample_limit(options, model_positions, num_samples)
     if limit is not None:
         stop = limit if stop is None else min(stop, limit)
     progress = progress or Progress(None)
@@ -99,14 +103,17 @@ def samples(
     yield from itertools.islice(made, first, stop)
 
 
-def count_samples(options: TextOptions, tokenizer: Any, model_positions: int | None) -> int:
+def count_samples(
+    options: TextOptions, tokenizer: Any, model_positions: int | None, num_samples: int | None
+) -> int:
     """How many samples the corpus makes, within the limits: the documents are counted
     (one per sample), or the corpus is tokenized once (packed)."""
     if options.context_size is None:
         made: Iterator[Any] = documents(options.source, options.text_field)
     else:
         made = _packed(options, tokenizer, Progress(None))
-    return sum(1 for _ in itertools.islice(made, sample_limit(options, model_positions)))
+    limit = sample_limit(options, model_positions, num_samples)
+    return sum(1 for _ in itertools.islice(made, limit))
 
 
 def _packed(
@@ -188,6 +195,7 @@ def text_feed(
     tokenizer: Any,
     *,
     model_positions: int | None = None,
+    num_samples: int | None = None,
     done: list[Any] | None = None,
     tokenizer_files: list[Path] | None = None,
     share: tuple[int, int] | None = None,
@@ -198,7 +206,7 @@ def text_feed(
     rank's contiguous slice of the samples, counted first when no limit gives their number
     (`feed.first` is the slice's first sample)."""
     ids: list[Any] = list(done or [])
-    total = sample_limit(options, model_positions)
+    total = sample_limit(options, model_positions, num_samples)
     first, stop = 0, None
     if share is not None:
         if options.source == "-":
@@ -207,7 +215,7 @@ def text_feed(
                 "input; give the corpus as a file or folder"
             )
         if total is None:
-            total = count_samples(options, tokenizer, model_positions)
+            total = count_samples(options, tokenizer, model_positions, num_samples)
         first, stop = share_of(total, share)
         total = stop - first
     corpus = text_files(options.source)
@@ -219,7 +227,7 @@ def text_feed(
     def batches(batch_size: int) -> Iterator[Batch]:
         rows = len(done or [])  # resuming: the samples already in the dump are passed over
         made = samples(options, tokenizer, model_positions, first=first + rows, stop=stop,
-                       progress=progress)  # fmt: skip
+                       progress=progress, num_samples=num_samples)  # fmt: skip
         for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
             sample_ids, tokens, real = zip(*chunk, strict=True)
             ids.extend(sample_ids)

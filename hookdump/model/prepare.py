@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.model.loading import LoadedModel, load_model, parse_model_args
+from hookdump.format import recipe
+from hookdump.model.loading import LoadedModel, load_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -23,32 +25,33 @@ class ModelOptions:
     Args:
         model: a torchvision name, `package.module:attribute`, or a model file.
         weights: `none`, a torchvision weights name, or a checkpoint file.
-        model_args: `key=value` keyword arguments for the model's class or factory.
-        seed: seeds torch before the model is built (its random initialisation).
+        model_args: keyword arguments for the model's class or factory (the CLI parses
+            `key=value`, see `model.loading.parse_model_args`).
+        seed: seeds torch before the model is built (its random initialisation), and the
+            random input.
         device: `auto`, `cpu`, `cuda` or `cuda:N`.
         train: train mode instead of eval mode.
         strict: missing or unexpected checkpoint keys are an error.
         unsafe_pickle: allow a pickled whole module as `model` (runs its code).
     """
 
-    model: str
-    weights: str = "none"
-    model_args: list[str] = field(default_factory=list)
-    seed: int = 0
+    model: str = field(metadata=recipe())
+    weights: str = field(default="none", metadata=recipe())
+    model_args: dict[str, Any] = field(default_factory=dict, metadata=recipe())
+    seed: int = field(default=0, metadata=recipe())
     device: str = "auto"
-    train: bool = False
+    train: bool = field(default=False, metadata=recipe())
     strict: bool = True
     unsafe_pickle: bool = False
 
 
 def prepare(options: ModelOptions) -> LoadedModel:
     """Check the cheap options, then load the model, set its mode and move it to its device."""
-    kwargs = parse_model_args(options.model_args)
     target = resolve_device(options.device)
     loaded = load_model(
         options.model,
         weights=options.weights,
-        model_args=kwargs,
+        model_args=dict(options.model_args),
         seed=options.seed,
         strict=options.strict,
         unsafe_pickle=options.unsafe_pickle,

@@ -38,12 +38,13 @@ class Destination:
     @classmethod
     def open(cls, options: RunOptions, ranks: Ranks | None) -> Destination:
         """Check `--out` for the run the options describe (before the slow part)."""
-        previous = previous_dump(options, ranks) if options.resume else None
+        dump = options.dump
+        previous = previous_dump(options, ranks) if dump.resume else None
         # resuming with nothing to carry on (or only a first shard cut short) starts anew
-        overwrite = options.overwrite or (options.resume and previous is None)
-        if options.out is not None and previous is None:
-            check_out_dir(options.out, overwrite)
-        return cls(options.out, ranks, previous, overwrite)
+        overwrite = dump.overwrite or (dump.resume and previous is None)
+        if dump.out is not None and previous is None:
+            check_out_dir(dump.out, overwrite)
+        return cls(dump.out, ranks, previous, overwrite)
 
     @property
     def done_ids(self) -> list[Any]:

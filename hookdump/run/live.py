@@ -6,7 +6,6 @@ restored on every exit."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,14 +16,19 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import dtype_name
+from hookdump.hooks.capture import parse_capture
+from hookdump.hooks.gradients import parse_grad_target
+from hookdump.hooks.options import CaptureOptions
 from hookdump.inputs.python import PythonData
-from hookdump.model.prepare import resolve_device
+from hookdump.inputs.samples import InputOptions
+from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
 from hookdump.run.options import RunOptions, parse_size
 from hookdump.run.progress import Progress
 from hookdump.run.runner import PYTHON, Given, run
+from hookdump.run.tokens import TokenOptions, parse_positions
 from hookdump.store.reader import Dump
+from hookdump.store.writer import DumpOptions
 
 
 def dump(
@@ -40,7 +44,7 @@ def dump(
     forward: Callable[[Any, Any], Any] | None = None,
     ids: Callable[[Any], Iterable[Any]] | Iterable[Any] | None = None,
     per_token: bool = False,
-    positions: str | None = None,
+    positions: str | slice | None = None,
     skip_special_tokens: bool = False,
     tokenizer: Any = None,
     num_samples: int | None = None,
@@ -54,7 +58,7 @@ def dump(
     early_stop: bool = True,
     grad_target: str | int = "sum",
     weights: str = "none",
-    model_args: Sequence[str] = (),
+    model_args: dict[str, Any] | None = None,
     seed: int = 0,
     progress: bool = False,
 ) -> Dump:
@@ -117,30 +121,26 @@ def dump(
             f"model must be a torch.nn.Module or a MODEL string, not {type(model).__name__}"
         )
     special = _special_ids(tokenizer, skip_special_tokens, str(model) if live is None else "")
-    options = RunOptions(
-        model=str(model) if live is None else "",
-        layers=_names(layers), exclude=_names(exclude), types=_names(types),
-        capture=capture if isinstance(capture, str) else ",".join(capture),
-        reduce=reduce, grad_target=str(grad_target),
-        weights=weights, model_args=list(model_args), seed=seed,
-        input=PYTHON, per_token=per_token, positions=positions,
-        skip_special_tokens=skip_special_tokens, num_samples=num_samples,
-        dtype=_dtype(dtype, "dtype"),
-        save_dtype=_dtype(save_dtype, "save_dtype") if save_dtype is not None else None,
-        out=Path(out), overwrite=overwrite, resume=resume, early_stop=early_stop,
-        shard_bytes=shard_size if isinstance(shard_size, int) else parse_size(shard_size),
-    )  # fmt: skip
-    if isinstance(shard_size, int) and shard_size < 1:
-        raise HookdumpError(f"{opt('shard_size')} {shard_size} must be at least one byte")
-    given = Given(live, PythonData(data, forward, ids, per_token), special)
+    kinds = parse_capture(capture)
     with _as_asked(live, device, train) as (where, mode):
-        if live is not None:
-            options = dataclasses.replace(options, model=_class_path(live), device=where,
-                                          train=mode)  # fmt: skip
-        elif device is not None:
-            options = dataclasses.replace(options, device=str(device))
-        if train is not None and live is None:
-            options = dataclasses.replace(options, train=train)
+        options = RunOptions(
+            model=ModelOptions(
+                model=str(model) if live is None else _class_path(live), weights=weights,
+                model_args=dict(model_args or {}), seed=seed, device=where,
+                train=mode,
+            ),
+            capture=CaptureOptions(
+                _names(layers), _names(exclude), _names(types), kinds, reduce,
+                _grad_target(grad_target), early_stop,
+            ),
+            input=InputOptions(PYTHON, num_samples),
+            tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,
+            dump=DumpOptions(
+                Path(out), overwrite, resume, _size(shard_size), _dtype(save_dtype, "save_dtype")
+            ),
+            dtype=_dtype(dtype, "dtype") or torch.float32,
+        )  # fmt: skip
+        given = Given(live, PythonData(data, forward, ids, per_token), special)
         with Progress(progress, _stderr_console() if progress else None) as on_batch:
             run(options, on_batch, given=given)
     return Dump(Path(out))
@@ -196,13 +196,31 @@ def _special_ids(tokenizer: Any, skip: bool, model: str) -> tuple[int, ...]:
     return tuple(int(i) for i in found)
 
 
-def _names(value: str | Sequence[str]) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
+def _names(value: str | Sequence[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
-def _dtype(value: torch.dtype | str, option: str) -> str:
-    """A dtype given as torch's or by name, as the options name it."""
-    return dtype_name(value) if isinstance(value, torch.dtype) else str(value)
+def _dtype(value: torch.dtype | str | None, option: str) -> torch.dtype | None:
+    """A dtype given as torch's or by name (`"bfloat16"`)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    return resolve_dtype(value, option)
+
+
+def _size(value: int | str) -> int:
+    if isinstance(value, str):
+        return parse_size(value)
+    if value < 1:
+        raise HookdumpError(f"{opt('shard_size')} {value} must be at least one byte")
+    return value
+
+
+def _positions(value: str | slice | None) -> slice:
+    return value if isinstance(value, slice) else parse_positions(value)
+
+
+def _grad_target(value: str | int) -> str | int:
+    return value if isinstance(value, int) else parse_grad_target(value)
 
 
 def _class_path(module: nn.Module) -> str:

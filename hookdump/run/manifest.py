@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import hookdump
+from hookdump.format import dtype_name
 from hookdump.inputs.samples import Feed, SampleForm
 from hookdump.model.loading import LoadedModel
 from hookdump.run.options import RunOptions
@@ -22,30 +23,30 @@ def manifest_fields(
     form: Callable[[], SampleForm],
     sources: dict[str, Any],
     modules: list[str],
-    kinds: tuple[str, ...],
 ) -> dict[str, Any]:
     """Everything but the shards, the tensors and what grows as the run goes on (sample ids,
     skipped inputs): the model, the command, the recipe, the sources, the input, versions."""
+    capture = options.capture
     return {
         "model": loaded.manifest_entry(),
-        "command": options.command,
+        "command": list(options.command),
         "recipe": options.recipe(),
         "sources": sources,
         "selection": {
-            "layers": options.layers,
-            "exclude": options.exclude,
-            "types": options.types,
+            "layers": list(capture.layers),
+            "exclude": list(capture.exclude),
+            "types": list(capture.types),
             "modules": modules,
         },
-        "capture": list(kinds),
-        "reduce": options.reduce,
-        "grad_target": options.grad_target if "grad" in kinds else None,
-        "seed": options.seed,
+        "capture": list(capture.kinds),
+        "reduce": capture.reduce,
+        "grad_target": capture.grad_target if "grad" in capture.kinds else None,
+        "seed": options.model.seed,
         "device": str(loaded.device),
-        "dtype": options.dtype,
-        "save_dtype": options.save_dtype,
-        "train": options.train,
-        "batch_size": options.batch_size,
+        "dtype": dtype_name(options.dtype),
+        "save_dtype": dtype_name(options.dump.save_dtype) if options.dump.save_dtype else None,
+        "train": loaded.module.training,
+        "batch_size": options.input.batch_size if feed.input_type != "python" else None,
         "input": _input(options, loaded, feed, form),
         "skipped": [],
         "versions": {
@@ -60,28 +61,29 @@ def _input(
     options: RunOptions, loaded: LoadedModel, feed: Feed, form: Callable[[], SampleForm]
 ) -> dict[str, Any]:
     if feed.input_type == "python":  # batches handed over by hookdump.dump
-        return {"source": "python", "layout": "tokens" if options.per_token else "batches"}
-    if feed.input_type == "text":
+        return {"source": "python", "layout": "tokens" if options.tokens else "batches"}
+    text = options.text
+    if text is not None:
         return {
-            "source": options.text,
+            "source": text.source,
             "layout": "tokens",
-            "mode": "packed" if options.context_size else "documents",
-            "context_size": options.context_size,
-            "bos": options.bos if options.context_size else None,
-            "max_length": options.max_length,
-            "tokenizer": options.tokenizer or loaded.about.get("folder"),
+            "mode": "packed" if text.context_size else "documents",
+            "context_size": text.context_size,
+            "bos": text.bos if text.context_size else None,
+            "max_length": text.max_length,
+            "tokenizer": text.tokenizer or loaded.about.get("folder"),
         }
-    source: dict[str, Any] = {"source": options.input}
+    source: dict[str, Any] = {"source": options.input.source}
     if feed.input_type == "random":
         source.update(layout=form().layout, shape=list(form().shape))
     elif feed.input_type == "tensors":
         source["layout"] = "tensors"
     else:
         source["layout"] = form().layout
-        source["image_size"] = options.image_size
+        source["image_size"] = options.input.image_size
         source["preprocessing"] = (
             "weights"
-            if loaded.transforms and not options.image_size
+            if loaded.transforms and not options.input.image_size
             else "resize, centre crop, normalise"
         )
     return source

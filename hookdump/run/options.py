@@ -1,9 +1,5 @@
-"""What `hookdump run` takes (`RunOptions`, filled in by the CLI or a script) and what it gives
-back (`RunResult`).
-
-Each option is written once, here: the fields that shape a dump's contents are marked
-`recipe`, and `--resume` compares exactly those (`RunOptions.recipe`).
-"""
+"""What `hookdump run` takes (`RunOptions`: a group of options per stage, filled in by the
+CLI, `hookdump.dump` or a script) and what it gives back (`RunResult`)."""
 
 from __future__ import annotations
 
@@ -14,132 +10,85 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import format_bytes
+from hookdump.format import dtype_name, format_bytes, recipe
+from hookdump.hooks.options import CaptureOptions
+from hookdump.inputs.samples import InputOptions
+from hookdump.inputs.text import TextOptions
 from hookdump.model.prepare import ModelOptions
+from hookdump.run.tokens import TokenOptions, positions_text
 from hookdump.store.stats import KeySummary
-from hookdump.store.writer import DEFAULT_SHARD_BYTES
+from hookdump.store.writer import DumpOptions
 
-RECIPE = {"recipe": True}
-REPR_KEYS = (
-    12  # the keys a RunResult's repr lists  # field metadata: the option shapes the dump's contents
-)
+REPR_KEYS = 12  # the keys a RunResult's repr lists
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunOptions:
-    """Everything `hookdump run` takes; the CLI fills it in, a script may too.
+    """Everything `hookdump run` takes, grouped by the stage that uses it; the CLI parses its
+    strings into these types, `hookdump.dump` fills them in from its arguments, a script may
+    too. Each option is one field, in one group; those marked `recipe` shape the dump's
+    contents, and `--resume` compares exactly those (`recipe()`).
 
     Args:
-        model: a torchvision name, `package.module:attribute`, or a model file.
-        layers, exclude, types: which modules to hook (globs over qualified names, and class
-            names); no `layers` means every leaf module.
-        capture: any of `output`, `input`, `grad`, comma-separated.
-        reduce: `none`, `mean`, `max` or `flatten` over each captured tensor's spatial or
-            token dims.
-        grad_target: the objective of `capture="grad"`: `sum`, or an index into dim 1.
-        weights: `none`, a torchvision weights name, or a checkpoint file.
-        strict: missing or unexpected checkpoint keys are an error.
-        unsafe_pickle: allow a pickled whole module as `model` (runs its code).
-        model_args: `key=value` keyword arguments for the model's class or factory.
-        input: `random`, an image, a folder, a glob, a list file, `-`, or a tensor file.
-        text: text instead of `input`: a `.txt` or `.jsonl` file, a folder of `.txt` files,
-            or `-` (see `inputs.text`); tokenized with the model folder's tokenizer.
-        text_field: the document's field in `.jsonl` objects.
-        tokenizer: a folder holding a tokenizer (default: the `hf:` model's).
-        context_size: pack the documents into windows of this many tokens (None: a
-            document per sample, padded to `max_length`).
-        bos: packed windows start with the BOS token.
-        max_length: tokens of a document sample (None: 128, or the model's positions).
-        max_tokens: the most whole samples whose tokens add up to no more than this.
-        per_token: one row per real token of every `[B, T, ...]` tensor (text only), with
-            `__token_ids__`, `__sample__` and `__position__` beside (see `run.tokens`).
-        positions: `START:STOP`, the positions kept of each sample's real tokens.
-        skip_special_tokens: drop the tokenizer's special tokens' rows.
-        input_shape: the per-sample shape of random input, e.g. `3,224,224`.
-        image_size: crop images to this size (default: the weights' or the model's own).
-        skip_bad_inputs: skip undecodable images (listed in the manifest) instead of failing.
-        workers: image-decoding worker processes.
-        batch_size: samples per forward.
-        num_samples: random samples in all, or the most file samples (default: one batch of
-            random input, every file).
-        seed: seeds the model's construction and the random input.
-        device: `auto`, `cpu`, `cuda` or `cuda:N`.
-        dtype: the forward's precision: `float32`, `float16` or `bfloat16`.
-        save_dtype: the dtype written to disk (default: as captured).
-        out: the dump folder; None writes nothing (statistics only).
-        overwrite: replace a dump already in `out`.
-        resume: finish an interrupted dump in `out`.
-        train: run the model in train mode.
-        early_stop: end each forward once every selected module has made all its calls.
-        shard_bytes: about how many bytes go into one shard file.
+        model: what builds the model (`model.prepare.ModelOptions`).
+        capture: which modules, and what of them (`hooks.options.CaptureOptions`).
+        input: how many samples, in what batches, from where (`inputs.samples.InputOptions`).
+        text: text instead of `input.source` (`inputs.text.TextOptions`; None: no text).
+        tokens: a row per token (`run.tokens.TokenOptions`; None: a row per sample).
+        dump: where the dump goes (`store.writer.DumpOptions`).
+        dtype: the forward's precision (autocast for float16 and bfloat16).
         command: the command line, recorded in the manifest.
         config: the config file the options came from (never read from inside `out`).
 
     Example:
         >>> from hookdump.run.runner import run
-        >>> result = run(RunOptions(model="resnet18", layers=["layer1.*"], out=Path("acts")))
-        >>> result.num_samples
+        >>> options = RunOptions(ModelOptions("resnet18"), CaptureOptions(layers=("layer1.*",)),
+        ...                      dump=DumpOptions(out=Path("acts")))
+        >>> run(options).num_samples
         8
     """
 
-    model: str = field(metadata=RECIPE)
-    layers: list[str] = field(default_factory=list, metadata=RECIPE)
-    exclude: list[str] = field(default_factory=list, metadata=RECIPE)
-    types: list[str] = field(default_factory=list, metadata=RECIPE)
-    capture: str = field(default="output", metadata=RECIPE)
-    reduce: str = field(default="none", metadata=RECIPE)
-    grad_target: str = field(default="sum", metadata=RECIPE)
-    weights: str = field(default="none", metadata=RECIPE)
-    strict: bool = True
-    unsafe_pickle: bool = False
-    model_args: list[str] = field(default_factory=list, metadata=RECIPE)
-    input: str = field(default="random", metadata=RECIPE)
-    text: str | None = field(default=None, metadata=RECIPE)
-    text_field: str = field(default="text", metadata=RECIPE)
-    tokenizer: str | None = field(default=None, metadata=RECIPE)
-    context_size: int | None = field(default=None, metadata=RECIPE)
-    bos: bool = field(default=True, metadata=RECIPE)
-    max_length: int | None = field(default=None, metadata=RECIPE)
-    max_tokens: int | None = field(default=None, metadata=RECIPE)
-    per_token: bool = field(default=False, metadata=RECIPE)
-    positions: str | None = field(default=None, metadata=RECIPE)
-    skip_special_tokens: bool = field(default=False, metadata=RECIPE)
-    input_shape: str | None = field(default=None, metadata=RECIPE)
-    image_size: int | None = field(default=None, metadata=RECIPE)
-    skip_bad_inputs: bool = field(default=False, metadata=RECIPE)
-    workers: int = 2
-    batch_size: int = field(default=8, metadata=RECIPE)
-    num_samples: int | None = field(default=None, metadata=RECIPE)
-    seed: int = field(default=0, metadata=RECIPE)
-    device: str = "auto"
-    dtype: str = field(default="float32", metadata=RECIPE)
-    save_dtype: str | None = field(default=None, metadata=RECIPE)
-    out: Path | None = None
-    overwrite: bool = False
-    resume: bool = False
-    train: bool = field(default=False, metadata=RECIPE)
-    early_stop: bool = True
-    shard_bytes: int = DEFAULT_SHARD_BYTES
-    command: list[str] = field(default_factory=lambda: list(sys.argv))
+    model: ModelOptions
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
+    input: InputOptions = field(default_factory=InputOptions)
+    text: TextOptions | None = None
+    tokens: TokenOptions | None = None
+    dump: DumpOptions = field(default_factory=DumpOptions)
+    dtype: torch.dtype = field(default=torch.float32, metadata=recipe())
+    command: tuple[str, ...] = field(default_factory=lambda: tuple(sys.argv))
     config: Path | None = None
 
     def recipe(self) -> dict[str, Any]:
-        """The options that shape the dump's contents, by name: `resume` needs the same."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata}
+        """The options that shape the dump's contents, by name, as JSON values: `resume`
+        needs the same. Text and token rows count by their presence too."""
+        found: dict[str, Any] = {"text": None, "per_token": self.tokens is not None}
+        groups = (self, self.model, self.capture, self.input, self.text, self.tokens, self.dump)
+        for group in groups:
+            if group is None:
+                continue
+            for f in dataclasses.fields(group):
+                name = f.metadata.get("recipe")
+                if name:
+                    found[f.name if name is True else name] = _plain(getattr(group, f.name))
+        return found
 
-    def model_options(self, device: str | None = None) -> ModelOptions:
-        """The options that build the model (`device`: a torchrun rank's own)."""
-        return ModelOptions(
-            model=self.model,
-            weights=self.weights,
-            model_args=list(self.model_args),
-            seed=self.seed,
-            device=device or self.device,
-            train=self.train,
-            strict=self.strict,
-            unsafe_pickle=self.unsafe_pickle,
-        )
+
+def _plain(value: Any) -> Any:
+    """An option's value as the manifest's JSON holds it (and as the CLI spells it)."""
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, slice):
+        return positions_text(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 @dataclass

@@ -136,7 +136,7 @@ def _short(entry: dict[str, Any] | None) -> str:
 def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, Any] | None:
     """The incomplete dump that `resume` carries on (None: nothing there yet, start anew).
     Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
-    out = options.out
+    out = options.dump.out
     if out is None:
         raise HookdumpError(
             f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"

@@ -26,17 +26,16 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.hooks.capture import Capture, parse_capture
+from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import out_of_memory
-from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.selection import select_modules
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
 from hookdump.inputs.python import PythonData, python_feed
-from hookdump.inputs.samples import Batch, Feed, InputOptions, SampleForm, parse_shape, sample_form
+from hookdump.inputs.samples import Batch, Feed, SampleForm, sample_form
 from hookdump.inputs.text import TextOptions, text_feed
 from hookdump.model.loading import LoadedModel, is_model_file, live_model
-from hookdump.model.prepare import prepare, resolve_dtype
+from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
 from hookdump.model.zoo import load_tokenizer
 from hookdump.run.destination import Destination
@@ -47,21 +46,9 @@ from hookdump.run.options import RunOptions, RunResult
 from hookdump.run.progress import ProgressCallback
 from hookdump.run.resume import sources
 from hookdump.run.signals import interrupts_once
-from hookdump.run.tokens import TokenRows, parse_positions
+from hookdump.run.tokens import TokenOptions, TokenRows, positions_text
 from hookdump.store.folder import locked, refuse_reads_inside
 from hookdump.store.sink import BatchSink
-
-
-@dataclass(frozen=True)
-class _Checked:
-    """The options checked and turned into values before `--out` is touched."""
-
-    num_samples: int
-    shape: tuple[int, ...] | None
-    forward_dtype: torch.dtype
-    save_dtype: torch.dtype | None
-    grad_target: str | int
-
 
 PYTHON = "python"  # `RunOptions.input` of a run fed by `hookdump.dump`
 
@@ -99,20 +86,21 @@ def run(
             shards are committed first, and a second signal meanwhile is ignored.
 
     Example:
-        >>> result = run(RunOptions(model="resnet18", layers=["layer1.*"], out=Path("acts")))
+        >>> result = run(RunOptions(ModelOptions("resnet18"), CaptureOptions(layers=("layer1.*",))))
         >>> [k.info.key for k in result.keys][:2]
         ['layer1.0.conv1', 'layer1.0.bn1']
     """
     started = time.perf_counter()
-    checked = _checked(options, python=given is not None)
-    given_out = options.out  # reported as given
-    if options.out is not None:  # a link is followed once, here: entries never are
-        options = dataclasses.replace(options, out=options.out.resolve())
-    ranks = from_environment(options.device)  # set when run under torchrun
-    with interrupts_once(), locked(options.out if ranks is None or ranks.main else None):
+    _check(options, python=given is not None)
+    given_out = options.dump.out  # reported as given
+    if given_out is not None:  # a link is followed once, here: entries never are
+        dump = dataclasses.replace(options.dump, out=given_out.resolve())
+        options = dataclasses.replace(options, dump=dump)
+    ranks = from_environment(options.model.device)  # set when run under torchrun
+    with interrupts_once(), locked(options.dump.out if ranks is None or ranks.main else None):
         try:
             return dataclasses.replace(
-                _run(options, checked, ranks, started, on_batch, given), out=given_out
+                _run(options, ranks, started, on_batch, given), out=given_out
             )
         except Exception as exc:
             if out_of_memory(exc):
@@ -120,110 +108,107 @@ def run(
             raise
 
 
-def _checked(options: RunOptions, python: bool = False) -> _Checked:
-    if options.batch_size < 1:
-        raise HookdumpError(f"{opt('batch_size')} {options.batch_size} must be at least 1")
-    num_samples = options.num_samples if options.num_samples is not None else options.batch_size
-    if num_samples < 1:
-        raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
+def _check(options: RunOptions, python: bool = False) -> None:
+    """What the options' types do not say, checked before `--out` is touched."""
+    feed = options.input
+    if feed.batch_size < 1:
+        raise HookdumpError(f"{opt('batch_size')} {feed.batch_size} must be at least 1")
+    if feed.num_samples is not None and feed.num_samples < 1:
+        raise HookdumpError(f"{opt('num_samples')} {feed.num_samples} must be at least 1")
     if not python:
         _check_text(options)
-    elif options.per_token:  # Python data: token rows come from dicts of ids and masks
+    elif options.tokens is not None:  # Python data: token rows come from dicts of ids and masks
         _check_token_rows(options)
-    if options.image_size is not None and not 1 <= options.image_size <= MAX_IMAGE_SIZE:
+    if feed.image_size is not None and not 1 <= feed.image_size <= MAX_IMAGE_SIZE:
         raise HookdumpError(
-            f"{opt('image_size')} {options.image_size} must be from 1 to {MAX_IMAGE_SIZE} "
+            f"{opt('image_size')} {feed.image_size} must be from 1 to {MAX_IMAGE_SIZE} "
             "(pixels of the square crop)"
         )
-    checked = _Checked(
-        num_samples=num_samples,
-        shape=parse_shape(options.input_shape) if options.input_shape else None,
-        forward_dtype=resolve_dtype(options.dtype, "dtype"),
-        save_dtype=resolve_dtype(options.save_dtype, "save_dtype") if options.save_dtype else None,
-        grad_target=parse_grad_target(options.grad_target),
-    )
-    hf_folder = options.model.removeprefix("hf:")
+    model = options.model
+    hf_folder = model.model.removeprefix("hf:")
+    text = options.text
     named = {
-        "text": options.text if options.text not in (None, "-") else None,
-        "tokenizer": options.tokenizer,
-        "model": options.model if is_model_file(options.model) else None,
+        "text": text.source if text is not None and text.source != "-" else None,
+        "tokenizer": text.tokenizer if text is not None else None,
+        "model": model.model if is_model_file(model.model) else None,
         "model_folder": hf_folder if Path(hf_folder).is_dir() else None,
-        "weights": options.weights if is_checkpoint_path(options.weights) else None,
-        "input": options.input if options.input not in ("random", "-") and not python else None,
+        "weights": model.weights if is_checkpoint_path(model.weights) else None,
+        "input": feed.source if feed.source not in ("random", "-") and not python else None,
         "config": options.config,
     }
     for name, path in named.items():
         if path is not None:
             what = opt("model") if name == "model_folder" else opt(name)
-            refuse_reads_inside(options.out, what, [Path(path)])
-    return checked
+            refuse_reads_inside(options.dump.out, what, [Path(path)])
 
 
 def _check_text(options: RunOptions) -> None:
-    if options.text is None:
-        if options.per_token:
+    text = options.text
+    if text is None:
+        if options.tokens is not None:
             raise HookdumpError(f"{opt('per_token', True)} needs text input: {opt('text')}")
         return
-    if options.per_token:
+    if options.tokens is not None:
         _check_token_rows(options)
-
-    if options.input != "random":
+    if options.input.source != "random":
         raise HookdumpError(
-            f"give {opt('text')} or {opt('input')}, not both ({opt('text')} {options.text}, "
-            f"{opt('input')} {options.input})"
+            f"give {opt('text')} or {opt('input')}, not both ({opt('text')} {text.source}, "
+            f"{opt('input')} {options.input.source})"
         )
-    smallest = 2 if options.bos else 1
+    smallest = 2 if text.bos else 1
     for name, value, least in (
-        ("context_size", options.context_size, smallest),
-        ("max_length", options.max_length, 1),
-        ("max_tokens", options.max_tokens, 1),
+        ("context_size", text.context_size, smallest),
+        ("max_length", text.max_length, 1),
+        ("max_tokens", text.max_tokens, 1),
     ):
         if value is not None and value < least:
             raise HookdumpError(f"{opt(name)} {value} must be at least {least}")
 
 
 def _check_token_rows(options: RunOptions) -> None:
-    parse_positions(options.positions)
-    if options.reduce != "none":
+    reduce = options.capture.reduce
+    if reduce != "none":
         raise HookdumpError(
             f"{opt('per_token', True)} keeps a row per token and {opt('reduce')} "
-            f"{options.reduce} reduces the tokens away; give one of them"
+            f"{reduce} reduces the tokens away; give one of them"
         )
 
 
 def _nothing_read(options: RunOptions, fed: bool) -> HookdumpError:
     """Why a run made no row, naming the option at fault."""
-    if fed:  # samples went in, but token rows kept none of them
+    tokens, text = options.tokens, options.text
+    if fed and tokens is not None:  # samples went in, but token rows kept none of them
+        skip = tokens.skip_special_tokens
         return HookdumpError(
-            f"{opt('positions')} {options.positions}"
-            f"{' with ' + opt('skip_special_tokens', True) if options.skip_special_tokens else ''}"
+            f"{opt('positions')} {positions_text(tokens.positions)}"
+            f"{' with ' + opt('skip_special_tokens', True) if skip else ''}"
             " keeps no token of any sample; choose positions the samples have"
         )
-    if options.text is not None:
+    if text is not None:
         window = (
-            f", or fewer tokens than one {opt('context_size')} {options.context_size} window"
-            if options.context_size
+            f", or fewer tokens than one {opt('context_size')} {text.context_size} window"
+            if text.context_size
             else ""
         )
         return HookdumpError(
-            f"{opt('text')} {options.text}: no sample was made (the corpus has no document{window})"
+            f"{opt('text')} {text.source}: no sample was made (the corpus has no document{window})"
         )
-    if options.input == PYTHON:
+    if options.input.source == PYTHON:
         return HookdumpError("data held no batch; give an iterable of batches")
-    return HookdumpError(f"{opt('input')} {options.input}: no sample could be read")
+    return HookdumpError(f"{opt('input')} {options.input.source}: no sample could be read")
 
 
 def _out_of_memory(options: RunOptions) -> HookdumpError:
-    shape = f" or {opt('input_shape')} (now {options.input_shape})" if options.input_shape else ""
+    shape = options.input.shape
+    now = f" or {opt('input_shape')} (now {','.join(map(str, shape))})" if shape else ""
     return HookdumpError(
-        f"ran out of memory at {opt('batch_size')} {options.batch_size}; lower "
-        f"{opt('batch_size')}{shape}, or {opt('layers')} fewer modules"
+        f"ran out of memory at {opt('batch_size')} {options.input.batch_size}; lower "
+        f"{opt('batch_size')}{now}, or {opt('layers')} fewer modules"
     )
 
 
 def _run(
     options: RunOptions,
-    checked: _Checked,
     ranks: Ranks | None,
     started: float,
     on_batch: ProgressCallback | None,
@@ -233,48 +218,50 @@ def _run(
     if given is not None and given.module is not None:
         loaded = live_model(given.module)
     else:
-        loaded = prepare(options.model_options(rank_device(options.device, ranks)))
+        device = rank_device(options.model.device, ranks)
+        loaded = prepare(dataclasses.replace(options.model, device=device))
     loaded_at = time.perf_counter()
-    form = functools.cache(lambda: sample_form(loaded, checked.shape))
+    form = functools.cache(lambda: sample_form(loaded, options.input.shape))
     if given is None:
-        feed = _feed(options, checked, loaded, form, destination, ranks)
+        feed = _feed(options, loaded, form, destination, ranks)
     else:
         feed = python_feed(
-            given.data, num_samples=options.num_samples, done_ids=destination.done_ids,
+            given.data, num_samples=options.input.num_samples, done_ids=destination.done_ids,
             special_ids=list(given.special_ids),
         )  # fmt: skip
     made_from = sources(loaded, feed)
     destination.check_sources(made_from)
 
+    capture = options.capture
     # what the manifest records of the run (the selection as the hooks will make it)
     static = manifest_fields(
         options, loaded=loaded, feed=feed, form=form, sources=made_from,
-        modules=list(select_modules(loaded.module, options.layers, options.exclude,
-                                    options.types)),
-        kinds=parse_capture(options.capture),
+        modules=list(select_modules(loaded.module, capture.layers, capture.exclude,
+                                    capture.types)),
     )  # fmt: skip
     if ranks is not None:  # --resume checks that it goes on with as many processes
         static["processes"] = ranks.world
-    if options.per_token:
+    if options.tokens is not None:
         static["rows"] = "tokens"
-    destination.start(shard_bytes=options.shard_bytes, fields=static)
+    destination.start(shard_bytes=options.dump.shard_bytes, fields=static)
     sink = BatchSink(
-        destination.writer, checked.save_dtype,
-        None if options.per_token else feed.total,  # token rows: not known ahead
+        destination.writer, options.dump.save_dtype,
+        None if options.tokens else feed.total,  # token rows: not known ahead
         expected=lambda: feed.total if feed.total is not None else feed.estimate(),
         copies=ranks.world if ranks else 1,
         summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
     )  # fmt: skip
-    tokens = _token_rows(options, sink, feed) if options.per_token else None
+    tokens = _token_rows(options.tokens, sink, feed) if options.tokens else None
     cap = Capture(
-        loaded.module, options.layers, options.exclude, options.types, options.capture,
-        reduce=options.reduce, receiver=tokens or sink,
+        loaded.module, capture.layers, capture.exclude, capture.types, capture.kinds,
+        reduce=capture.reduce, receiver=tokens or sink,
     )  # fmt: skip
     loop = BatchLoop(
-        cap, loaded, sink, forward_dtype=checked.forward_dtype, grad_target=checked.grad_target,
-        early_stop=options.early_stop and not options.train, label=options.model, tokens=tokens,
+        cap, loaded, sink, forward_dtype=options.dtype, grad_target=capture.grad_target,
+        early_stop=capture.early_stop and not loaded.module.training,
+        label=options.model.model, tokens=tokens,
     )  # fmt: skip
-    batches = _on_device(feed.batches(options.batch_size), loaded.device)
+    batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
     nothing = None if ranks else lambda: _nothing_read(options, bool(feed.ids))
     rows = loop.run(batches, destination, feed, on_batch, nothing)
@@ -303,8 +290,8 @@ def _result(
 ) -> RunResult:
     skips = whole.skipped_inputs[len(destination.skipped_inputs_before) :]
     return RunResult(
-        model=options.model,
-        out=options.out,
+        model=options.model.model,
+        out=options.dump.out,
         num_samples=whole.rows,
         keys=list(whole.summaries.values()),
         skipped=whole.skipped,
@@ -320,80 +307,55 @@ def _result(
 
 def _feed(
     options: RunOptions,
-    checked: _Checked,
     loaded: LoadedModel,
     form: Callable[[], SampleForm],
     destination: Destination,
     ranks: Ranks | None,
 ) -> Feed:
+    share = ranks.share if ranks else None
     if options.text is not None:
-        feed, what = _text_feed(options, loaded, destination, ranks), opt("text")
+        feed = _text_feed(options, options.text, loaded, destination, share)
+        what = opt("text")
     else:
-        feed, what = _file_feed(options, checked, loaded, form, destination, ranks), opt("input")
-    refuse_reads_inside(options.out, what, feed.files)
+        feed = open_feed(
+            options.input, seed=options.model.seed, form=form, transforms=loaded.transforms,
+            done=destination.done_ids, share=share,
+        )  # fmt: skip
+        what = opt("input")
+    refuse_reads_inside(options.dump.out, what, feed.files)
     return feed
 
 
-def _file_feed(
-    options: RunOptions,
-    checked: _Checked,
-    loaded: LoadedModel,
-    form: Callable[[], SampleForm],
-    destination: Destination,
-    ranks: Ranks | None,
-) -> Feed:
-    return open_feed(
-        InputOptions(
-            source=options.input,
-            num_samples=checked.num_samples if options.input == "random" else options.num_samples,
-            batch_size=options.batch_size,
-            seed=options.seed,
-            image_size=options.image_size,
-            skip_bad_inputs=options.skip_bad_inputs,
-            workers=options.workers,
-        ),
-        form=form,
-        transforms=loaded.transforms,
-        done=destination.done_ids,
-        share=ranks.share if ranks else None,
-    )
-
-
 def _text_feed(
-    options: RunOptions, loaded: LoadedModel, destination: Destination, ranks: Ranks | None
+    options: RunOptions,
+    text: TextOptions,
+    loaded: LoadedModel,
+    destination: Destination,
+    share: tuple[int, int] | None,
 ) -> Feed:
-    folder = options.tokenizer or loaded.about.get("folder")
+    folder = text.tokenizer or loaded.about.get("folder")
     if folder is None:
         raise HookdumpError(
             f"{opt('text')} needs a tokenizer: an hf: model folder that has one, or "
             f"{opt('tokenizer')} PATH"
         )
-    for name, value in (("context_size", options.context_size), ("max_length", options.max_length)):
+    for name, value in (("context_size", text.context_size), ("max_length", text.max_length)):
         if value is not None and loaded.positions is not None and value > loaded.positions:
             raise HookdumpError(
-                f"{opt(name)} {value} is more tokens than {options.model} takes in a sample "
-                f"({loaded.positions} positions); give at most {loaded.positions}"
+                f"{opt(name)} {value} is more tokens than {options.model.model} takes in a "
+                f"sample ({loaded.positions} positions); give at most {loaded.positions}"
             )
-    tokenizer, files = load_tokenizer(folder, options.model, given=bool(options.tokenizer))
+    tokenizer, files = load_tokenizer(folder, options.model.model, given=bool(text.tokenizer))
     positions = loaded.input_shape[0] if loaded.family == "tokens" and loaded.input_shape else None
-    text = TextOptions(
-        source=options.text or "-",
-        text_field=options.text_field,
-        context_size=options.context_size,
-        bos=options.bos,
-        max_length=options.max_length,
-        num_samples=options.num_samples,
-        max_tokens=options.max_tokens,
-    )
     return text_feed(
-        text, tokenizer, model_positions=positions, done=destination.done_ids,
-        tokenizer_files=files, share=ranks.share if ranks else None,
+        text, tokenizer, model_positions=positions, num_samples=options.input.num_samples,
+        done=destination.done_ids, tokenizer_files=files, share=share,
     )  # fmt: skip
 
 
-def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed) -> TokenRows:
+def _token_rows(options: TokenOptions, sink: BatchSink, feed: Feed) -> TokenRows:
     special = feed.special_ids if options.skip_special_tokens else []
-    return TokenRows(sink, parse_positions(options.positions), list(special), feed.first)
+    return TokenRows(sink, options.positions, list(special), feed.first)
 
 
 def _part(

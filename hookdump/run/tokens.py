@@ -14,9 +14,29 @@ from dataclasses import dataclass, field
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import KeyInfo
+from hookdump.format import KeyInfo, recipe
 from hookdump.hooks.capture import Receiver
 from hookdump.inputs.samples import Batch
+
+
+@dataclass(frozen=True)
+class TokenOptions:
+    """Token rows (`--per-token`): a row per real token of every `[B, T, ...]` tensor.
+
+    Args:
+        positions: the positions kept of each sample's real tokens (see `parse_positions`).
+        skip_special_tokens: drop the rows of the tokenizer's special tokens.
+    """
+
+    positions: slice = field(default_factory=lambda: slice(None), metadata=recipe())
+    skip_special_tokens: bool = field(default=False, metadata=recipe())
+
+
+def positions_text(positions: slice) -> str:
+    """A slice of positions as `--positions` spells it (`1:`, `-8:`, `:`)."""
+    start = "" if positions.start is None else positions.start
+    stop = "" if positions.stop is None else positions.stop
+    return f"{start}:{stop}"
 
 
 def parse_positions(text: str | None) -> slice:

@@ -9,14 +9,22 @@ import shutil
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import FORMAT, MANIFEST, KeyInfo, Rows, dtype_name, samples_fed
+from hookdump.format import (
+    FORMAT,
+    MANIFEST,
+    KeyInfo,
+    Rows,
+    dtype_name,
+    recipe,
+    samples_fed,
+)
 from hookdump.store.direct_io import allocate
 from hookdump.store.folder import (
     DUMP_FILE,
@@ -32,6 +40,25 @@ from hookdump.store.shards import PlannedShard, ShardFile, fsync_file
 DEFAULT_SHARD_BYTES = 1 << 30
 MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the last one's
 __all__ = ["FORMAT", "MANIFEST", "DumpWriter"]
+
+
+@dataclass(frozen=True)
+class DumpOptions:
+    """Where the dump goes and how it is written.
+
+    Args:
+        out: the dump folder (None: nothing is written, statistics only).
+        overwrite: replace a dump already in `out`.
+        resume: finish an interrupted dump in `out`.
+        shard_bytes: about how many bytes go into one shard file.
+        save_dtype: the dtype written for floating tensors (None: as captured).
+    """
+
+    out: Path | None = None
+    overwrite: bool = False
+    resume: bool = False
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    save_dtype: torch.dtype | None = field(default=None, metadata=recipe())
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> int:

@@ -1,0 +1,30 @@
+"""What the hooks take: which modules, what of them, how reduced (`CaptureOptions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hookdump.format import recipe
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """Which modules are hooked and what is kept of them.
+
+    Args:
+        layers, exclude: globs over qualified module names (`fnmatch`; the root module is
+            `__root__`); no `layers` means every leaf module.
+        types: keep only modules of these class names.
+        kinds: any of `output`, `input`, `grad` (see `hooks.capture.parse_capture`).
+        reduce: `none`, `mean`, `max`, `first`, `last` or `flatten` (see `hooks.reduce`).
+        grad_target: the objective of `grad`: `sum`, or an index into dim 1 of the output.
+        early_stop: end each forward once every selected module has made all its calls.
+    """
+
+    layers: tuple[str, ...] = field(default=(), metadata=recipe())
+    exclude: tuple[str, ...] = field(default=(), metadata=recipe())
+    types: tuple[str, ...] = field(default=(), metadata=recipe())
+    kinds: tuple[str, ...] = field(default=("output",), metadata=recipe("capture"))
+    reduce: str = field(default="none", metadata=recipe())
+    grad_target: str | int = field(default="sum", metadata=recipe())
+    early_stop: bool = True
