@@ -27,11 +27,11 @@ import torch
 import torchvision
 
 import hookdump
+from hookdump.engine.options import RunOptions
+from hookdump.engine.runner import run
 from hookdump.hooks.options import CaptureOptions
 from hookdump.inputs.samples import InputOptions, random_batches, sample_form
 from hookdump.model.prepare import ModelOptions, prepare
-from hookdump.run.options import RunOptions
-from hookdump.run.runner import run
 from hookdump.store.writer import DumpOptions
 
 HERE = Path(__file__).resolve().parent

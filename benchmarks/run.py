@@ -24,12 +24,12 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 
+from hookdump.engine.options import RunOptions
+from hookdump.engine.runner import run
 from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.selection import select_modules
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.prepare import ModelOptions
-from hookdump.run.options import RunOptions
-from hookdump.run.runner import run
 from hookdump.store.direct_io import AppendFile
 from hookdump.store.writer import DumpOptions
 

@@ -105,13 +105,13 @@ class Job:
     def hookdump(
         self, out: str, samples: int = SAMPLES, shard_bytes: int = 1 << 30
     ) -> dict[str, float]:
+        from hookdump.engine.options import RunOptions
+        from hookdump.engine.runner import run
+        from hookdump.engine.tokens import TokenOptions
         from hookdump.hooks.options import CaptureOptions
         from hookdump.inputs.samples import InputOptions
         from hookdump.inputs.text import TextOptions
         from hookdump.model.prepare import ModelOptions
-        from hookdump.run.options import RunOptions
-        from hookdump.run.runner import run
-        from hookdump.run.tokens import TokenOptions
         from hookdump.store.writer import DumpOptions
 
         options = RunOptions(

@@ -39,9 +39,9 @@ def timed(owner: Any, name: str, label: str) -> None:
 def instrument() -> None:
     import torch
 
+    from hookdump.engine import loop, runner
     from hookdump.hooks import forward
     from hookdump.model import prepare
-    from hookdump.run import loop, runner
     from hookdump.store import direct_io, memory, shards, sink, stats, writer
 
     EVENTS.append(("MainThread", "import torch + hookdump", STARTED, time.perf_counter()))

@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 __all__ = [
     "Capture",
+    "CaptureOptions",
     "Dump",
+    "DumpOptions",
     "HookdumpError",
+    "InputOptions",
     "Interrupted",
     "InvalidDump",
     "KeyInfo",
+    "ModelOptions",
     "RunOptions",
     "RunResult",
+    "TextOptions",
+    "TokenOptions",
     "__version__",
     "capture",
     "dump",
@@ -27,12 +33,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from hookdump.engine.options import RunOptions, RunResult
+    from hookdump.engine.runner import run
+    from hookdump.engine.tokens import TokenOptions
     from hookdump.errors import HookdumpError, Interrupted, InvalidDump
     from hookdump.format import KeyInfo
     from hookdump.hooks.capture import Capture, capture
-    from hookdump.run.options import RunOptions, RunResult
-    from hookdump.run.runner import run
+    from hookdump.hooks.options import CaptureOptions
+    from hookdump.inputs.samples import InputOptions
+    from hookdump.inputs.text import TextOptions
+    from hookdump.model.prepare import ModelOptions
     from hookdump.store.reader import Dump, load
+    from hookdump.store.writer import DumpOptions
 
 _LAZY = {
     "capture": "hookdump.hooks.capture",
@@ -43,9 +55,15 @@ _LAZY = {
     "HookdumpError": "hookdump.errors",
     "InvalidDump": "hookdump.errors",
     "Interrupted": "hookdump.errors",
-    "RunOptions": "hookdump.run.options",
-    "RunResult": "hookdump.run.options",
-    "run": "hookdump.run.runner",
+    "RunOptions": "hookdump.engine.options",
+    "ModelOptions": "hookdump.model.prepare",
+    "CaptureOptions": "hookdump.hooks.options",
+    "InputOptions": "hookdump.inputs.samples",
+    "TextOptions": "hookdump.inputs.text",
+    "TokenOptions": "hookdump.engine.tokens",
+    "DumpOptions": "hookdump.store.writer",
+    "RunResult": "hookdump.engine.options",
+    "run": "hookdump.engine.runner",
 }
 
 
@@ -55,7 +73,7 @@ def dump(model: Any, data: Any, out: str | os.PathLike[str], **options: Any) -> 
     return it opened. Options: `layers`, `exclude`, `types`, `capture`, `reduce`, `forward`,
     `ids`, `per_token`, `positions`, `skip_special_tokens`, `tokenizer`, `num_samples`,
     `save_dtype`, `dtype`, `device`, `train`, `shard_size`, `overwrite`, `resume`,
-    `early_stop`, `grad_target`, `progress` (each explained in `hookdump.run.live.dump`).
+    `early_stop`, `grad_target`, `progress` (each explained in `hookdump.engine.live.dump`).
 
     Example:
         >>> d = hookdump.dump(model, loader, "acts/", layers=["layer4"], reduce="mean",
@@ -63,7 +81,7 @@ def dump(model: Any, data: Any, out: str | os.PathLike[str], **options: Any) -> 
         >>> d["layer4"].shape
         torch.Size([10000, 2048])
     """
-    from hookdump.run.live import dump as dump_live
+    from hookdump.engine.live import dump as dump_live
 
     return dump_live(model, data, out, **options)
 

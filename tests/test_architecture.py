@@ -15,10 +15,10 @@ import pytest
 from clitools import assert_usage_error, invoke
 
 import hookdump
+from hookdump.engine.options import RunOptions
+from hookdump.engine.runner import run
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.prepare import ModelOptions
-from hookdump.run.options import RunOptions
-from hookdump.run.runner import run
 from hookdump.store.writer import DumpOptions
 
 ROOT = Path(__file__).parent.parent
@@ -42,10 +42,10 @@ def test_the_layers_contract_holds_and_catches_an_upward_import(tmp_path: Path) 
     )
     shutil.copy(ROOT / "pyproject.toml", copy)
     writer = copy / "hookdump" / "store" / "writer.py"  # the store layer reaching up to run/
-    writer.write_text(writer.read_text() + "\nfrom hookdump.run import runner  # noqa\n")
+    writer.write_text(writer.read_text() + "\nfrom hookdump.engine import runner  # noqa\n")
     result = _lint_imports(copy)
     assert result.returncode != 0
-    assert "hookdump.store is not allowed to import hookdump.run" in result.stdout
+    assert "hookdump.store is not allowed to import hookdump.engine" in result.stdout
 
 
 def test_library_errors_name_arguments_and_the_cli_names_flags(in_tests_dir: Path) -> None:

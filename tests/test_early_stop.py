@@ -36,7 +36,7 @@ def test_a_selection_that_ends_the_forward_is_counted_in_the_first_batch(
 ) -> None:
     """`middle` is followed by no parameters: no forward of one sample to count its calls;
     the first batch runs whole and counts them, the later ones stop after it."""
-    import hookdump.run.loop as loop
+    import hookdump.engine.loop as loop
 
     calibrations = []
     real = loop.calibrate

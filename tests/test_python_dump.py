@@ -262,3 +262,26 @@ def test_options_take_typed_values_or_the_clis_spellings(tmp_path: Path) -> None
     assert typed.manifest["recipe"] == spelled.manifest["recipe"]
     with pytest.raises(HookdumpError, match="save_dtype 'float8' is not one of"):
         hookdump.dump(model, x, tmp_path / "c", save_dtype="float8")
+
+
+def test_run_with_grouped_options_and_the_reprs_of_its_result_and_a_capture(
+    tmp_path: Path,
+) -> None:
+    options = hookdump.RunOptions(
+        hookdump.ModelOptions("resnet18", device="cpu"),
+        hookdump.CaptureOptions(layers=("layer1.0.conv1", "fc")),
+        hookdump.InputOptions(num_samples=2, batch_size=2, shape=(3, 32, 32)),
+        dump=hookdump.DumpOptions(tmp_path / "d"),
+    )
+    result = hookdump.run(options)
+    lines = repr(result).splitlines()
+    assert lines[0].startswith("RunResult('resnet18' -> ") and "2 samples, 2 keys" in lines[0]
+    assert lines[1].split()[:3] == ["layer1.0.conv1", "[64,", "8,"]
+    assert hookdump.load(tmp_path / "d").manifest["recipe"]["input_shape"] == [3, 32, 32]
+    model = _net()
+    with hookdump.capture(model, layers=["0", "2"]) as cap:
+        model(torch.ones(1, 4))
+        assert repr(cap) == (
+            "Capture(Sequential: 2 modules hooked [0, 2], capture output, reduce none, "
+            "2 tensors kept)"
+        )

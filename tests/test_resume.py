@@ -268,11 +268,11 @@ def test_shards_are_committed_together_every_interval(
 def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hookdump.engine.distributed import Ranks
+    from hookdump.engine.options import RunOptions
+    from hookdump.engine.resume import previous_dump
     from hookdump.inputs.samples import InputOptions
     from hookdump.model.prepare import ModelOptions
-    from hookdump.run.distributed import Ranks
-    from hookdump.run.options import RunOptions
-    from hookdump.run.resume import previous_dump
     from hookdump.store.writer import DumpOptions
 
     out = tmp_path / "d"
@@ -338,7 +338,7 @@ def test_resume_refuses_an_input_file_that_changed(
 
 
 def test_resume_names_each_kind_of_change_to_its_sources(tmp_path: Path) -> None:
-    from hookdump.run.resume import check_sources
+    from hookdump.engine.resume import check_sources
 
     before = {"input": [["a.png", 10, 1], ["b.png", 10, 1]], "model": {"path": "m.pt2",
               "sha256": "ab" * 32}}  # fmt: skip

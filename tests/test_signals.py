@@ -109,10 +109,10 @@ def test_sigterm_is_handled_where_ctrl_c_is_ignored(tmp_path: Path) -> None:
 
 
 def test_the_library_puts_the_callers_signal_handlers_back() -> None:
+    from hookdump.engine.options import RunOptions
+    from hookdump.engine.runner import run
     from hookdump.inputs.samples import InputOptions
     from hookdump.model.prepare import ModelOptions
-    from hookdump.run.options import RunOptions
-    from hookdump.run.runner import run
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     run(

@@ -40,7 +40,7 @@ def save_tokenizer(folder: Path, cls_sep: bool) -> None:
 def ctrl_c_in_batch(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     """Act as if Ctrl-C were pressed in the n-th forward of more than one row (from 1);
     `monkeypatch.undo()` or the test's end puts the forward back."""
-    import hookdump.run.loop as loop
+    import hookdump.engine.loop as loop
 
     calls = {"n": 0}
     real_forward = loop.forward

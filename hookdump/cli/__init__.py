@@ -18,7 +18,7 @@ import hookdump
 from hookdump.cli import diff, inspect, layers, models, run, show
 from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
 from hookdump.cli._output import printable
-from hookdump.run.signals import ignore_from_now, interrupts_once
+from hookdump.engine.signals import ignore_from_now, interrupts_once
 
 app = typer.Typer(
     cls=HookdumpGroup,
@@ -63,7 +63,7 @@ app.command("show")(show.show)
 
 def main() -> None:
     """Console-script entry point: the first Ctrl-C or SIGTERM stops the command, and any
-    later one is ignored (see `run.signals`) until the process is gone."""
+    later one is ignored (see `engine.signals`) until the process is gone."""
     try:
         with interrupts_once(process_ends=True):
             app(prog_name="hookdump")

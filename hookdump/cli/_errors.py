@@ -12,8 +12,8 @@ from typer.core import TyperGroup
 
 from hookdump.cli._config import config_value_error
 from hookdump.cli._output import no_stdin, printable_streams
+from hookdump.engine.signals import EXIT_SIGINT, EXIT_SIGTERM, exit_code
 from hookdump.errors import HookdumpError, Interrupted, render_message
-from hookdump.run.signals import EXIT_SIGINT, EXIT_SIGTERM, exit_code
 
 EXIT_INTERRUPTED = (EXIT_SIGINT, EXIT_SIGTERM)
 

@@ -1,12 +1,12 @@
 """What `run` shows while it works, and what it saves meanwhile: the progress bar on stderr
-(`run.progress`), and Python's garbage collector paused until the first batch is done."""
+(`engine.progress`), and Python's garbage collector paused until the first batch is done."""
 
 from __future__ import annotations
 
 import gc
 
 from hookdump.cli import _output
-from hookdump.run.progress import Progress, ProgressCallback
+from hookdump.engine.progress import Progress, ProgressCallback
 
 
 class GCPause:

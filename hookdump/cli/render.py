@@ -15,7 +15,7 @@ from hookdump.cli._output import printable
 from hookdump.format import format_bytes
 
 if TYPE_CHECKING:
-    from hookdump.run.options import RunResult
+    from hookdump.engine.options import RunResult
     from hookdump.store.stats import KeySummary
     from hookdump.tools.diff import DiffResult
     from hookdump.tools.inspect import Inspection

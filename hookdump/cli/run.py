@@ -255,6 +255,9 @@ def run(
     pause = GCPause()  # first: the imports below bring torch in
     try:
         from hookdump.cli.render import print_summary
+        from hookdump.engine.options import RunOptions, parse_size
+        from hookdump.engine.runner import run as run_dump
+        from hookdump.engine.tokens import TokenOptions, parse_positions
         from hookdump.hooks.capture import parse_capture
         from hookdump.hooks.gradients import parse_grad_target
         from hookdump.hooks.options import CaptureOptions
@@ -262,9 +265,6 @@ def run(
         from hookdump.inputs.text import TextOptions
         from hookdump.model.loading import parse_model_args
         from hookdump.model.prepare import ModelOptions, resolve_dtype
-        from hookdump.run.options import RunOptions, parse_size
-        from hookdump.run.runner import run as run_dump
-        from hookdump.run.tokens import TokenOptions, parse_positions
         from hookdump.store.writer import DumpOptions
 
         # the strings of the command line become typed options here, and nowhere else

@@ -9,10 +9,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import hookdump
+from hookdump.engine.options import RunOptions
 from hookdump.format import dtype_name
 from hookdump.inputs.samples import Feed, SampleForm
 from hookdump.model.loading import LoadedModel
-from hookdump.run.options import RunOptions
 
 
 def manifest_fields(

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
+from hookdump.engine.tokens import TokenOptions, positions_text
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import dtype_name, format_bytes, recipe
 from hookdump.hooks.options import CaptureOptions
 from hookdump.inputs.samples import InputOptions
 from hookdump.inputs.text import TextOptions
 from hookdump.model.prepare import ModelOptions
-from hookdump.run.tokens import TokenOptions, positions_text
 from hookdump.store.stats import KeySummary
 from hookdump.store.writer import DumpOptions
 
@@ -37,14 +37,14 @@ class RunOptions:
         capture: which modules, and what of them (`hooks.options.CaptureOptions`).
         input: how many samples, in what batches, from where (`inputs.samples.InputOptions`).
         text: text instead of `input.source` (`inputs.text.TextOptions`; None: no text).
-        tokens: a row per token (`run.tokens.TokenOptions`; None: a row per sample).
+        tokens: a row per token (`engine.tokens.TokenOptions`; None: a row per sample).
         dump: where the dump goes (`store.writer.DumpOptions`).
         dtype: the forward's precision (autocast for float16 and bfloat16).
         command: the command line, recorded in the manifest.
         config: the config file the options came from (never read from inside `out`).
 
     Example:
-        >>> from hookdump.run.runner import run
+        >>> from hookdump.engine.runner import run
         >>> options = RunOptions(ModelOptions("resnet18"), CaptureOptions(layers=("layer1.*",)),
         ...                      dump=DumpOptions(out=Path("acts")))
         >>> run(options).num_samples

@@ -25,6 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookdump.engine.destination import Destination
+from hookdump.engine.distributed import Ranks, RankShare, from_environment, rank_device
+from hookdump.engine.loop import BatchLoop
+from hookdump.engine.manifest import manifest_fields
+from hookdump.engine.options import RunOptions, RunResult
+from hookdump.engine.progress import ProgressCallback
+from hookdump.engine.resume import sources
+from hookdump.engine.signals import interrupts_once
+from hookdump.engine.tokens import TokenOptions, TokenRows, positions_text
 from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import out_of_memory
@@ -38,15 +47,6 @@ from hookdump.model.loading import LoadedModel, is_model_file, live_model
 from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
 from hookdump.model.zoo import load_tokenizer
-from hookdump.run.destination import Destination
-from hookdump.run.distributed import Ranks, RankShare, from_environment, rank_device
-from hookdump.run.loop import BatchLoop
-from hookdump.run.manifest import manifest_fields
-from hookdump.run.options import RunOptions, RunResult
-from hookdump.run.progress import ProgressCallback
-from hookdump.run.resume import sources
-from hookdump.run.signals import interrupts_once
-from hookdump.run.tokens import TokenOptions, TokenRows, positions_text
 from hookdump.store.folder import locked, refuse_reads_inside
 from hookdump.store.sink import BatchSink
 

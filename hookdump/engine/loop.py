@@ -1,7 +1,7 @@
 """The batch loop: each batch through the hooked model, its values to the sink thread.
 
 It knows nothing of resuming or ranks (the destination made the writer for that), nor of
-how the run was assembled (`run.runner`)."""
+how the run was assembled (`engine.runner`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from typing import Any
 
 import torch
 
+from hookdump.engine.destination import Destination
+from hookdump.engine.progress import ProgressCallback
+from hookdump.engine.signals import exit_code
+from hookdump.engine.tokens import TokenRows
 from hookdump.errors import HookdumpError, Interrupted
 from hookdump.format import KeyInfo, Rows
 from hookdump.hooks.capture import Capture
@@ -18,10 +22,6 @@ from hookdump.hooks.forward import calibrate, ends_late, forward
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
 from hookdump.inputs.samples import Batch, Feed
 from hookdump.model.loading import LoadedModel
-from hookdump.run.destination import Destination
-from hookdump.run.progress import ProgressCallback
-from hookdump.run.signals import exit_code
-from hookdump.run.tokens import TokenRows
 from hookdump.store.sink import BatchSink
 
 

@@ -15,6 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookdump.engine.options import RunOptions, parse_size
+from hookdump.engine.progress import Progress
+from hookdump.engine.runner import PYTHON, Given, run
+from hookdump.engine.tokens import TokenOptions, parse_positions
 from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import parse_capture
 from hookdump.hooks.gradients import parse_grad_target
@@ -23,10 +27,6 @@ from hookdump.inputs.python import PythonData
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
-from hookdump.run.options import RunOptions, parse_size
-from hookdump.run.progress import Progress
-from hookdump.run.runner import PYTHON, Given, run
-from hookdump.run.tokens import TokenOptions, parse_positions
 from hookdump.store.reader import Dump
 from hookdump.store.writer import DumpOptions
 

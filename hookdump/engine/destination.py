@@ -14,11 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hookdump.engine.distributed import (
+    Ranks,
+    RankShare,
+    drop_rank_manifests,
+    merge_ranks,
+    rank_names,
+)
+from hookdump.engine.options import RunOptions
+from hookdump.engine.resume import check_sources, previous_dump
 from hookdump.errors import opt
 from hookdump.format import samples_fed
-from hookdump.run.distributed import Ranks, RankShare, drop_rank_manifests, merge_ranks, rank_names
-from hookdump.run.options import RunOptions
-from hookdump.run.resume import check_sources, previous_dump
 from hookdump.store.folder import check_out_dir
 from hookdump.store.reader import Dump
 from hookdump.store.stats import KeySummary, summarize

@@ -12,17 +12,17 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import samples_fed
 from hookdump.model.weights import sha256, state_sha256
-from hookdump.run.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.store.reader import Dump, read_manifest
 from hookdump.store.writer import MANIFEST
 
 if TYPE_CHECKING:
+    from hookdump.engine.options import RunOptions
     from hookdump.inputs.samples import Feed
     from hookdump.model.loading import LoadedModel
-    from hookdump.run.options import RunOptions
 
 RESUME = opt("resume", True)
 # a torchrun rank's part that holds nothing yet (the other ranks' parts may)
