@@ -285,3 +285,13 @@ def test_run_with_grouped_options_and_the_reprs_of_its_result_and_a_capture(
             "Capture(Sequential: 2 modules hooked [0, 2], capture output, reduce none, "
             "2 tensors kept)"
         )
+
+
+def test_hookdump_dump_under_torchrun_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(HookdumpError, match="does not split data over torchrun's 2 processes"):
+        hookdump.dump(_net(), [torch.ones(2, 4)], tmp_path / "d")
+    assert not torch.distributed.is_initialized() and not (tmp_path / "d").exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -96,6 +97,11 @@ def run(
     if given_out is not None:  # a link is followed once, here: entries never are
         dump = dataclasses.replace(options.dump, out=given_out.resolve())
         options = dataclasses.replace(options, dump=dump)
+    if given is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise HookdumpError(
+            f"hookdump.dump does not split data over torchrun's {os.environ['WORLD_SIZE']} "
+            "processes (each would dump all of its data as a rank's part); run it in one process"
+        )
     ranks = from_environment(options.model.device)  # set when run under torchrun
     with interrupts_once(), locked(options.dump.out if ranks is None or ranks.main else None):
         try:
