@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
-KINDS = ("output", "input", "grad_output", "grad_input", "tokens")
+KINDS = ("output", "input", "grad_output", "grad_input", "op", "tokens")
 # dtype names as the manifest writes them (torch's, less "torch.") -> safetensors' names
 SAFETENSORS_DTYPES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",

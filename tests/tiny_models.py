@@ -407,3 +407,26 @@ class HostileNames(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return getattr(self, f"a{HOSTILE}")(x)
+
+
+class OpsBlock(nn.Module):
+    """Ops of its own forward around a child: `x + 1`, the child `proj` (whose own ops are
+    its, not the block's), `softmax`, `a @ b`, a view, and `+=` twice. The forward returns
+    every intermediate, the reference for `--capture ops`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        shifted = x + 1  # add
+        projected = self.proj(shifted)  # the child's linear: not the block's op
+        weights = torch.softmax(projected, dim=-1)  # softmax
+        mixed = weights * shifted  # mul
+        flat = mixed.view(-1)  # a view: not an op result of its own
+        total = mixed.clone()  # clone
+        total += x  # add_
+        after_first = total.clone()  # clone@1
+        total += 1  # add_@1
+        return shifted, projected, weights, mixed, flat, after_first, total

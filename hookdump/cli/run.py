@@ -65,9 +65,20 @@ def run(
             "--capture",
             "-c",
             metavar="KINDS",
-            help="What to capture: output, input, grad (comma list).",
+            help="What to capture: output, input, grad, ops (the results of the ops a "
+            "module's own forward calls: M:op.add) (comma list).",
         ),
     ] = "output",
+    ops: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ops",
+            metavar="GLOB",
+            help="With --capture ops: keep the ops whose name matches (repeatable; default: "
+            "every op but views), e.g. add, 'add*', softmax.",
+            show_default=False,
+        ),
+    ] = None,
     reduce: Annotated[
         str,
         typer.Option(
@@ -276,7 +287,8 @@ def run(
             ),
             capture=CaptureOptions(
                 layers=tuple(as_list(layers)), exclude=tuple(as_list(exclude)),
-                types=tuple(as_list(types)), kinds=parse_capture(capture), reduce=reduce,
+                types=tuple(as_list(types)), kinds=parse_capture(capture),
+                ops=tuple(as_list(ops)), reduce=reduce,
                 grad_target=parse_grad_target(grad_target), early_stop=not no_early_stop,
             ),
             input=InputOptions(

@@ -40,6 +40,7 @@ def dump(
     exclude: str | Sequence[str] = (),
     types: str | Sequence[str] = (),
     capture: str | Sequence[str] = ("output",),
+    ops: str | Sequence[str] = (),
     reduce: str = "none",
     forward: Callable[[Any, Any], Any] | None = None,
     ids: Callable[[Any], Iterable[Any]] | Iterable[Any] | None = None,
@@ -75,8 +76,9 @@ def dump(
             device.
         out: the dump folder (new or empty, or see `overwrite` and `resume`).
         layers, exclude, types: which modules (globs over qualified names, class names).
-        capture: any of `output`, `input`, `grad`. reduce: `none`, `mean`, `max`,
-            `first`, `last` or `flatten`.
+        capture: any of `output`, `input`, `grad`, `ops` (the results of the ops each
+            module's own forward calls, `M:op.add`); `ops`: globs of the op names kept.
+            reduce: `none`, `mean`, `max`, `first`, `last` or `flatten`.
         forward: `forward(model, batch)` runs the model on a batch instead (e.g.
             `lambda m, b: m(b[0])` for `(image, label)` pairs).
         ids: a callable `batch -> ids` (one per row), or an iterable of ids; recorded as
@@ -130,7 +132,7 @@ def dump(
                 train=mode,
             ),
             capture=CaptureOptions(
-                _names(layers), _names(exclude), _names(types), kinds, reduce,
+                _names(layers), _names(exclude), _names(types), kinds, _names(ops), reduce,
                 _grad_target(grad_target), early_stop,
             ),
             input=InputOptions(PYTHON, num_samples),

@@ -260,7 +260,7 @@ def _run(
     tokens = _token_rows(options.tokens, sink, feed) if options.tokens else None
     cap = Capture(
         loaded.module, capture.layers, capture.exclude, capture.types, capture.kinds,
-        reduce=capture.reduce, receiver=tokens or sink,
+        reduce=capture.reduce, receiver=tokens or sink, ops=capture.ops,
     )  # fmt: skip
     loop = BatchLoop(
         cap, loaded, sink, forward_dtype=options.dtype, grad_target=capture.grad_target,

@@ -24,10 +24,11 @@ from torch.utils.hooks import RemovableHandle
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, tensor_key
+from hookdump.hooks.ops import OpRecorder
 from hookdump.hooks.reduce import REDUCTIONS, channels_first, reduce_tensor
 from hookdump.hooks.selection import module_type_name, select_modules
 
-CAPTURE_KINDS = ("output", "input", "grad")
+CAPTURE_KINDS = ("output", "input", "grad", "ops")
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,11 @@ def parse_capture(capture: str | Sequence[str]) -> tuple[str, ...]:
     for kind in kinds:
         if kind not in CAPTURE_KINDS:
             raise HookdumpError(
-                f"{opt('capture')} {kind!r} is not a capture kind; use any of output,input,grad"
+                f"{opt('capture')} {kind!r} is not a capture kind; use any of "
+                f"{','.join(CAPTURE_KINDS)}"
             )
     if not kinds:
-        raise HookdumpError(f"{opt('capture')} is empty; use any of output,input,grad")
+        raise HookdumpError(f"{opt('capture')} is empty; use any of {','.join(CAPTURE_KINDS)}")
     return kinds
 
 
@@ -113,6 +115,13 @@ class _Calls:
         self._open: dict[str, list[int]] = {}  # each module's calls not yet returned
         self._to_come = 0
         self.storing = True  # off while only counting calls (see `Capture.counting_only`)
+        self._ops: dict[tuple[str, str], int] = {}  # (module, op) -> calls in this forward
+
+    def op_call(self, module: str, op: str) -> int:
+        """`module`'s own code called `op`: the call's number in this forward (0 first)."""
+        call = self._ops.get((module, op), 0)
+        self._ops[(module, op)] = call + 1
+        return call
 
     def enter(self, name: str) -> int:
         """`name` is called: the call's number (0 for its first)."""
@@ -144,7 +153,22 @@ class _Calls:
         self.finished.clear()
         self.running.clear()
         self._open.clear()
+        self._ops.clear()
         self._to_come = sum(self.stop_after.values()) if self.stop_after else 0
+
+
+class _Attached:
+    """What a `Capture` attaches to the model inside its block: the hooks, the modes to put
+    back, and with `ops` the recorder of the modules' own ops."""
+
+    def __init__(self) -> None:
+        self.handles: list[RemovableHandle] = []
+        self.modes: list[tuple[nn.Module, bool]] = []
+        self.recorder: OpRecorder | None = None
+
+    def quiet(self) -> contextlib.AbstractContextManager[None]:
+        """Inside, hookdump's own torch calls are not taken for the model's ops."""
+        return self.recorder.paused() if self.recorder is not None else contextlib.nullcontext()
 
 
 class Capture:
@@ -158,8 +182,9 @@ class Capture:
     Args:
         model: the model to hook.
         layers, exclude, types: which modules (see `hooks.selection.select_modules`).
-        capture: any of `output`, `input`, `grad` (a comma list or a sequence).
+        capture: any of `output`, `input`, `grad`, `ops` (a comma list or a sequence).
         train: set the model's mode inside the block (None: leave it), restored on exit.
+        ops: with `ops`, globs of the op names kept (none: every op but views).
         reduce: `none`, `mean`, `max` or `flatten` (see `reduce_tensor`).
         receiver: where values go instead of `tensors` (a `Receiver`).
     """
@@ -175,6 +200,7 @@ class Capture:
         train: bool | None = None,
         reduce: str = "none",
         receiver: Receiver | None = None,
+        ops: Sequence[str] = (),
     ) -> None:
         if reduce not in REDUCTIONS:
             raise HookdumpError(f"{opt('reduce')} {reduce!r} is not one of {', '.join(REDUCTIONS)}")
@@ -188,9 +214,9 @@ class Capture:
         self.token_mask: torch.Tensor | None = None
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
+        self.ops = tuple(ops)
         self._calls = _Calls()
-        self._handles: list[RemovableHandle] = []
-        self._modes: list[tuple[nn.Module, bool]] = []
+        self._attached = _Attached()
 
     @property
     def calls(self) -> dict[str, int]:
@@ -220,7 +246,7 @@ class Capture:
     def __repr__(self) -> str:
         names = list(self.modules)
         shown = ", ".join(names[:4]) + (f", ... {len(names) - 4} more" if len(names) > 4 else "")
-        active = "hooked" if self._handles else "not hooked"
+        active = "hooked" if self._attached.handles else "not hooked"
         return (
             f"Capture({type(self.model).__name__}: {len(names)} modules {active} [{shown}], "
             f"capture {','.join(self.kinds)}, reduce {self.reduce}, {len(self.tensors)} tensors "
@@ -244,20 +270,25 @@ class Capture:
             self._calls.storing = True
 
     def __enter__(self) -> Capture:
-        self._modes = [(m, m.training) for m in self.model.modules()]
+        attached = self._attached
+        attached.modes = [(m, m.training) for m in self.model.modules()]
         try:
             if self.train is not None:
                 self.model.train(self.train)
             for name, module in self.modules.items():
                 module_type = module_type_name(module)
-                self._handles.append(
+                attached.handles.append(
                     module.register_forward_pre_hook(
                         self._pre_hook(name, module_type), with_kwargs=True
                     )
                 )
-                self._handles.append(
+                attached.handles.append(
                     module.register_forward_hook(self._post_hook(name, module_type))
                 )
+            if "ops" in self.kinds:
+                recorder = OpRecorder(self.model, list(self.modules), self.ops, self._record_op)
+                attached.recorder = recorder
+                recorder.__enter__()
         except BaseException:
             self._detach()
             raise
@@ -267,14 +298,23 @@ class Capture:
         self._detach()
 
     def _detach(self) -> None:
+        attached = self._attached
         try:
-            for handle in self._handles:
-                handle.remove()
+            if attached.recorder is not None:
+                recorder, attached.recorder = attached.recorder, None
+                try:
+                    recorder.__exit__(None, None, None)
+                finally:
+                    recorder.remove()
         finally:
-            self._handles.clear()
-            if self.train is not None:
-                for module, training in self._modes:
-                    module.training = training
+            try:
+                for handle in attached.handles:
+                    handle.remove()
+            finally:
+                attached.handles.clear()
+                if self.train is not None:
+                    for module, training in attached.modes:
+                        module.training = training
 
     def next_batch(self, token_mask: torch.Tensor | None) -> None:
         """The next batch's attention mask ([B, T], 1 for real tokens), when reductions are
@@ -286,6 +326,8 @@ class Capture:
         if isinstance(self._receiver, _Tensors):
             self._receiver.tensors = {}
         self._calls.clear()
+        if self._attached.recorder is not None:
+            self._attached.recorder.clear()
 
     def stop_early(self, calls: dict[str, int]) -> None:
         """From now on, end each forward once every module has made `calls[module]` calls."""
@@ -302,21 +344,23 @@ class Capture:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             call = self._calls.enter(name)
             inputs = [(str(i), arg) for i, arg in enumerate(args)] + list(kwargs.items())
-            for part, arg in inputs:
-                if "input" in self.kinds:
-                    self._record(name, module_type, "input", part, arg, call)
-                if "grad" in self.kinds:
-                    self._hook_grads(name, module_type, "grad_input", part, arg, call)
+            with self._attached.quiet():
+                for part, arg in inputs:
+                    if "input" in self.kinds:
+                        self._record(name, module_type, "input", part, arg, call)
+                    if "grad" in self.kinds:
+                        self._hook_grads(name, module_type, "grad_input", part, arg, call)
 
         return hook
 
     def _post_hook(self, name: str, module_type: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             call = self._calls.leave(name)
-            if "output" in self.kinds:
-                self._record(name, module_type, "output", None, output, call)
-            if "grad" in self.kinds:
-                self._hook_grads(name, module_type, "grad_output", None, output, call)
+            with self._attached.quiet():
+                if "output" in self.kinds:
+                    self._record(name, module_type, "output", None, output, call)
+                if "grad" in self.kinds:
+                    self._hook_grads(name, module_type, "grad_output", None, output, call)
             if self._calls.last_needed(name, call):
                 raise StopForward
 
@@ -379,11 +423,17 @@ class Capture:
                 key = tensor_key(name, kind, part or "0", call)
                 leaf.register_hook(self._grad_hook(key, name, module_type, kind, part or "0", call))
 
+    def _record_op(self, name: str, op: str, value: torch.Tensor) -> None:
+        """The result of an op `name`'s own forward called (see `hooks.ops`)."""
+        call = self._calls.op_call(name, op)
+        key = tensor_key(name, "op", op, call)
+        self._keep(key, name, module_type_name(self.modules[name]), "op", call, op, value)
+
     def _grad_hook(
         self, key: str, name: str, module_type: str, kind: str, part: str, call: int
     ) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
-            if self._handles:  # else the block was left before the backward pass
+            if self._attached.handles:  # else the block was left before the backward pass
                 self._keep(key, name, module_type, kind, call, part, grad)
 
         return hook
@@ -405,6 +455,7 @@ def capture(
     *,
     train: bool | None = None,
     reduce: str = "none",
+    ops: str | Sequence[str] | None = None,
 ) -> Capture:
     """Hook the selected modules of `model` for the `with` block; the hooks are removed on
     exit, also on an error or Ctrl-C, and the modules' train/eval modes restored.
@@ -415,7 +466,9 @@ def capture(
             crosses dots; the root module is `__root__`). None: every leaf module.
         exclude: globs of modules to drop after `layers`.
         types: keep only modules whose class name is one of these (`Conv2d`).
-        capture: any of `output`, `input`, `grad` (a comma list or a sequence).
+        capture: any of `output`, `input`, `grad` (a comma list or a sequence), and `ops`:
+            the results of the ops each module's own forward calls (`M:op.add`, see
+            `hooks.ops`).
         train: set the mode inside the block (None: leave it as it is).
         reduce: `none`, `mean` or `max` over the spatial dims of `[B, C, H, W]` (and over
             tokens of `[B, T, D]`), or `flatten` to `[B, -1]`.
@@ -444,6 +497,7 @@ def capture(
         capture,
         train=train,
         reduce=reduce,
+        ops=_as_list(ops),
     )
 
 

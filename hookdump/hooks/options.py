@@ -15,7 +15,8 @@ class CaptureOptions:
         layers, exclude: globs over qualified module names (`fnmatch`; the root module is
             `__root__`); no `layers` means every leaf module.
         types: keep only modules of these class names.
-        kinds: any of `output`, `input`, `grad` (see `hooks.capture.parse_capture`).
+        kinds: any of `output`, `input`, `grad`, `ops` (see `hooks.capture.parse_capture`).
+        ops: with `ops`, globs of the op names kept (none: every op but views).
         reduce: `none`, `mean`, `max`, `first`, `last` or `flatten` (see `hooks.reduce`).
         grad_target: the objective of `grad`: `sum`, or an index into dim 1 of the output.
         early_stop: end each forward once every selected module has made all its calls.
@@ -25,6 +26,7 @@ class CaptureOptions:
     exclude: tuple[str, ...] = field(default=(), metadata=recipe())
     types: tuple[str, ...] = field(default=(), metadata=recipe())
     kinds: tuple[str, ...] = field(default=("output",), metadata=recipe("capture"))
+    ops: tuple[str, ...] = field(default=(), metadata=recipe())
     reduce: str = field(default="none", metadata=recipe())
     grad_target: str | int = field(default="sum", metadata=recipe())
     early_stop: bool = True
