@@ -125,3 +125,18 @@ def test_token_rows_of_a_blocks_residual_adds(tmp_path: Path, gpt2: Path) -> Non
         hidden = model(**batch, output_hidden_states=True).hidden_states[1]
     assert [k for k in d if not k.startswith("__")] == ["h.0:op.add", "h.0:op.add@1"]
     torch.testing.assert_close(d["h.0:op.add@1"], hidden[mask.bool()])
+
+
+def test_layers_lists_the_ops_each_modules_own_forward_calls() -> None:
+    args = ["layers", "resnet18", "-l", "layer1.0*", "--input-shape", "3,32,32", "-c", "output,ops"]
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["layer1.0"]["ops"] == ["add_"]  # the residual add: its children's are theirs
+    assert rows["layer1.0.relu"]["ops"] == ["relu", "relu@1"]  # called twice, in place
+    assert rows["layer1.0.conv1"]["ops"] == ["conv2d"]
+    plain = json.loads(invoke("layers", "resnet18", "-l", "layer1.0", "--input-shape", "3,32,32",
+                              "--json").stdout)  # fmt: skip
+    assert "ops" not in plain[0]
+    table = invoke(*args[:-2], "-c", "output,ops").stdout
+    assert "ops (its own forward's)" in table and "relu, relu@1" in table

@@ -23,6 +23,7 @@ from hookdump.cli._options import (
     WeightsOpt,
     as_list,
 )
+from hookdump.errors import HookdumpError, opt
 
 
 def layers(
@@ -41,15 +42,29 @@ def layers(
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     train: TrainOpt = False,
+    capture: Annotated[
+        str,
+        typer.Option(
+            "--capture",
+            "-c",
+            metavar="KINDS",
+            help="output (default), or output,ops to list the ops each module's own forward "
+            "calls, as --capture ops names them.",
+        ),
+    ] = "output",
     json_output: JsonOpt = False,
 ) -> None:
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""
     from hookdump.cli.render import layers_table
+    from hookdump.hooks.capture import parse_capture
     from hookdump.inputs.samples import parse_shape, sample_form
     from hookdump.model.loading import parse_model_args
     from hookdump.model.prepare import ModelOptions, prepare
     from hookdump.tools.layers import list_layers
 
+    kinds = parse_capture(capture)
+    if set(kinds) - {"output", "ops"}:
+        raise HookdumpError(f"{opt('capture')} {capture!r}: layers lists output and ops only")
     shape = parse_shape(input_shape) if input_shape else None
     loaded = prepare(
         ModelOptions(
@@ -70,6 +85,7 @@ def layers(
         exclude=as_list(exclude),
         types=as_list(types),
         seed=seed,
+        ops="ops" in kinds,
     )
     if json_output:
         _output.print_json([row.as_dict() for row in rows])

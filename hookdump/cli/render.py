@@ -144,14 +144,20 @@ def layers_table(rows: Sequence[LayerRow]) -> Table:
     table.add_column("params", justify="right")
     table.add_column("output (per sample)")
     table.add_column("calls", justify="right")
+    with_ops = any(row.ops is not None for row in rows)
+    if with_ops:
+        table.add_column("ops (its own forward's)")
     for row in rows:
-        table.add_row(
+        cells: list[Text | str] = [
             Text(printable(row.name)),
             Text(printable(row.module_type)),
             f"{row.params:,}",
             Text(printable(format_outputs(row))),
             str(row.calls),
-        )
+        ]
+        if with_ops:
+            cells.append(Text(printable(", ".join(row.ops or []) or "-")))
+        table.add_row(*cells)
     return table
 
 

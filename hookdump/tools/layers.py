@@ -26,9 +26,11 @@ class LayerRow:
     # batch dim (LSTM's h, say) are listed in `unbatched` and keep their full shape
     outputs: dict[str, list[int]] = field(default_factory=dict)
     unbatched: list[str] = field(default_factory=list)
+    # asked for (`ops`): the ops its own forward calls in one forward, as keys name them
+    ops: list[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        found = {
             "name": self.name,
             "class": self.module_type,
             "params": self.params,
@@ -36,6 +38,7 @@ class LayerRow:
             "outputs": self.outputs,
             "unbatched": self.unbatched,
         }
+        return found if self.ops is None else {**found, "ops": self.ops}
 
 
 def list_layers(
@@ -46,15 +49,17 @@ def list_layers(
     exclude: list[str],
     types: list[str],
     seed: int = 0,
+    ops: bool = False,
 ) -> list[LayerRow]:
     """The selected modules in registration order, after one forward of random input shaped
-    by `form` (the model on its device, as `model.prepare.prepare` leaves it)."""
+    by `form` (the model on its device, as `model.prepare.prepare` leaves it); with `ops`,
+    the ops each one's own forward calls (`--capture ops`)."""
     model = loaded.module
     # two samples: with one, a dim 0 of size 1 could not be told from the batch dim
     batch = next(random_batches(form, 2, 2, seed))
     if loaded.device.type != "cpu":
         batch = batch.to(loaded.device)
-    cap = Capture(model, layers, exclude, types, ("output",))
+    cap = Capture(model, layers, exclude, types, ("output", "ops") if ops else ("output",))
     with cap, torch.inference_mode(), cap.counting_only():
         forward(cap, model, batch, loaded.spec)
     rows = {
@@ -63,10 +68,16 @@ def list_layers(
             module_type_name(module),
             sum(p.numel() for p in module.parameters()),
             cap.calls.get(name, 0),
+            ops=[] if ops else None,
         )
         for name, module in cap.modules.items()
     }
     for info in cap.info.values():
+        if info.kind == "op":
+            listed = rows[info.module].ops
+            assert listed is not None
+            listed.append(f"{info.part}@{info.call}" if info.call else str(info.part))
+            continue
         if info.call != 0:
             continue
         row, part = rows[info.module], info.part or ""
