@@ -15,6 +15,16 @@ ModelArg = Annotated[
         metavar="MODEL",
     ),
 ]
+CaptureOpt = Annotated[
+    str,
+    typer.Option(
+        "--capture",
+        "-c",
+        metavar="KINDS",
+        help="What to capture: output, input, grad, ops (the results of the ops a module's "
+        "own forward calls: M:op.add), a comma list. `layers` lists output and ops.",
+    ),
+]
 LayersOpt = Annotated[
     list[str] | None,
     typer.Option(

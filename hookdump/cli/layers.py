@@ -8,6 +8,7 @@ import typer
 
 from hookdump.cli import _output
 from hookdump.cli._options import (
+    CaptureOpt,
     DeviceOpt,
     ExcludeOpt,
     InputShapeOpt,
@@ -42,16 +43,7 @@ def layers(
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     train: TrainOpt = False,
-    capture: Annotated[
-        str,
-        typer.Option(
-            "--capture",
-            "-c",
-            metavar="KINDS",
-            help="output (default), or output,ops to list the ops each module's own forward "
-            "calls, as --capture ops names them.",
-        ),
-    ] = "output",
+    capture: CaptureOpt = "output",
     json_output: JsonOpt = False,
 ) -> None:
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""

@@ -14,6 +14,7 @@ from hookdump.cli import _output
 from hookdump.cli._config import ConfigOpt
 from hookdump.cli._errors import for_cli
 from hookdump.cli._options import (
+    CaptureOpt,
     DeviceOpt,
     ExcludeOpt,
     InputShapeOpt,
@@ -59,16 +60,7 @@ def run(
             "--resume", help="Finish an interrupted dump in --out (give the same options)."
         ),
     ] = False,
-    capture: Annotated[
-        str,
-        typer.Option(
-            "--capture",
-            "-c",
-            metavar="KINDS",
-            help="What to capture: output, input, grad, ops (the results of the ops a "
-            "module's own forward calls: M:op.add) (comma list).",
-        ),
-    ] = "output",
+    capture: CaptureOpt = "output",
     ops: Annotated[
         list[str] | None,
         typer.Option(
