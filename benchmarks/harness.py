@@ -44,3 +44,18 @@ def main(
         shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def in_turns(steps: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+    """Seconds of each step, `reps` times, the steps run in turns after one warm-up round."""
+    import time
+
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        step()
+    for _ in range(reps):
+        for name, step in steps.items():
+            started = time.perf_counter()
+            step()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds

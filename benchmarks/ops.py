@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torchvision
+from harness import in_turns
 
 import hookdump
 
@@ -50,14 +50,7 @@ def main() -> None:
         return step
 
     steps = {"forward": bare, "ops": captured("ops"), "outputs": captured("output")}
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for step in steps.values():  # first use
-        step()
-    for _ in range(args.reps):
-        for name, step in steps.items():
-            started = time.perf_counter()
-            step()
-            seconds[name].append(time.perf_counter() - started)
+    seconds = in_turns(steps, args.reps)
     ratio = {
         f"{name} vs forward": _summary(
             [a / b for a, b in zip(seconds[name], seconds["forward"], strict=True)]

@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 
 FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
-KINDS = ("output", "input", "grad_output", "grad_input", "op", "tokens")
+KINDS = (
+    "output", "input", "grad_output", "grad_input", "op", "tokens",
+    "pattern", "scores", "q", "k", "v", "z",
+)  # fmt: skip
 # dtype names as the manifest writes them (torch's, less "torch.") -> safetensors' names
 SAFETENSORS_DTYPES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
@@ -136,8 +139,12 @@ def samples_fed(manifest: dict[str, Any]) -> int:
 
 
 def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
-    """The contract's key: `M`, `M:output.0`, `M:input.x`, with `@n` for the n-th extra call."""
-    key = module if kind == "output" and part is None else f"{module}:{kind}.{part}"
+    """The contract's key: `M`, `M:output.0`, `M:input.x`, `M:pattern`, with `@n` for the
+    n-th extra call."""
+    if part is None:  # a module's output, or a value of its own (`M:pattern`)
+        key = module if kind == "output" else f"{module}:{kind}"
+    else:
+        key = f"{module}:{kind}.{part}"
     return f"{key}@{call}" if call else key
 
 

@@ -150,7 +150,7 @@ def layers_table(rows: Sequence[LayerRow]) -> Table:
     for row in rows:
         cells: list[Text | str] = [
             Text(printable(row.name)),
-            Text(printable(row.module_type)),
+            Text(printable(row.module_type + (" (attention)" if row.attention else ""))),
             f"{row.params:,}",
             Text(printable(format_outputs(row))),
             str(row.calls),

@@ -10,6 +10,7 @@ whole dump) and `__position__` (the token's position in its sample), one row per
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -60,6 +61,7 @@ class TokenRows:
     """A receiver between the hooks and the writer thread: keeps the selected tokens' rows
     of `[B, T, ...]` values and notes the parts that are not."""
 
+    token_rows: ClassVar[bool] = True  # values shaped [B, T, ...] (see `hooks.attention`)
     receiver: Receiver
     positions: slice = field(default_factory=lambda: slice(None))
     special_ids: list[int] = field(default_factory=list)

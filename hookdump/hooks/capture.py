@@ -24,11 +24,12 @@ from torch.utils.hooks import RemovableHandle
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, tensor_key
+from hookdump.hooks.attention import ATTENTION_KINDS, AttentionTap, check_selection
 from hookdump.hooks.ops import OpRecorder
 from hookdump.hooks.reduce import REDUCTIONS, channels_first, reduce_tensor
 from hookdump.hooks.selection import module_type_name, select_modules
 
-CAPTURE_KINDS = ("output", "input", "grad", "ops")
+CAPTURE_KINDS = ("output", "input", "grad", "ops", *ATTENTION_KINDS)
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,11 @@ class _Calls:
         self.finished.append(name)
         return call
 
+    def current(self, name: str) -> int:
+        """The number of `name`'s call now running (its innermost)."""
+        stack = self._open.get(name)
+        return stack[-1] if stack else 0
+
     def last_needed(self, name: str, call: int) -> bool:
         """Early stop: whether this call was the last one the selection waits for."""
         if not self.stop_after or call >= self.stop_after.get(name, 0):
@@ -165,6 +171,7 @@ class _Attached:
         self.handles: list[RemovableHandle] = []
         self.modes: list[tuple[nn.Module, bool]] = []
         self.recorder: OpRecorder | None = None
+        self.tap: AttentionTap | None = None
 
     def quiet(self) -> contextlib.AbstractContextManager[None]:
         """Inside, hookdump's own torch calls are not taken for the model's ops."""
@@ -208,6 +215,7 @@ class Capture:
         self.model = model
         self.modules = select_modules(model, _as_list(layers), _as_list(exclude), _as_list(types))
         self.kinds = parse_capture(capture)
+        check_selection(model, self.modules, self.kinds)
         self.train = train
         self._receiver: Receiver = receiver or _Tensors()
         # the current batch's attention mask ([B, T]): token reductions skip the padding
@@ -289,6 +297,11 @@ class Capture:
                 recorder = OpRecorder(self.model, list(self.modules), self.ops, self._record_op)
                 attached.recorder = recorder
                 recorder.__enter__()
+            inside = [kind for kind in self.kinds if kind in ATTENTION_KINDS]
+            if inside:
+                rows = bool(getattr(self._receiver, "token_rows", False))
+                tap = AttentionTap(self.model, self.modules, inside, self._record_inside, rows)
+                attached.tap = tap.__enter__()
         except BaseException:
             self._detach()
             raise
@@ -300,6 +313,9 @@ class Capture:
     def _detach(self) -> None:
         attached = self._attached
         try:
+            if attached.tap is not None:
+                tap, attached.tap = attached.tap, None
+                tap.__exit__(None, None, None)
             if attached.recorder is not None:
                 recorder, attached.recorder = attached.recorder, None
                 try:
@@ -428,6 +444,13 @@ class Capture:
         call = self._calls.op_call(name, op)
         key = tensor_key(name, "op", op, call)
         self._keep(key, name, module_type_name(self.modules[name]), "op", call, op, value)
+
+    def _record_inside(self, name: str, kind: str, value: torch.Tensor) -> None:
+        """A value from inside attention module `name` (see `hooks.attention`)."""
+        call = self._calls.current(name)
+        key = tensor_key(name, kind, None, call)
+        with self._attached.quiet():
+            self._keep(key, name, module_type_name(self.modules[name]), kind, call, None, value)
 
     def _grad_hook(
         self, key: str, name: str, module_type: str, kind: str, part: str, call: int

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from hookdump.hooks.attention import is_attention
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import forward
 from hookdump.hooks.selection import module_type_name
@@ -28,6 +29,7 @@ class LayerRow:
     unbatched: list[str] = field(default_factory=list)
     # asked for (`ops`): the ops its own forward calls in one forward, as keys name them
     ops: list[str] | None = None
+    attention: bool = False  # takes --capture pattern, scores, q, k, v, z (hooks.attention)
 
     def as_dict(self) -> dict[str, Any]:
         found = {
@@ -38,6 +40,8 @@ class LayerRow:
             "outputs": self.outputs,
             "unbatched": self.unbatched,
         }
+        if self.attention:  # marked where true: an attention module
+            found["attention"] = True
         return found if self.ops is None else {**found, "ops": self.ops}
 
 
@@ -69,6 +73,7 @@ def list_layers(
             sum(p.numel() for p in module.parameters()),
             cap.calls.get(name, 0),
             ops=[] if ops else None,
+            attention=is_attention(module),
         )
         for name, module in cap.modules.items()
     }

@@ -1,0 +1,148 @@
+"""Inside attention (`--capture pattern,scores,q,k,v,z`), checked against transformers itself:
+the same model run whole in eager with `output_attentions=True` (patterns), plain hooks on
+the projections (q, k, v, z), and the model's outputs without hookdump; the layers not
+selected keep SDPA."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from clitools import assert_usage_error, invoke
+from torch import nn
+
+import hookdump
+from hookdump.errors import HookdumpError
+
+SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+         "num_attention_heads": 4, "vocab_size": 50}  # fmt: skip
+KINDS = ("pattern", "scores", "q", "k", "v", "z")
+
+
+def _gpt2() -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=32)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _llama() -> nn.Module:  # rotary, and grouped-query attention: 2 key-value heads for 4
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**SMALL, num_key_value_heads=2)
+    ).eval()
+
+
+def _bert() -> nn.Module:  # bidirectional
+    torch.manual_seed(0)
+    return transformers.BertModel(transformers.BertConfig(**SMALL)).eval()
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # padding: its keys get no weight, its queries no rows
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _eager_patterns(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+    eager = type(model)(model.config)
+    eager.load_state_dict(model.state_dict())
+    eager.eval().config._attn_implementation = "eager"
+    with torch.no_grad():
+        return eager(**batch, output_attentions=True).attentions
+
+
+def _main(output: Any) -> torch.Tensor:
+    return output.logits if hasattr(output, "logits") else output.last_hidden_state
+
+
+@pytest.mark.parametrize(
+    ("make", "layer", "index", "kv_heads"),
+    [(_gpt2, "transformer.h.1.attn", 1, 4), (_llama, "model.layers.1.self_attn", 1, 2),
+     (_bert, "encoder.layer.0.attention.self", 0, 4)],
+    ids=["gpt2", "llama-gqa-rotary", "bert-padded"],
+)  # fmt: skip
+def test_patterns_are_transformers_own_and_the_outputs_do_not_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any, layer: str, index: int,
+    kv_heads: int,
+) -> None:  # fmt: skip
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model, batch = make(), _batch()
+    with torch.no_grad():
+        before = _main(model(**batch))
+    sdpa_calls: list[str] = []
+    real = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def counted(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        sdpa_calls.append(type(module).__name__)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", counted)
+    with hookdump.capture(model, layers=[layer], capture=KINDS) as cap, torch.no_grad():
+        during = _main(model(**batch))
+    assert len(sdpa_calls) == 1  # the other layer kept SDPA
+    assert model.config._attn_implementation == "sdpa"  # put back
+    torch.testing.assert_close(during, before)
+    expected = _eager_patterns(model, batch)[index]
+    torch.testing.assert_close(cap.tensors[f"{layer}:pattern"], expected)
+    assert cap.tensors[f"{layer}:pattern"][1, :, :, 5:].abs().max() == 0  # no weight on padding
+    assert cap.tensors[f"{layer}:k"].shape == (2, 7, kv_heads, 8)  # [B, T, kv heads, dim]
+    assert cap.tensors[f"{layer}:q"].shape == cap.tensors[f"{layer}:z"].shape == (2, 7, 4, 8)
+    scores = cap.tensors[f"{layer}:scores"]
+    torch.testing.assert_close(scores.softmax(-1), expected)
+
+
+def test_gpt2s_q_k_v_and_z_are_its_projections(tmp_path: Path) -> None:
+    """q, k, v: GPT-2's fused c_attn output split in three (no rotary); z: what its output
+    projection c_proj takes, each seen by a plain hook."""
+    model, batch = _gpt2(), _batch()
+    attn = model.transformer.h[0].attn
+    seen: dict[str, torch.Tensor] = {}
+    handles = [
+        attn.c_attn.register_forward_hook(lambda m, i, o: seen.update(qkv=o.detach().clone())),
+        attn.c_proj.register_forward_pre_hook(lambda m, i: seen.update(z=i[0].detach().clone())),
+    ]
+    with torch.no_grad():
+        model(**batch)
+    for handle in handles:
+        handle.remove()
+    d = hookdump.dump(model, [batch], tmp_path / "d", layers=["transformer.h.0.attn"],
+                      capture=["q", "k", "v", "z"])  # fmt: skip
+    q, k, v = seen["qkv"].split(32, dim=2)
+    for name, value in (("q", q), ("k", k), ("v", v), ("z", seen["z"])):
+        torch.testing.assert_close(d[f"transformer.h.0.attn:{name}"], value.view(2, 7, 4, 8))
+    assert d.info("transformer.h.0.attn:z").shape == (7, 4, 8)
+
+
+def test_token_rows_of_a_pattern_are_each_querys_row(tmp_path: Path) -> None:
+    model, batch = _gpt2(), _batch()
+    d = hookdump.dump(model, [batch], tmp_path / "d", layers=["transformer.h.1.attn"],
+                      capture="pattern", per_token=True)  # fmt: skip
+    expected = _eager_patterns(model, batch)[1].transpose(1, 2)  # [B, T, heads, T]
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(d["transformer.h.1.attn:pattern"], expected[real])
+    assert d.info("transformer.h.1.attn:pattern").shape == (4, 7)  # [heads, T] per token
+
+
+def test_attention_kinds_without_attention_modules_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(HookdumpError, match="this model has none"):
+        hookdump.capture(nn.Sequential(nn.Linear(2, 2)), capture="pattern")
+    with pytest.raises(HookdumpError, match=r"the selection holds none; the nearest: .*attn"):
+        hookdump.capture(_gpt2(), layers=["transformer.h.0.mlp"], capture="pattern")
+    line = assert_usage_error(invoke("run", "resnet18", "-c", "pattern"), "--capture pattern")
+    assert "needs the attention modules of a transformers model" in line
+
+
+def test_layers_marks_the_attention_modules(tmp_path: Path) -> None:
+    _gpt2().save_pretrained(tmp_path / "gpt2")
+    result = invoke("layers", f"hf:{tmp_path / 'gpt2'}", "-l", "transformer.h.0*", "--json")
+    assert result.exit_code == 0, result.stderr
+    marked = [row["name"] for row in json.loads(result.stdout) if row.get("attention")]
+    assert marked == ["transformer.h.0.attn"]
+    table = invoke("layers", f"hf:{tmp_path / 'gpt2'}", "-l", "transformer.h.0.attn").stdout
+    assert "GPT2Attention (attention)" in table
