@@ -146,3 +146,35 @@ def test_layers_marks_the_attention_modules(tmp_path: Path) -> None:
     assert marked == ["transformer.h.0.attn"]
     table = invoke("layers", f"hf:{tmp_path / 'gpt2'}", "-l", "transformer.h.0.attn").stdout
     assert "GPT2Attention (attention)" in table
+
+
+def test_llamas_q_and_k_are_after_its_own_rotary_and_k_v_keep_the_key_value_heads(
+    tmp_path: Path,
+) -> None:
+    """The reference: plain hooks on q_proj, k_proj, v_proj and the rotary embedding, with
+    rotary applied by the model's own `apply_rotary_pos_emb`."""
+    from transformers.models.llama import modeling_llama
+
+    model, batch = _llama(), _batch()
+    attn = model.model.layers[0].self_attn
+    seen: dict[str, Any] = {}
+
+    def keep(name: str) -> Any:
+        return lambda m, i, o: seen.update({name: o})
+
+    handles = [attn.q_proj.register_forward_hook(keep("q")),
+               attn.k_proj.register_forward_hook(keep("k")),
+               attn.v_proj.register_forward_hook(keep("v")),
+               model.model.rotary_emb.register_forward_hook(keep("rotary"))]  # fmt: skip
+    with torch.no_grad():
+        model(**batch)
+    for handle in handles:
+        handle.remove()
+    d = hookdump.dump(model, [batch], tmp_path / "d", layers=["model.layers.0.self_attn"],
+                      capture=["q", "k", "v"])  # fmt: skip
+    cos, sin = seen["rotary"]
+    heads = {"q": 4, "k": 2, "v": 2}
+    q, k, v = (seen[n].view(2, 7, heads[n], 8).transpose(1, 2) for n in ("q", "k", "v"))
+    q, k = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    for name, value in (("q", q), ("k", k), ("v", v)):
+        torch.testing.assert_close(d[f"model.layers.0.self_attn:{name}"], value.transpose(1, 2))
