@@ -2,7 +2,8 @@
 input with no newline at all), no more than a few pieces of it are held at a time.
 
 Sources (`--text`): a `.txt` file (a document per non-blank line), a `.jsonl` file (a JSON
-object per line, the document under `--text-field`), a folder of `.txt` files (a document
+object per line, the document under `--text-field`), either gzip-compressed (`.txt.gz`,
+`.jsonl.gz`, decompressed as it is read), a folder of `.txt` (or `.txt.gz`) files (a document
 per file, sorted by path), or `-` (lines of standard input, read as bytes and decoded here).
 
 A document's text comes as pieces cut just before a whitespace character where the text
@@ -14,6 +15,7 @@ metaspace). A `.jsonl` line is parsed whole, so it may be at most `JSON_LINE_LIM
 from __future__ import annotations
 
 import codecs
+import gzip
 import itertools
 import json
 import re
@@ -59,23 +61,40 @@ class Document:
     pieces: Iterator[str]
 
 
+def _kind(path: Path) -> str:
+    """`.txt` or `.jsonl` (also compressed: `x.jsonl.gz`), or another suffix."""
+    return path.with_suffix("").suffix if path.suffix == ".gz" else path.suffix
+
+
 def text_files(source: str) -> list[Path]:
     """The corpus files `source` names (none for standard input)."""
     if source == "-":
         return []
     path = Path(source)
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        found = sorted(p for p in path.rglob("*.txt*") if p.is_file() and _kind(p) == ".txt")
         if not found:
             raise HookdumpError(f"{opt('text')} {source}: no .txt files in this folder")
         return found
     if not path.is_file():
         raise HookdumpError(f"{opt('text')} {source}: no such file or folder")
-    if path.suffix not in (".txt", ".jsonl"):
+    if _kind(path) not in (".txt", ".jsonl"):
         raise HookdumpError(
-            f"{opt('text')} {source} is not a .txt or .jsonl file, a folder of .txt files, or -"
+            f"{opt('text')} {source} is not a .txt or .jsonl file (or .txt.gz, .jsonl.gz), a "
+            "folder of .txt files, or -"
         )
     return [path]
+
+
+def content_bytes(path: Path) -> int:
+    """The bytes a corpus file holds once read: its size, or a gzip file's own record of
+    its uncompressed size (modulo 4 GiB, as gzip keeps it: an estimate's input only)."""
+    size = path.stat().st_size
+    if path.suffix != ".gz" or size < 4:
+        return size
+    with path.open("rb") as handle:
+        handle.seek(-4, 2)
+        return int.from_bytes(handle.read(4), "little") or size
 
 
 def documents(source: str, text_field: str, progress: Progress | None = None) -> Iterator[Document]:
@@ -95,11 +114,14 @@ def documents(source: str, text_field: str, progress: Progress | None = None) ->
                     yield Document(str(file), _cut(_decoded(chunks, str(file), strip=False)))
         return
     with _open(path) as handle:
-        yield from _lines(handle, str(path), path.suffix == ".jsonl", text_field, progress)
+        yield from _lines(handle, str(path), _kind(path) == ".jsonl", text_field, progress)
 
 
 def _open(path: Path) -> BinaryIO:
+    """The file's bytes (a `.gz` file's decompressed, as they are read)."""
     try:
+        if path.suffix == ".gz":
+            return gzip.open(path, "rb")  # type: ignore[return-value]
         return path.open("rb")
     except OSError as exc:
         raise HookdumpError(f"{opt('text')}: cannot read {path} ({exc.strerror})") from None

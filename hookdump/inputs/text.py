@@ -27,7 +27,7 @@ import torch
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import recipe
-from hookdump.inputs.corpus import PIECE, Progress, documents, text_files
+from hookdump.inputs.corpus import PIECE, Progress, content_bytes, documents, text_files
 from hookdump.inputs.samples import Batch, Feed, share_of
 from hookdump.worker import prefetch
 
@@ -221,7 +221,7 @@ def text_feed(
     corpus = text_files(options.source)
     progress = None
     if total is None and corpus:  # estimated from the corpus's size (none for stdin)
-        progress = Progress(sum(path.stat().st_size for path in corpus))
+        progress = Progress(sum(content_bytes(path) for path in corpus))
     packed = options.context_size is not None
 
     def batches(batch_size: int) -> Iterator[Batch]:
