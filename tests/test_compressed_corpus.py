@@ -60,5 +60,7 @@ def test_other_files_are_still_refused_in_one_line(tmp_path: Path) -> None:
 
     odd = tmp_path / "c.csv.gz"
     odd.write_bytes(gzip.compress(b"a,b"))
-    with pytest.raises(HookdumpError, match=r"is not a \.txt or \.jsonl file \(or \.txt\.gz"):
+    with pytest.raises(
+        HookdumpError, match=r"is not a \.txt, \.jsonl or \.parquet file \(or \.txt\.gz"
+    ):
         list(documents(str(odd), "text"))

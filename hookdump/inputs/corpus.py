@@ -4,7 +4,9 @@ input with no newline at all), no more than a few pieces of it are held at a tim
 Sources (`--text`): a `.txt` file (a document per non-blank line), a `.jsonl` file (a JSON
 object per line, the document under `--text-field`), either gzip-compressed (`.txt.gz`,
 `.jsonl.gz`, decompressed as it is read), a folder of `.txt` (or `.txt.gz`) files (a document
-per file, sorted by path), or `-` (lines of standard input, read as bytes and decoded here).
+per file, sorted by path), a `.parquet` file or a folder of them, a `datasets` folder saved
+with `save_to_disk` (the document in column `--text-field`, a record batch at a time), or
+`-` (lines of standard input, read as bytes and decoded here).
 
 A document's text comes as pieces cut just before a whitespace character where the text
 has one, so that tokenizing the pieces one by one gives the tokens of the whole text for
@@ -72,24 +74,58 @@ def text_files(source: str) -> list[Path]:
         return []
     path = Path(source)
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*.txt*") if p.is_file() and _kind(p) == ".txt")
+        found = _table_files(path) or sorted(
+            p for p in path.rglob("*.txt*") if p.is_file() and _kind(p) == ".txt"
+        )
         if not found:
-            raise HookdumpError(f"{opt('text')} {source}: no .txt files in this folder")
+            raise HookdumpError(
+                f"{opt('text')} {source}: no .txt files, parquet shards or saved datasets "
+                "folder here"
+            )
         return found
     if not path.is_file():
         raise HookdumpError(f"{opt('text')} {source}: no such file or folder")
-    if _kind(path) not in (".txt", ".jsonl"):
+    if _kind(path) not in (".txt", ".jsonl", ".parquet"):
         raise HookdumpError(
-            f"{opt('text')} {source} is not a .txt or .jsonl file (or .txt.gz, .jsonl.gz), a "
-            "folder of .txt files, or -"
+            f"{opt('text')} {source} is not a .txt, .jsonl or .parquet file (or .txt.gz, "
+            ".jsonl.gz), a folder of .txt files or parquet shards, a saved datasets folder, or -"
         )
     return [path]
 
 
+def _table_files(folder: Path) -> list[Path]:
+    """A `datasets` folder's arrow files in its own order (`save_to_disk`), or a folder's
+    parquet shards by path; none for another folder."""
+    state = folder / "state.json"
+    if state.is_file():
+        try:
+            files = [
+                folder / entry["filename"] for entry in json.loads(state.read_text())["_data_files"]
+            ]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HookdumpError(
+                f"{opt('text')} {folder}: its state.json does not list the dataset's files "
+                f"({type(exc).__name__}); save it again with save_to_disk"
+            ) from None
+        if all(f.is_file() and f.parent == folder for f in files):
+            return files
+    return sorted(p for p in folder.rglob("*.parquet") if p.is_file())
+
+
 def content_bytes(path: Path) -> int:
-    """The bytes a corpus file holds once read: its size, or a gzip file's own record of
-    its uncompressed size (modulo 4 GiB, as gzip keeps it: an estimate's input only)."""
+    """The bytes a corpus file holds once read: its size, a gzip file's own record of its
+    uncompressed size (modulo 4 GiB, as gzip keeps it: an estimate's input only), or a
+    parquet file's uncompressed column data."""
     size = path.stat().st_size
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+            groups = (meta.row_group(i) for i in range(meta.num_row_groups))
+            return sum(g.total_byte_size for g in groups) or size
+        except Exception:  # an estimate only: the file's own size will do
+            return size
     if path.suffix != ".gz" or size < 4:
         return size
     with path.open("rb") as handle:
@@ -106,6 +142,10 @@ def documents(source: str, text_field: str, progress: Progress | None = None) ->
         return
     path = Path(source)
     files = text_files(source)
+    if files and files[0].suffix in (".parquet", ".arrow"):
+        for file in files:
+            yield from _table_documents(file, text_field, progress)
+        return
     if path.is_dir():
         for file in files:
             with _open(file) as handle:
@@ -115,6 +155,46 @@ def documents(source: str, text_field: str, progress: Progress | None = None) ->
         return
     with _open(path) as handle:
         yield from _lines(handle, str(path), _kind(path) == ".jsonl", text_field, progress)
+
+
+def _table_documents(path: Path, field: str, progress: Progress) -> Iterator[Document]:
+    """The documents in column `field` of a parquet file or an arrow stream (a `datasets`
+    shard), a record batch at a time: each string as it is (an empty one too, as in a
+    `.jsonl`); missing values are skipped."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise HookdumpError(
+            f"{opt('text')} {path}: reading parquet and datasets needs pyarrow; "
+            "pip install 'hookdump[corpora]'"
+        ) from None
+    try:
+        if path.suffix == ".parquet":
+            table = pq.ParquetFile(path)
+            names = table.schema_arrow.names
+            batches = (
+                table.iter_batches(batch_size=1024, columns=[field]) if field in names else None
+            )
+        else:
+            handle = pa.memory_map(str(path))
+            reader = pa.ipc.open_stream(handle)
+            names = reader.schema.names
+            batches = iter(reader) if field in names else None
+    except (OSError, pa.ArrowException) as exc:
+        raise HookdumpError(f"{opt('text')}: cannot read {path} ({str(exc)[:200]})") from None
+    if batches is None:
+        raise HookdumpError(
+            f"{opt('text_field')} {field!r} is not a column of {path} (its columns: "
+            f"{', '.join(names[:8])})"
+        )
+    row = 0
+    for batch in batches:
+        progress.read += batch.nbytes
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if isinstance(value, str):
+                yield Document(f"{path}#{row}", _cut(iter([value])))
 
 
 def _open(path: Path) -> BinaryIO:
