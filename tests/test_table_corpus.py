@@ -64,3 +64,19 @@ def test_a_missing_column_is_one_line(tmp_path: Path, gpt2: Path) -> None:
         invoke("run", f"hf:{gpt2}", "--text", str(tmp_path / "c.parquet")), "--text-field 'text'"
     )
     assert "its columns: body" in line
+
+
+def test_the_manifest_records_the_corpus_and_no_random_input(tmp_path: Path, gpt2: Path) -> None:
+    pq.write_table(pa.table({"body": DOCS}), tmp_path / "c.parquet")
+    plain = tmp_path / "c.txt"
+    plain.write_text("\n".join(DOCS) + "\n")
+    for source, field, kind in ((tmp_path / "c.parquet", "body", "parquet"), (plain, None, "txt")):
+        out = tmp_path / kind
+        args = ["run", f"hf:{gpt2}", "--text", str(source), "--text-field", field or "text",
+                "--context-size", "8", "-l", "h.0", "-q", "-o", str(out)]  # fmt: skip
+        result = invoke(*args)
+        assert result.exit_code == 0, result.stderr
+        manifest = hookdump.load(out).manifest
+        assert (manifest["input"]["kind"], manifest["input"]["field"]) == (kind, field)
+        assert manifest["input"]["source"] == str(source)
+        assert manifest["recipe"]["input"] is None and manifest["recipe"]["text"] == str(source)

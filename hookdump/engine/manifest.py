@@ -11,8 +11,11 @@ from typing import Any
 import hookdump
 from hookdump.engine.options import RunOptions
 from hookdump.format import dtype_name
+from hookdump.inputs.corpus import corpus_kind
 from hookdump.inputs.samples import Feed, SampleForm
 from hookdump.model.loading import LoadedModel
+
+_COLUMNS = ("jsonl", "parquet", "datasets", "folder of parquet")  # read --text-field
 
 
 def manifest_fields(
@@ -64,8 +67,11 @@ def _input(
         return {"source": "python", "layout": "tokens" if options.tokens else "batches"}
     text = options.text
     if text is not None:
+        kind = corpus_kind(text.source)
         return {
             "source": text.source,
+            "kind": kind,
+            "field": text.text_field if kind.split(".")[0] in _COLUMNS else None,
             "layout": "tokens",
             "mode": "packed" if text.context_size else "documents",
             "context_size": text.context_size,

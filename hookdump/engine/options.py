@@ -73,6 +73,8 @@ class RunOptions:
                 name = f.metadata.get("recipe")
                 if name:
                     found[f.name if name is True else name] = _plain(getattr(group, f.name))
+        if self.text is not None:  # the samples are the text's: no --input was read
+            found["input"] = None
         return found
 
 

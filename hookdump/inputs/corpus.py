@@ -112,6 +112,21 @@ def _table_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.parquet") if p.is_file())
 
 
+def corpus_kind(source: str) -> str:
+    """What `--text` names, for the manifest: `stdin`, `txt`, `jsonl` (either may end in
+    `.gz`), `parquet`, `datasets` (a folder saved with `save_to_disk`), or a folder of
+    `txt` files or `parquet` shards."""
+    if source == "-":
+        return "stdin"
+    path = Path(source)
+    if not path.is_dir():
+        return _kind(path).lstrip(".") + (".gz" if path.suffix == ".gz" else "")
+    if (path / "state.json").is_file():
+        return "datasets"
+    files = text_files(source)
+    return "folder of parquet" if files and files[0].suffix == ".parquet" else "folder of txt"
+
+
 def content_bytes(path: Path) -> int:
     """The bytes a corpus file holds once read: its size, a gzip file's own record of its
     uncompressed size (modulo 4 GiB, as gzip keeps it: an estimate's input only), or a
