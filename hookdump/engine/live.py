@@ -25,6 +25,7 @@ from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.options import CaptureOptions
 from hookdump.inputs.python import PythonData
 from hookdump.inputs.samples import InputOptions
+from hookdump.model.loading import class_path
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
 from hookdump.store.reader import Dump
@@ -127,7 +128,7 @@ def dump(
     with _as_asked(live, device, train) as (where, mode):
         options = RunOptions(
             model=ModelOptions(
-                model=str(model) if live is None else _class_path(live), weights=weights,
+                model=str(model) if live is None else class_path(live), weights=weights,
                 model_args=dict(model_args or {}), seed=seed, device=where,
                 train=mode,
             ),
@@ -223,11 +224,6 @@ def _positions(value: str | slice | None) -> slice:
 
 def _grad_target(value: str | int) -> str | int:
     return value if isinstance(value, int) else parse_grad_target(value)
-
-
-def _class_path(module: nn.Module) -> str:
-    cls = type(module)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _stderr_console() -> Any:

@@ -104,9 +104,10 @@ class AttentionTap:
             config._attn_implementation = _ORIGINAL.pop(key)
         self._configs.clear()
 
-    def report(self, name: str, values: dict[str, torch.Tensor]) -> None:
+    def report(self, name: str, values: dict[str, Callable[[], torch.Tensor]]) -> None:
+        """Hand over the kinds asked for (`values`: how to make each)."""
         for kind in self._kinds:
-            value = values[kind]
+            value = values[kind]()
             if kind in ("pattern", "scores") and self._tokens:
                 value = value.transpose(1, 2)
             self._seen(name, kind, value)
@@ -153,17 +154,24 @@ def _attention(
     name, tap = selected
     mask = _additive(module, query, key, attention_mask)
     output, pattern = _eager(module)(module, query, key, value, mask, **kwargs)
-    groups = query.shape[1] // key.shape[1]
-    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
-    keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-    scores = torch.matmul(query, keys.transpose(2, 3)) * scaling
-    if mask is not None:
-        scores = scores + mask[:, :, :, : keys.shape[-2]]
     tap.report(name, {
-        "pattern": pattern, "scores": scores, "q": query.transpose(1, 2),
-        "k": key.transpose(1, 2), "v": value.transpose(1, 2), "z": output,
+        "pattern": lambda: pattern,
+        "scores": lambda: _scores(query, key, mask, kwargs.get("scaling")),
+        "q": lambda: query.transpose(1, 2), "k": lambda: key.transpose(1, 2),
+        "v": lambda: value.transpose(1, 2), "z": lambda: output,
     })  # fmt: skip
     return output, pattern
+
+
+def _scores(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+) -> torch.Tensor:
+    """The scores before the softmax: q·kᵀ (keys repeated for grouped-query heads), scaled
+    and masked; made only when asked for."""
+    groups = query.shape[1] // key.shape[1]
+    keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    scores = torch.matmul(query, keys.transpose(2, 3)) * (scaling or query.shape[-1] ** -0.5)
+    return scores if mask is None else scores + mask[:, :, :, : keys.shape[-2]]
 
 
 def _additive(

@@ -64,8 +64,7 @@ def live_model(module: nn.Module) -> LoadedModel:
         )
     tensors = itertools.chain(module.parameters(), module.buffers())
     device = next((t.device for t in tensors), torch.device("cpu"))
-    cls = type(module)
-    spec = f"{cls.__module__}.{cls.__qualname__}"
+    spec = class_path(module)
     sources = ModelSources(definition=_sources_of(module, spec), live=True)
     return LoadedModel(module, spec, "live", "custom", device=device, sources=sources)
 
@@ -105,8 +104,13 @@ class LoadedModel:
 
     @property
     def class_path(self) -> str:
-        cls = type(self.module)
-        return f"{cls.__module__}.{cls.__qualname__}"
+        return class_path(self.module)
+
+
+def class_path(module: nn.Module) -> str:
+    """`package.module.Class` of a module."""
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 @cache
