@@ -103,6 +103,8 @@ def run_footer(result: RunResult) -> str:
         if result.num_sequences is not None
         else f"{result.num_samples} samples"
     )
+    if result.real_tokens is not None:
+        rows += f" ({result.real_tokens:.0%} of the positions computed were real tokens)"
     line = f"{rows} in {result.wall_time:.2f} s; {where}{files}"
     if result.out and result.estimated_bytes is not None:
         line += f", estimated {format_bytes(result.estimated_bytes)} before writing"

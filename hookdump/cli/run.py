@@ -135,15 +135,30 @@ def run(
             show_default=False,
         ),
     ] = None,
-    no_bos: Annotated[
-        bool, typer.Option("--no-bos", help="Packed windows do not start with BOS.")
+    bos: Annotated[
+        bool | None,
+        typer.Option(
+            "--bos/--no-bos",
+            help="Samples start with the BOS token (default: packed windows do; documents "
+            "keep the tokenizer's own special tokens).",
+            show_default=False,
+        ),
+    ] = None,
+    sort_by_length: Annotated[
+        bool,
+        typer.Option(
+            "--sort-by-length",
+            help="Batch documents of about one length together (less padding); sample ids "
+            "keep each row's document.",
+        ),
     ] = False,
     max_length: Annotated[
         int | None,
         typer.Option(
             "--max-length",
             metavar="N",
-            help="Tokens per document sample (default: 128, or the model's positions).",
+            help="Most tokens of a document sample (default: 128, or the model's positions); "
+            "batches are padded to it, or under --per-token to their longest document.",
             show_default=False,
         ),
     ] = None,
@@ -290,8 +305,8 @@ def run(
             ),
             text=None if text is None else TextOptions(
                 source=text, text_field=text_field, tokenizer=tokenizer,
-                context_size=context_size, bos=not no_bos, max_length=max_length,
-                max_tokens=max_tokens,
+                context_size=context_size, bos=bos, max_length=max_length,
+                max_tokens=max_tokens, sort_by_length=sort_by_length,
             ),
             tokens=TokenOptions(parse_positions(positions), skip_special_tokens)
             if per_token else None,

@@ -75,8 +75,10 @@ def _input(
             "layout": "tokens",
             "mode": "packed" if text.context_size else "documents",
             "context_size": text.context_size,
-            "bos": text.bos if text.context_size else None,
+            "bos": text.starts_with_bos,
             "max_length": text.max_length,
+            "padding": None if text.packed else ("longest" if options.tokens else "max_length"),
+            "sort_by_length": text.sort_by_length,
             "tokenizer": text.tokenizer or loaded.about.get("folder"),
         }
     source: dict[str, Any] = {"source": options.input.source}

@@ -109,6 +109,7 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds: load, loop, finish
     num_sequences: int | None = None  # the samples fed, when rows are tokens
     estimated_bytes: int | None = None  # the disk-space estimate made after the first batch
+    real_tokens: float | None = None  # text: the fraction of positions computed that were real
 
     @property
     def total_bytes(self) -> int:

@@ -161,7 +161,7 @@ def _check_text(options: RunOptions) -> None:
             f"give {opt('text')} or {opt('input')}, not both ({opt('text')} {text.source}, "
             f"{opt('input')} {options.input.source})"
         )
-    smallest = 2 if text.bos else 1
+    smallest = 2 if text.starts_with_bos else 1
     for name, value, least in (
         ("context_size", text.context_size, smallest),
         ("max_length", text.max_length, 1),
@@ -281,7 +281,10 @@ def _run(
         "loop": looped_at - loaded_at,
         "finish": time.perf_counter() - looped_at,
     }
-    return _result(options, loaded, whole, manifest, timings, destination, loop, sink)
+    result = _result(options, loaded, whole, manifest, timings, destination, loop, sink)
+    if feed.padding is not None:
+        result.real_tokens = feed.padding.fraction
+    return result
 
 
 def _result(
@@ -356,6 +359,7 @@ def _text_feed(
     return text_feed(
         text, tokenizer, model_positions=positions, num_samples=options.input.num_samples,
         done=destination.done_ids, tokenizer_files=files, share=share,
+        dynamic=options.tokens is not None,  # token rows: padding is never written
     )  # fmt: skip
 
 

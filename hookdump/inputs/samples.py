@@ -80,6 +80,24 @@ class Feed:
     first: int = 0  # a torchrun rank's first sample in the whole dump
     # samples expected in all when `total` is not known (text: from the corpus's size)
     estimate: Callable[[], int | None] = lambda: None
+    padding: Padding | None = None  # text: how much of what the model computed was padding
+
+
+@dataclass
+class Padding:
+    """Of the token positions fed so far (text input), how many were real tokens."""
+
+    real: int = 0
+    positions: int = 0
+
+    def count(self, real: int, positions: int) -> None:
+        self.real += real
+        self.positions += positions
+
+    @property
+    def fraction(self) -> float | None:
+        """Real tokens per position computed (None before any)."""
+        return self.real / self.positions if self.positions else None
 
 
 def share_of(total: int, share: tuple[int, int] | None) -> tuple[int, int]:

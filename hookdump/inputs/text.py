@@ -10,9 +10,13 @@ Two ways to make samples:
   (`bos=False`: the next N); the last partial window is dropped; sample ids are window
   indices;
 - one document per sample: tokenized as the tokenizer does by default (with its special
-  tokens), truncated to `max_length` as `truncation=True` does (only the document's head
-  is read and tokenized) and right-padded with the pad token (EOS without one); the
-  attention mask marks the real tokens; sample ids are `FILE:LINE` (or a folder's paths).
+  tokens; `bos=True` puts BOS first where they do not), truncated to `max_length` as
+  `truncation=True` does (only the document's head is read and tokenized) and right-padded
+  with the pad token (EOS without one) to `max_length`, or, `dynamic`, to the batch's
+  longest document; the attention mask marks the real tokens; sample ids are `FILE:LINE`
+  (or a folder's paths). `sort_by_length` orders each window of `SORT_WINDOW` documents
+  longest first, so that a batch holds documents of about one length (less padding); the
+  order depends on the corpus alone, so resuming and torchrun slices count samples in it.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import recipe
 from hookdump.inputs.corpus import PIECE, Progress, content_bytes, documents, text_files
-from hookdump.inputs.samples import Batch, Feed, share_of
+from hookdump.inputs.samples import Batch, Feed, Padding, share_of
 from hookdump.worker import prefetch
 
 PREFETCH = 4  # batches tokenized ahead of the forward
 LONGEST_HEAD = 1 << 22  # the most characters of a document read for one truncated sample
+SORT_WINDOW = 1024  # documents sorted by length together (held tokenized at once)
 
 
 @dataclass(frozen=True)
@@ -45,19 +50,31 @@ class TextOptions:
         tokenizer: a folder holding the tokenizer (None: the `hf:` model's).
         context_size: pack documents into windows of this many tokens (None: a document
             per sample).
-        bos: packed windows start with the BOS token.
-        max_length: a document sample's tokens (None: 128, or the model's positions if
+        bos: samples start with the BOS token (None: packed windows do, documents keep
+            the tokenizer's own template).
+        max_length: a document sample's most tokens (None: 128, or the model's positions if
             fewer).
-        max_tokens: the most whole samples whose tokens (padding included) fit in this.
+        max_tokens: the most whole samples whose tokens (padded to `max_length`) fit in this.
+        sort_by_length: documents of about one length are batched together.
     """
 
     source: str = field(metadata=recipe("text"))
     text_field: str = field(default="text", metadata=recipe())
     tokenizer: str | None = field(default=None, metadata=recipe())
     context_size: int | None = field(default=None, metadata=recipe())
-    bos: bool = field(default=True, metadata=recipe())
+    bos: bool | None = field(default=None, metadata=recipe())
     max_length: int | None = field(default=None, metadata=recipe())
     max_tokens: int | None = field(default=None, metadata=recipe())
+    sort_by_length: bool = field(default=False, metadata=recipe())
+
+    @property
+    def packed(self) -> bool:
+        return self.context_size is not None
+
+    @property
+    def starts_with_bos(self) -> bool:
+        """Whether samples get a BOS token of hookdump's (packed: unless `bos=False`)."""
+        return self.bos if self.bos is not None else self.packed
 
 
 def sample_length(options: TextOptions, model_positions: int | None) -> int:
@@ -121,13 +138,13 @@ def _packed(
 ) -> Iterator[tuple[Any, list[int], int]]:
     size = options.context_size or 0
     eos = tokenizer.eos_token_id
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
-    if eos is None or (options.bos and bos is None):
+    if eos is None:
         raise HookdumpError(
             f"{opt('context_size')} packs documents with the tokenizer's EOS token, and this "
             "tokenizer has none; give one document per sample instead"
         )
-    take = size - 1 if options.bos else size
+    bos = _bos(options, tokenizer)
+    take = size - len(bos)
     stream: list[int] = []
     window = 0
     for document in documents(options.source, options.text_field, progress):
@@ -135,7 +152,7 @@ def _packed(
             stream += [eos] if piece is None else _tokens(tokenizer, piece, special=False)
             start = 0
             while len(stream) - start >= take:
-                ids = ([bos] if options.bos else []) + stream[start : start + take]
+                ids = bos + stream[start : start + take]
                 start += take
                 progress.count(1)
                 yield window, ids, size
@@ -151,18 +168,33 @@ def _per_document(
     progress: Progress,
 ) -> Iterator[tuple[Any, list[int], int]]:
     length = sample_length(options, model_positions)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
+    bos = _bos(options, tokenizer)
+    window = SORT_WINDOW if options.sort_by_length else 1
+    passed = first - first % window  # whole windows before `first` are not tokenized
+    progress.count(passed)  # passed over, but read: the estimate counts them
+    docs = itertools.islice(documents(options.source, options.text_field, progress), passed, None)
+    drop = first - passed
+    while group := [(d.id, _head(tokenizer, d.pieces, length, bos)) for d in
+                    itertools.islice(docs, window)]:  # fmt: skip
+        if options.sort_by_length:
+            group.sort(key=lambda made: -len(made[1]))  # stable: ties keep corpus order
+        progress.count(len(group))
+        for sample_id, ids in group[drop:]:
+            yield sample_id, ids, len(ids)
+        drop = 0
+
+
+def _bos(options: TextOptions, tokenizer: Any) -> list[int]:
+    """The BOS token samples start with (the tokenizer's BOS, else its EOS), if they do."""
+    if not options.starts_with_bos:
+        return []
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if bos is None:
         raise HookdumpError(
-            f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
-            f"with; pack them with {opt('context_size')}"
+            f"{opt('bos', True)}: the tokenizer has neither a BOS nor an EOS token to start "
+            f"samples with; leave {opt('bos', True)} out"
         )
-    progress.count(first)  # passed over, but read: the estimate counts them
-    docs = documents(options.source, options.text_field, progress)
-    for document in itertools.islice(docs, first, None):
-        ids = _head(tokenizer, document.pieces, length)
-        progress.count(1)
-        yield document.id, ids + [pad] * (length - len(ids)), len(ids)
+    return [bos]
 
 
 def _tokens(tokenizer: Any, text: str, special: bool, **truncation: Any) -> list[int]:
@@ -173,11 +205,12 @@ def _tokens(tokenizer: Any, text: str, special: bool, **truncation: Any) -> list
     return ids
 
 
-def _head(tokenizer: Any, pieces: Iterator[str], length: int) -> list[int]:
+def _head(tokenizer: Any, pieces: Iterator[str], length: int, bos: list[int]) -> list[int]:
     """The tokens of a document truncated to `length` (as `truncation=True` does), from as
     little of its head as holds them: the head is read in growing steps until its tokens
     (without special ones) reach `length` or the document ends (or `LONGEST_HEAD`
-    characters were read: the rest of a document of whitespace is never read)."""
+    characters were read: the rest of a document of whitespace is never read). `bos`: put
+    first unless the tokenizer's template already starts with it."""
     head, ended, budget = "", False, max(PIECE, 16 * length)
     while True:
         while len(head) < budget and not ended:
@@ -186,7 +219,8 @@ def _head(tokenizer: Any, pieces: Iterator[str], length: int) -> list[int]:
             head += piece or ""
         enough = ended or budget >= LONGEST_HEAD
         if enough or len(_tokens(tokenizer, head, special=False)) >= length:
-            return _tokens(tokenizer, head, special=True, truncation=True, max_length=length)
+            ids = _tokens(tokenizer, head, special=True, truncation=True, max_length=length)
+            return ids if ids[:1] == bos else (bos + ids)[:length]
         budget *= 4
 
 
@@ -199,9 +233,11 @@ def text_feed(
     done: list[Any] | None = None,
     tokenizer_files: list[Path] | None = None,
     share: tuple[int, int] | None = None,
+    dynamic: bool = False,
 ) -> Feed:
     """The samples as a `Feed` of batches (`input_ids`, and `attention_mask` for document
-    samples), tokenized on a thread a few batches ahead; `done`: the ids of the samples
+    samples), tokenized on a thread a few batches ahead; `dynamic`: document batches are
+    padded to their longest document, not to `max_length`; `done`: the ids of the samples
     already dumped (resuming: the feed goes on after them); `share` (rank, world): a torchrun
     rank's contiguous slice of the samples, counted first when no limit gives their number
     (`feed.first` is the slice's first sample)."""
@@ -222,7 +258,14 @@ def text_feed(
     progress = None
     if total is None and corpus:  # estimated from the corpus's size (none for stdin)
         progress = Progress(sum(content_bytes(path) for path in corpus))
-    packed = options.context_size is not None
+    width = None if dynamic else sample_length(options, model_positions)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None and not options.packed:
+        raise HookdumpError(
+            f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
+            f"with; pack them with {opt('context_size')}"
+        )
+    padding = None if options.packed else Padding()  # packed windows hold no padding
 
     def batches(batch_size: int) -> Iterator[Batch]:
         rows = len(done or [])  # resuming: the samples already in the dump are passed over
@@ -231,20 +274,27 @@ def text_feed(
         for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
             sample_ids, tokens, real = zip(*chunk, strict=True)
             ids.extend(sample_ids)
-            yield _batch(torch.tensor(tokens), list(real), rows, packed)
+            batch = _batch(tokens, width or max(real), pad, rows, options.packed)
+            if padding is not None:
+                padding.count(sum(real), batch.kwargs["input_ids"].numel())
+            yield batch
             rows += len(chunk)
 
     return Feed(
-        "text", total, ids, batches, first=first,
+        "text", total, ids, batches, first=first, padding=padding,
         files=corpus + list(tokenizer_files or []),
         special_ids=list(getattr(tokenizer, "all_special_ids", [])),
         estimate=progress.estimate if progress is not None else lambda: None,
     )  # fmt: skip
 
 
-def _batch(tokens: torch.Tensor, real: list[int], start: int, packed: bool) -> Batch:
-    positions = torch.arange(tokens.shape[1])
-    mask = (positions[None, :] < torch.tensor(real)[:, None]).long()
+def _batch(
+    samples: tuple[list[int], ...], width: int, pad: int | None, start: int, packed: bool
+) -> Batch:
+    """Samples' ids right-padded to `width` with `pad`, with the mask of the real ones."""
+    tokens = torch.tensor([ids + [pad] * (width - len(ids)) for ids in samples])
+    real = torch.tensor([len(ids) for ids in samples])
+    mask = (torch.arange(width)[None, :] < real[:, None]).long()
     stored = {"__input_ids__": tokens}
     if not packed:
         stored["__attention_mask__"] = mask
