@@ -100,7 +100,9 @@ def run(
             "-i",
             metavar="SOURCE",
             help="random (seeded), an image, a folder of images, a glob, a text file of image "
-            "paths, - (paths on stdin), or a tensor file (.safetensors, .pt, .npy).",
+            "paths, - (paths on stdin), or a tensor file (.safetensors, .pt, .npy); with "
+            "--per-token, token ids: input_ids in a tensor file, a .parquet or a datasets "
+            "folder.",
         ),
     ] = "random",
     text: Annotated[
@@ -175,7 +177,8 @@ def run(
         bool,
         typer.Option(
             "--per-token",
-            help="With --text: one row per real token of every [B,T,...] tensor, with "
+            help="With --text or token ids in --input: one row per real token of every "
+            "[B,T,...] tensor, with "
             "__token_ids__, __sample__ and __position__ beside.",
         ),
     ] = False,

@@ -84,6 +84,8 @@ def _input(
     source: dict[str, Any] = {"source": options.input.source}
     if feed.input_type == "random":
         source.update(layout=form().layout, shape=list(form().shape))
+    elif feed.input_type == "token ids":
+        source.update(layout="tokens", kind=corpus_kind(options.input.source))
     elif feed.input_type == "tensors":
         source["layout"] = "tensors"
     else:

@@ -102,7 +102,6 @@ class RunResult:
     num_samples: int  # rows: samples, or tokens with per_token
     keys: list[KeySummary]
     skipped: list[dict[str, str]]
-    wall_time: float
     manifest: dict[str, Any] | None = None
     skipped_inputs: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -110,6 +109,11 @@ class RunResult:
     num_sequences: int | None = None  # the samples fed, when rows are tokens
     estimated_bytes: int | None = None  # the disk-space estimate made after the first batch
     real_tokens: float | None = None  # text: the fraction of positions computed that were real
+
+    @property
+    def wall_time(self) -> float:
+        """Seconds the run took: loading, the loop and finishing."""
+        return sum(self.timings.values())
 
     @property
     def total_bytes(self) -> int:

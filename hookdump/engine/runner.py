@@ -44,10 +44,11 @@ from hookdump.inputs.files import MAX_IMAGE_SIZE
 from hookdump.inputs.python import PythonData, python_feed
 from hookdump.inputs.samples import Batch, Feed, SampleForm, sample_form
 from hookdump.inputs.text import TextOptions, text_feed
+from hookdump.inputs.token_ids import is_token_file, token_input
 from hookdump.model.loading import LoadedModel, is_model_file, live_model
 from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
-from hookdump.model.zoo import load_tokenizer
+from hookdump.model.zoo import has_tokenizer, load_tokenizer
 from hookdump.store.folder import locked, refuse_reads_inside
 from hookdump.store.sink import BatchSink
 
@@ -151,8 +152,11 @@ def _check(options: RunOptions, python: bool = False) -> None:
 def _check_text(options: RunOptions) -> None:
     text = options.text
     if text is None:
-        if options.tokens is not None:
-            raise HookdumpError(f"{opt('per_token', True)} needs text input: {opt('text')}")
+        if options.tokens is not None and not is_token_file(options.input.source):
+            raise HookdumpError(
+                f"{opt('per_token', True)} needs text input: {opt('text')}, or {opt('input')} "
+                "FILE of token ids (.safetensors, .npy, .pt, .parquet, a datasets folder)"
+            )
         return
     if options.tokens is not None:
         _check_token_rows(options)
@@ -281,10 +285,7 @@ def _run(
         "loop": looped_at - loaded_at,
         "finish": time.perf_counter() - looped_at,
     }
-    result = _result(options, loaded, whole, manifest, timings, destination, loop, sink)
-    if feed.padding is not None:
-        result.real_tokens = feed.padding.fraction
-    return result
+    return _result(options, loaded, whole, manifest, timings, destination, feed, sink)
 
 
 def _result(
@@ -294,7 +295,7 @@ def _result(
     manifest: dict[str, Any] | None,
     timings: dict[str, float],
     destination: Destination,
-    loop: BatchLoop,
+    feed: Feed,
     sink: BatchSink,
 ) -> RunResult:
     skips = whole.skipped_inputs[len(destination.skipped_inputs_before) :]
@@ -304,13 +305,13 @@ def _result(
         num_samples=whole.rows,
         keys=list(whole.summaries.values()),
         skipped=whole.skipped,
-        wall_time=sum(timings.values()),
         manifest=manifest,
         skipped_inputs=whole.skipped_inputs,
         warnings=[*loaded.warnings, *(f"skipped {s['path']}: {s['error']}" for s in skips)],
         timings=timings,
-        num_sequences=len(whole.ids) if loop.tokens is not None else None,
+        num_sequences=len(whole.ids) if options.tokens is not None else None,
         estimated_bytes=sink.estimated_bytes,
+        real_tokens=feed.padding.fraction if feed.padding is not None else None,
     )
 
 
@@ -322,7 +323,10 @@ def _feed(
     ranks: Ranks | None,
 ) -> Feed:
     share = ranks.share if ranks else None
-    if options.text is not None:
+    if options.text is None and options.tokens is not None:
+        feed = _token_feed(options, loaded, destination, share)
+        what = opt("input")
+    elif options.text is not None:
         feed = _text_feed(options, options.text, loaded, destination, share)
         what = opt("text")
     else:
@@ -360,6 +364,38 @@ def _text_feed(
         text, tokenizer, model_positions=positions, num_samples=options.input.num_samples,
         done=destination.done_ids, tokenizer_files=files, share=share,
         dynamic=options.tokens is not None,  # token rows: padding is never written
+    )  # fmt: skip
+
+
+def _token_feed(
+    options: RunOptions,
+    loaded: LoadedModel,
+    destination: Destination,
+    share: tuple[int, int] | None,
+) -> Feed:
+    """Pre-tokenized `--input` for `--per-token`; special ids from the model folder's
+    tokenizer, asked for only by `--skip-special-tokens`."""
+    spec = options.model.model
+    if loaded.family != "tokens":
+        raise HookdumpError(
+            f"{opt('input')} {options.input.source} with {opt('per_token', True)} feeds token "
+            f"ids to a Hugging Face language model (hf:FOLDER); {spec} is not one"
+        )
+    assert options.tokens is not None
+    special: list[int] = []
+    files: list[Path] = []
+    if options.tokens.skip_special_tokens:
+        folder = loaded.about.get("folder")
+        if folder is None or not has_tokenizer(Path(folder)):
+            raise HookdumpError(
+                f"{opt('skip_special_tokens', True)} needs the tokenizer's special ids, and "
+                f"{spec} has no tokenizer files; leave {opt('skip_special_tokens', True)} out"
+            )
+        tokenizer, files = load_tokenizer(folder, spec, given=False)
+        special = list(tokenizer.all_special_ids)
+    return token_input(
+        options.input.source, vocab=loaded.vocab, limit=options.input.num_samples,
+        done=destination.done_ids, share=share, special_ids=special, tokenizer_files=files,
     )  # fmt: skip
 
 

@@ -75,22 +75,25 @@ class TokenRows:
         """Select the current batch's tokens: how many rows, and the token keys' values."""
         ids = batch.kwargs["input_ids"]
         mask = batch.kwargs["attention_mask"].bool()
-        select = mask & self._in_positions(mask)
+        order = mask.long().cumsum(1) - 1  # a real token's position among its sample's
+        select = mask & self._in_positions(order, mask)
         if self.special_ids:
             select &= ~torch.isin(ids, torch.tensor(self.special_ids, device=ids.device))
         self._select = select
-        samples, positions = select.nonzero(as_tuple=True)
+        samples = select.nonzero(as_tuple=True)[0]
         return int(select.sum()), {
             "__token_ids__": ids[select].cpu(),
             "__sample__": (samples + batch.start + self.first_sample).cpu(),
-            "__position__": positions.cpu(),
+            "__position__": order[select].cpu(),
         }
 
-    def _in_positions(self, mask: torch.Tensor) -> torch.Tensor:
-        """[B, T]: True where a position lies in `positions` of its sample's real tokens."""
+    def _in_positions(self, order: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, T]: True where a real token's position (`order`) lies in `positions` of its
+        sample's real tokens (padded on either side)."""
         inside = torch.zeros_like(mask)
         for row, real in enumerate(mask.sum(1).tolist()):
-            inside[row, range(real)[self.positions]] = True
+            kept = range(real)[self.positions]  # a step of 1: `START:STOP` has none
+            inside[row] = (order[row] >= kept.start) & (order[row] < kept.stop)
         return inside
 
     def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.inputs.tables import TABLE_SUFFIXES, record_batches, table_files
 
 PIECE = 1 << 18  # bytes read at a time, and about the characters of a piece of text
 JSON_LINE_LIMIT = 64 << 20
@@ -74,7 +75,7 @@ def text_files(source: str) -> list[Path]:
         return []
     path = Path(source)
     if path.is_dir():
-        found = _table_files(path) or sorted(
+        found = table_files(path, "text") or sorted(
             p for p in path.rglob("*.txt*") if p.is_file() and _kind(p) == ".txt"
         )
         if not found:
@@ -91,25 +92,6 @@ def text_files(source: str) -> list[Path]:
             ".jsonl.gz), a folder of .txt files or parquet shards, a saved datasets folder, or -"
         )
     return [path]
-
-
-def _table_files(folder: Path) -> list[Path]:
-    """A `datasets` folder's arrow files in its own order (`save_to_disk`), or a folder's
-    parquet shards by path; none for another folder."""
-    state = folder / "state.json"
-    if state.is_file():
-        try:
-            files = [
-                folder / entry["filename"] for entry in json.loads(state.read_text())["_data_files"]
-            ]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise HookdumpError(
-                f"{opt('text')} {folder}: its state.json does not list the dataset's files "
-                f"({type(exc).__name__}); save it again with save_to_disk"
-            ) from None
-        if all(f.is_file() and f.parent == folder for f in files):
-            return files
-    return sorted(p for p in folder.rglob("*.parquet") if p.is_file())
 
 
 def corpus_kind(source: str) -> str:
@@ -157,7 +139,7 @@ def documents(source: str, text_field: str, progress: Progress | None = None) ->
         return
     path = Path(source)
     files = text_files(source)
-    if files and files[0].suffix in (".parquet", ".arrow"):
+    if files and files[0].suffix in TABLE_SUFFIXES:
         for file in files:
             yield from _table_documents(file, text_field, progress)
         return
@@ -176,35 +158,8 @@ def _table_documents(path: Path, field: str, progress: Progress) -> Iterator[Doc
     """The documents in column `field` of a parquet file or an arrow stream (a `datasets`
     shard), a record batch at a time: each string as it is (an empty one too, as in a
     `.jsonl`); missing values are skipped."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise HookdumpError(
-            f"{opt('text')} {path}: reading parquet and datasets needs pyarrow; "
-            "pip install 'hookdump[corpora]'"
-        ) from None
-    try:
-        if path.suffix == ".parquet":
-            table = pq.ParquetFile(path)
-            names = table.schema_arrow.names
-            batches = (
-                table.iter_batches(batch_size=1024, columns=[field]) if field in names else None
-            )
-        else:
-            handle = pa.memory_map(str(path))
-            reader = pa.ipc.open_stream(handle)
-            names = reader.schema.names
-            batches = iter(reader) if field in names else None
-    except (OSError, pa.ArrowException) as exc:
-        raise HookdumpError(f"{opt('text')}: cannot read {path} ({str(exc)[:200]})") from None
-    if batches is None:
-        raise HookdumpError(
-            f"{opt('text_field')} {field!r} is not a column of {path} (its columns: "
-            f"{', '.join(names[:8])})"
-        )
     row = 0
-    for batch in batches:
+    for batch in record_batches(path, [field], "text"):
         progress.read += batch.nbytes
         for value in batch.column(0).to_pylist():
             row += 1

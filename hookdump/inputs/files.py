@@ -211,7 +211,7 @@ def tensor_input(
     """Rows of a tensor file: one tensor is the batch; several are keyword arguments.
 
     `share` (rank, world): only that rank's contiguous slice of the rows, numbered from 0."""
-    columns = _open_tensor_file(path)
+    columns = open_tensor_file(path)
     rows = {name: int(shape[0]) if shape else 0 for name, (shape, _) in columns.items()}
     counts = set(rows.values())
     if len(counts) != 1 or 0 in counts:
@@ -242,7 +242,7 @@ def tensor_input(
 ReadRows = Callable[[int, int], torch.Tensor]
 
 
-def _open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
+def open_tensor_file(path: Path) -> dict[str, tuple[list[int], ReadRows]]:
     """name -> (shape, read rows start:stop), reading lazily where the format allows."""
     suffix = path.suffix
     try:
@@ -318,6 +318,11 @@ def open_input(
         if not path.is_file():
             raise HookdumpError(f"{opt('input')} {text}: no such file")
         return tensor_input(path, limit, len(done), share)
+    if path.suffix == ".parquet" or (path / "state.json").is_file():
+        raise HookdumpError(
+            f"{opt('input')} {text}: a table of token ids is read under {opt('per_token', True)} "
+            "(its rows may differ in length: they make token rows, not samples of one shape)"
+        )
     paths = image_paths(text)
     image_spec = form()
     transform = image_transform(image_spec, transforms, options.image_size)

@@ -315,6 +315,11 @@ def _tokenizer_files(folder: Path) -> list[Path]:
     )
 
 
+def has_tokenizer(folder: Path) -> bool:
+    """Whether `folder` holds tokenizer files."""
+    return folder.is_dir() and bool(_tokenizer_files(folder))
+
+
 def load_tokenizer(folder: str | Path, spec: str, given: bool = True) -> tuple[Any, list[Path]]:
     """The tokenizer saved in `folder` (`AutoTokenizer`), with the files it was read from;
     `given`: the folder was named by `--tokenizer` (else it is the model's own, and errors
