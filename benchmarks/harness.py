@@ -59,3 +59,13 @@ def in_turns(steps: dict[str, Callable[[], object]], reps: int) -> dict[str, lis
             step()
             seconds[name].append(time.perf_counter() - started)
     return seconds
+
+
+def drop_from_page_cache(folder: Path) -> None:
+    """Drop the files of `folder` from the page cache, so the next read comes from disk."""
+    for path in folder.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

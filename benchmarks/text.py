@@ -14,7 +14,12 @@ block's output dumped with `--per-token`:
 - memory: the peak RSS of a fresh `hookdump run` over a corpus 10 times larger (and so 10
   times the tokens) against the one of 1 times;
 - reading: rows/s of `Dump.batches(shuffle=True)` against in-order reading of the same dump,
-  its pages dropped from the page cache before each pass.
+  its pages dropped from the page cache before each pass (`benchmarks/reader.py` measures
+  the reader against `dd`);
+- padding: one document per sample with `--per-token` on documents of 5 to 120 words: the
+  forward loop's seconds with every batch padded to `--max-length` (as before dynamic
+  padding), padded to its longest document, and that with `--sort-by-length`, and the
+  fraction of the positions computed that were real tokens.
 
 Runs are paired (A B A B ...) after a warm-up round; figures are medians, with the spread
 (min-max) beside them.
@@ -215,15 +220,6 @@ def bench_memory(job: Job, reps: int) -> dict[str, Any]:
     }
 
 
-def drop_from_page_cache(folder: Path) -> None:
-    for path in folder.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def bench_reading(job: Job, reps: int) -> dict[str, Any]:
     import hookdump
 
@@ -234,7 +230,7 @@ def bench_reading(job: Job, reps: int) -> dict[str, Any]:
 
     def rows_per_s(shuffle: bool) -> Callable[[], float]:
         def one_pass() -> float:
-            drop_from_page_cache(dump.path)
+            harness.drop_from_page_cache(dump.path)
             start, rows = time.perf_counter(), 0
             for batch in dump.batches(keys, batch_size=4096, shuffle=shuffle, seed=0):
                 rows += len(batch["h.5"])
@@ -253,7 +249,65 @@ def bench_reading(job: Job, reps: int) -> dict[str, Any]:
     }
 
 
-BENCHMARKS = {"throughput": bench_throughput, "memory": bench_memory, "reading": bench_reading}
+def bench_padding(job: Job, reps: int) -> dict[str, Any]:
+    import hookdump.engine.runner as runner
+    from hookdump.engine.options import RunOptions
+    from hookdump.engine.tokens import TokenOptions
+    from hookdump.hooks.options import CaptureOptions
+    from hookdump.inputs.samples import InputOptions
+    from hookdump.inputs.text import TextOptions, text_feed
+    from hookdump.model.prepare import ModelOptions
+    from hookdump.store.writer import DumpOptions
+
+    rng = random.Random(1)
+    words = job.corpus.read_text().split()
+    corpus = job.scratch / "varied.txt"
+    corpus.write_text("".join(" ".join(rng.choices(words, k=rng.randint(5, 120))) + "\n"
+                              for _ in range(SAMPLES)))  # fmt: skip
+    fractions: dict[str, float | None] = {}
+
+    def static(*args: Any, **kwargs: Any) -> Any:
+        return text_feed(*args, **{**kwargs, "dynamic": False})
+
+    def loop_seconds(mode: str) -> Callable[[], float]:
+        def once() -> float:
+            options = RunOptions(
+                ModelOptions(f"hf:{job.folder}"), CaptureOptions(layers=tuple(LAYERS)),
+                InputOptions(batch_size=BATCH),
+                TextOptions(str(corpus), max_length=CONTEXT, sort_by_length=mode == "sorted"),
+                TokenOptions(), DumpOptions(job.scratch / "padding", overwrite=True),
+            )  # fmt: skip
+            real_feed = runner.text_feed
+            if mode == "max_length":  # every batch padded to --max-length, as before
+                runner.text_feed = static  # type: ignore[assignment]
+            try:
+                result = runner.run(options)
+            finally:
+                runner.text_feed = real_feed
+            fractions[mode] = result.real_tokens
+            return result.timings["loop"]
+
+        return once
+
+    modes = ("max_length", "longest", "sorted")
+    runs = paired({mode: loop_seconds(mode) for mode in modes}, reps)
+    return {
+        "documents": SAMPLES,
+        "real_token_fraction": fractions,
+        **{f"{mode}_loop_s": spread(runs[mode]) for mode in modes},
+        "speed_up_longest": spread(
+            [a / b for a, b in zip(runs["max_length"], runs["longest"], strict=True)]
+        ),
+        "speed_up_sorted": spread(
+            [a / b for a, b in zip(runs["max_length"], runs["sorted"], strict=True)]
+        ),
+    }
+
+
+BENCHMARKS = {
+    "throughput": bench_throughput, "memory": bench_memory, "reading": bench_reading,
+    "padding": bench_padding,
+}  # fmt: skip
 
 
 if __name__ == "__main__":

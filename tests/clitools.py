@@ -71,10 +71,19 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 
 _LIMITED = """\
-import resource, sys
+import gc, os, resource, sys
 import torch, transformers, tokenizers  # mapped before the limit is measured
 import hookdump.cli
 kind, headroom, code = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# what loading a model folder imports lazily (accelerate, sentencepiece, scipy where they
+# are installed) is mapped before the limit too: the headroom is hookdump's alone
+for folder in [a[3:] for a in sys.argv[4:] if a.startswith("hf:") and os.path.isdir(a[3:])]:
+    transformers.AutoModel.from_pretrained(folder)
+    try:
+        transformers.AutoTokenizer.from_pretrained(folder)
+    except Exception:
+        pass
+gc.collect()
 field = {"AS": "VmSize:", "DATA": "VmData:"}[kind]
 used = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
             if line.startswith(field))

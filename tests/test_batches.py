@@ -1,11 +1,12 @@
-"""`Dump.batches`: every row once per pass, keys aligned, a seeded order that mixes shards,
-and only a window of shards read at a time."""
+"""`Dump.batches` and `Dump.dataset`: every row once per pass, keys aligned, a seeded order
+drawn from the whole dump, a buffer of blocks read at a time, row numbers, resuming at a
+batch, and DataLoader workers times ranks reading every row once."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,23 +18,27 @@ from hookdump.store.reader import Dump
 X, Y = "linear_1:input.0", "linear_1"
 
 
+def _two_linear(out: Path, *args: str) -> Dump:
+    """A dump of TwoLinear's first layer in shards of one batch each, run from tests/."""
+    import os
+
+    old = Path.cwd()
+    os.chdir(Path(__file__).parent)
+    try:
+        result = invoke("run", "tiny_models:TwoLinear", "-l", "linear_1", "-b", "4",
+                        "--shard-size", "1", "-q", "-o", str(out), *args)  # fmt: skip
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 0, result.stderr
+    return hookdump.load(out)
+
+
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory: pytest.TempPathFactory) -> Dump:
     """37 random rows in 10 shards (nine of 4 rows, one of 1): TwoLinear's first layer,
     whose weights are all 1, so each output row is the sum of its input row plus 1."""
-    out = tmp_path_factory.mktemp("batches") / "d"
-    old = Path.cwd()
-    import os
-
-    os.chdir(Path(__file__).parent)
-    try:
-        result = invoke("run", "tiny_models:TwoLinear", "-l", "linear_1", "--capture",
-                        "input,output", "-n", "37", "-b", "4", "--shard-size", "1", "-q",
-                        "-o", str(out))  # fmt: skip
-    finally:
-        os.chdir(old)
-    assert result.exit_code == 0, result.stderr
-    loaded = hookdump.load(out)
+    loaded = _two_linear(tmp_path_factory.mktemp("batches") / "d", "--capture",
+                         "input,output", "-n", "37")  # fmt: skip
     assert len(loaded.shards) == 10
     return loaded
 
@@ -74,34 +79,53 @@ def test_the_order_is_fixed_by_the_seed_and_mixes_shards(dump: Dump) -> None:
         assert len(shards) >= 2, shards  # every batch mixes rows of at least two shards
 
 
-def test_only_a_window_of_shards_is_read_at_a_time(
+def test_only_a_buffer_of_blocks_is_read_at_a_time(
     dump: Dump, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A budget of 16 rows' bytes: two buffers of 8 one-row blocks, from shards all over the
+    dump; every row is read once in the pass, and each shard's header checked once."""
+    from hookdump.store.batches import ROW_OVERHEAD
+    from hookdump.store.rows import ShardRows
+
+    sums = dump[X].sum(1).tolist()  # each row's, read before the spies
+    read: list[tuple[int, int]] = []
     opened: list[str] = []
-    real = Dump.open_shard
+    real_read, real_open = ShardRows.read_into, Dump.open_shard
 
-    def spy(self: Dump, shard: dict, keys: list[str]):  # type: ignore[no-untyped-def]
+    def spy_read(self: ShardRows, lo: int, hi: int, out: dict) -> None:
+        read.append((lo, hi))
+        real_read(self, lo, hi, out)
+
+    def spy_open(self: Dump, shard: dict, keys: list[str]):  # type: ignore[no-untyped-def]
         opened.append(shard["file"])
-        return real(self, shard, keys)
+        return real_open(self, shard, keys)
 
-    monkeypatch.setattr(Dump, "open_shard", spy)
-    batches = dump.batches([X, Y], 4, shuffle=True, seed=0, window=3)
-    next(batches)
-    assert len(opened) == 3  # the first window, no more
+    monkeypatch.setattr(ShardRows, "read_into", spy_read)
+    monkeypatch.setattr(Dump, "open_shard", spy_open)
+    batches = dump.batches([X, Y], 4, shuffle=True, seed=0,
+                           buffer_bytes=16 * (dump.row_bytes([X, Y]) + ROW_OVERHEAD))  # fmt: skip
+    first = next(batches)
+    # two buffers of 8 one-row blocks at most: the one given out, and the next read ahead
+    assert 8 <= len(read) <= 16
+    assert len({lo // 4 for lo, _ in read[:8]}) >= 4  # of 10 shards: from the whole dump
+    assert set(first[X].sum(1).tolist()) <= {sums[lo] for lo, _ in read[:8]}
     rest = list(batches)
-    assert len(opened) == 10 and len(set(opened)) == 10 and rest
+    assert sorted(read) == [(i, i + 1) for i in range(37)] and rest
+    assert sorted(opened) == sorted(s["file"] for s in dump.shards)
 
 
 def test_bad_arguments_are_one_error(dump: Dump) -> None:
     with pytest.raises(hookdump.HookdumpError, match="'linear_9' is not in"):
         next(dump.batches(["linear_9"], 4))
-    with pytest.raises(hookdump.HookdumpError, match="batch_size 0 must be at least 1"):
+    with pytest.raises(hookdump.HookdumpError, match="start -1 must be an integer of at least 0"):
+        next(dump.batches([X], 4, start=-1))
+    with pytest.raises(hookdump.HookdumpError, match="batch_size 0 must be an integer of at"):
         next(dump.batches([X], 0))
     with pytest.raises(hookdump.HookdumpError, match="keys must be a non-empty list"):
         next(dump.batches(X, 4))  # type: ignore[arg-type]
 
 
-# The algorithm alone (`mixed_batches`), over blocks of rows held in memory: no dump, no file.
+# The algorithm alone (`pass_batches`), over row ranges held in memory: no dump, no file.
 ROWS = torch.arange(103)  # row i of "id" is i, of "twice" 2i: alignment is checkable
 
 
@@ -110,61 +134,138 @@ def _blocks(sizes: list[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-def _reader(log: list[tuple[int, int]]) -> Callable[[tuple[int, int]], dict[str, torch.Tensor]]:
-    def read(block: tuple[int, int]) -> dict[str, torch.Tensor]:
-        log.append(block)
-        lo, hi = block
-        return {"id": ROWS[lo:hi].clone(), "twice": 2 * ROWS[lo:hi]}
+class _Rows:
+    """ROWS in memory as a pass's source, logging the ranges read."""
 
-    return read
+    def __init__(self, log: list[tuple[int, int]]) -> None:
+        self.log = log
+
+    def allocate(self, count: int) -> dict[str, torch.Tensor]:
+        return {"id": torch.full((count,), -1), "twice": torch.full((count,), -1)}
+
+    def will_need(self, lo: int, hi: int) -> None:
+        pass
+
+    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
+        self.log.append((lo, hi))
+        out["id"][:] = ROWS[lo:hi]
+        out["twice"][:] = 2 * ROWS[lo:hi]
+
+
+def _pass(sizes: list[int], group: int = 2, log: list | None = None, **options: Any) -> list:
+    from hookdump.store.batches import PassOptions, pass_batches
+
+    chosen = PassOptions(**{"batch_size": 8, "seed": 3, **options})
+    blocks = torch.tensor(_blocks(sizes), dtype=torch.int64).reshape(-1, 2)
+    return list(pass_batches(blocks, _Rows([] if log is None else log), chosen, group))
 
 
 @pytest.mark.parametrize("sizes", [[103], [10] * 10 + [3], [1] * 103, [50, 0, 53]])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("batch_size", [1, 7, 32, 200])
-def test_mixed_batches_give_every_row_once_aligned_and_full_until_the_last(
+def test_a_pass_gives_every_row_once_aligned_and_full_until_the_last(
     sizes: list[int], shuffle: bool, batch_size: int
 ) -> None:
-    from hookdump.store.batches import mixed_batches
-
     log: list[tuple[int, int]] = []
-    batches = list(mixed_batches(_blocks(sizes), _reader(log), batch_size, shuffle=shuffle,
-                                 seed=3, window=2))  # fmt: skip
+    batches = _pass(sizes, log=log, batch_size=batch_size, shuffle=shuffle, with_index=True)
     seen = torch.cat([b["id"] for b in batches])
     assert sorted(seen.tolist()) == ROWS.tolist()
     assert all(torch.equal(b["twice"], 2 * b["id"]) for b in batches)
+    assert all(torch.equal(b["__row__"], b["id"]) for b in batches)  # row numbers
     assert all(len(b["id"]) == batch_size for b in batches[:-1])
     assert (seen.tolist() == ROWS.tolist()) is not shuffle or len(ROWS) <= 1
-    assert sorted(log) == _blocks(sizes)  # each block read once
+    assert sorted(log) == sorted(b for b in _blocks(sizes) if b[0] < b[1])  # each once
+    dropped = _pass(sizes, batch_size=batch_size, shuffle=shuffle, drop_last=True)
+    assert len(dropped) == len(ROWS) // batch_size
+    assert all(torch.equal(a["id"], b["id"]) for a, b in zip(dropped, batches, strict=False))
 
 
-def test_mixed_batches_read_a_window_at_a_time_in_a_seeded_order() -> None:
-    from hookdump.store.batches import mixed_batches
-
+def test_the_order_is_drawn_from_every_block_and_fixed_by_the_seed() -> None:
+    """Twenty blocks of five rows (think: shards) and a buffer of four blocks: the first
+    buffer's blocks come from all over, not the first four; the order is the seed's."""
     log: list[tuple[int, int]] = []
-    batches = mixed_batches(_blocks([10] * 10 + [3]), _reader(log), 8, shuffle=True, seed=5,
-                            window=3)  # fmt: skip
-    first = next(batches)
-    assert len(log) == 3  # one window read, the rest not yet
-    assert {int(i) // 10 for i in first["id"]} <= {lo // 10 for lo, _ in log}
-    rest = [first, *batches]
-    again = list(mixed_batches(_blocks([10] * 10 + [3]), _reader([]), 8, shuffle=True, seed=5,
-                               window=3))  # fmt: skip
-    assert all(torch.equal(a["id"], b["id"]) for a, b in zip(rest, again, strict=True))
-    other = list(mixed_batches(_blocks([10] * 10 + [3]), _reader([]), 8, shuffle=True, seed=6,
-                               window=3))  # fmt: skip
-    assert not all(torch.equal(a["id"], b["id"]) for a, b in zip(rest, other, strict=True))
-
-
-def test_a_window_of_blocks_mixes_shards_when_shards_hold_many_blocks() -> None:
-    """Two shards of ten blocks each: every window of two shuffled blocks holds one block of
-    each shard, so a batch mixes rows of two shards as the contract says."""
-    from hookdump.store.batches import mixed_batches
-
-    log: list[tuple[int, int]] = []
-    blocks = _blocks([5] * 20)
-    batches = list(mixed_batches(blocks, _reader(log), 10, shuffle=True, seed=1, window=2,
-                                 source=lambda block: block[0] // 50))  # fmt: skip
+    batches = _pass([5] * 20, group=4, log=log, shuffle=True, seed=5, batch_size=10)
     assert sorted(torch.cat([b["id"] for b in batches]).tolist()) == ROWS[:100].tolist()
-    assert all({lo // 50 for lo, _ in log[i : i + 2]} == {0, 1} for i in range(0, 20, 2))
-    assert all(len({int(i) // 50 for i in b["id"]}) == 2 for b in batches)
+    assert log[:4] != _blocks([5] * 4) and max(lo for lo, _ in log[:4]) >= 40
+    again = _pass([5] * 20, group=4, shuffle=True, seed=5, batch_size=10)
+    assert all(torch.equal(a["id"], b["id"]) for a, b in zip(batches, again, strict=True))
+    other = _pass([5] * 20, group=4, shuffle=True, seed=6, batch_size=10)
+    assert not all(torch.equal(a["id"], b["id"]) for a, b in zip(batches, other, strict=True))
+
+
+@pytest.mark.parametrize("start", [0, 1, 4, 5, 12, 13, 14])
+def test_start_resumes_the_same_order_reading_only_what_is_left(start: int) -> None:
+    """103 rows, batches of 8 (12 full and one of 7): starting at batch `start` gives the
+    rest of the same pass; buffers wholly before it are not read."""
+    whole = _pass([10] * 10 + [3], group=3, shuffle=True, seed=2)
+    log: list[tuple[int, int]] = []
+    rest = _pass([10] * 10 + [3], group=3, log=log, shuffle=True, seed=2, start=start)
+    assert len(rest) == max(0, len(whole) - start)
+    assert all(torch.equal(a["id"], b["id"]) for a, b in zip(whole[start:], rest, strict=True))
+    if start >= 4:  # the first buffer (30 rows: 3 batches) was passed over unread
+        assert len([b for b in log if b[1] - b[0] > 1]) < 11
+
+
+def test_readers_split_the_blocks_and_together_read_every_row_once() -> None:
+    parts = [_pass([10] * 10 + [3], shuffle=True, split=(i, 3)) for i in range(3)]
+    ids = [torch.cat([b["id"] for b in part]).tolist() for part in parts]
+    assert sorted(itertools.chain(*ids)) == ROWS.tolist()
+    assert all(part for part in ids)
+
+
+# The reader on a dump of 16 shards, and the IterableDataset.
+
+
+@pytest.fixture(scope="module")
+def sixteen(tmp_path_factory: pytest.TempPathFactory) -> Dump:
+    """64 rows of TwoLinear in 16 shards of 4."""
+    loaded = _two_linear(tmp_path_factory.mktemp("sixteen") / "d", "-n", "64")
+    assert len(loaded.shards) == 16
+    return loaded
+
+
+def test_the_first_shuffled_batch_draws_from_most_shards(sixteen: Dump) -> None:
+    first = next(sixteen.batches([Y], 16, shuffle=True, seed=0, with_index=True))
+    shards = {int(row) // 4 for row in first["__row__"]}
+    assert len(shards) >= 9, shards  # 16 rows from 16 shards of 4 rows: about 10 expected
+    torch.testing.assert_close(first[Y], sixteen[Y][first["__row__"]])  # rows and numbers
+
+
+def test_with_index_and_start_through_a_dump(sixteen: Dump) -> None:
+    whole = list(sixteen.batches([Y], 5, shuffle=True, seed=4, with_index=True))
+    rows = torch.cat([b["__row__"] for b in whole])
+    assert sorted(rows.tolist()) == list(range(64))
+    torch.testing.assert_close(torch.cat([b[Y] for b in whole]), sixteen[Y][rows])
+    rest = list(sixteen.batches([Y], 5, shuffle=True, seed=4, with_index=True, start=7))
+    assert all(torch.equal(a["__row__"], b["__row__"]) for a, b in zip(whole[7:], rest,
+                                                                     strict=True))  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+def test_workers_and_ranks_together_read_every_row_once(sixteen: Dump) -> None:
+    """4 DataLoader workers x 2 simulated ranks: disjoint, and every row once."""
+    seen: list[int] = []
+    for rank in range(2):
+        dataset = sixteen.dataset([Y], 3, shuffle=True, seed=1, with_index=True, rank=rank,
+                                  world_size=2,
+                                  buffer_bytes=16 * (sixteen.row_bytes([Y]) + 24))  # fmt: skip
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=4)
+        batches = list(loader)
+        for batch in batches:
+            torch.testing.assert_close(batch[Y], sixteen[Y][batch["__row__"]])
+        seen += torch.cat([b["__row__"] for b in batches]).tolist()
+    assert sorted(seen) == list(range(64))
+
+
+def test_a_rank_resumes_at_its_own_step(sixteen: Dump) -> None:
+    """`start` counts the batches the rank's DataLoader gave out (from its workers in turn)."""
+
+    def rows(start: int) -> list[list[int]]:
+        dataset = sixteen.dataset([Y], 3, shuffle=True, seed=1, with_index=True, rank=1,
+                                  world_size=2, start=start,
+                                  buffer_bytes=16 * (sixteen.row_bytes([Y]) + 24))  # fmt: skip
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+        return [b["__row__"].tolist() for b in loader]
+
+    whole = rows(0)
+    assert rows(3) == whole[3:]

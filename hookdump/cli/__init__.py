@@ -15,7 +15,7 @@ from typing import Annotated, NoReturn
 import typer
 
 import hookdump
-from hookdump.cli import diff, inspect, layers, models, run, show
+from hookdump.cli import diff, export, inspect, layers, models, run, show
 from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
 from hookdump.cli._output import printable
 from hookdump.engine.signals import ignore_from_now, interrupts_once
@@ -59,6 +59,7 @@ app.command("models")(models.models)
 app.command("inspect")(inspect.inspect)
 app.command("diff")(diff.diff)
 app.command("show")(show.show)
+app.command("export")(export.export)
 
 
 def main() -> None:

@@ -100,6 +100,10 @@ DeviceOpt = Annotated[
 TrainOpt = Annotated[
     bool, typer.Option("--train", help="Run the model in train mode (default: eval).")
 ]
+KeysOpt = Annotated[
+    list[str] | None,
+    typer.Option("--keys", "-k", metavar="GLOB", help="Only these keys (globs); repeatable."),
+]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print a machine-readable result on stdout, nothing else.")
 ]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hookdump.cli import _output
-from hookdump.cli._options import JsonOpt, QuietOpt
+from hookdump.cli._options import JsonOpt, KeysOpt, QuietOpt
 
 
 def diff(
@@ -20,10 +20,7 @@ def diff(
     rtol: Annotated[
         float, typer.Option("--rtol", metavar="X", help="Relative tolerance (as allclose).")
     ] = 1e-5,
-    keys: Annotated[
-        list[str] | None,
-        typer.Option("--keys", "-k", metavar="GLOB", help="Compare only these keys; repeatable."),
-    ] = None,
+    keys: KeysOpt = None,
     show_all: Annotated[
         bool, typer.Option("--all", help="List matching keys too, not only the failures.")
     ] = False,

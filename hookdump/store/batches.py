@@ -2,116 +2,338 @@
 
 Every row comes exactly once per pass, and the rows of different keys stay aligned (row i
 of every key is the same sample or token). Without shuffling, rows come in order. With it,
-the order is fixed by the seed:
+the order is drawn from the whole dump, fixed by the seed alone:
 
-- the shards are cut into blocks of rows of at most `BLOCK_BYTES` (32 MiB) of the
-  requested keys (a shard smaller than that is one block);
-- the blocks are taken in a seeded random order, from each shard in turn (so that a
-  window mixes as many shards as it can), `window` at a time (4 by default);
-- the rows of the blocks in the window (and the few left over from the window before) are
-  put in a seeded random order and cut into batches; the last partial batch of a window
-  waits for the next one, so batches are full until the very last.
+- every shard is cut into blocks of contiguous rows, about `block_bytes` (8 MiB) of the
+  requested keys each: large enough to read at the disk's sequential speed, small enough
+  that a shard holds many;
+- the blocks of all shards are put in one seeded random order;
+- a buffer of half the budget `buffer_bytes` (256 MiB, so 128 MiB) is filled with the next
+  blocks in that order (at least 16 of them: a small budget takes smaller blocks), read
+  straight into it (`store.rows`); its rows, and the few carried over from the buffer
+  before, are put in a seeded random order and given out in batches; the rows short of a
+  whole batch are carried into the next buffer, so batches are full until the very last
+  (left out with `drop_last`).
 
-So a batch mixes rows from up to `window` blocks, never from blocks far apart in the
-shuffled order, and memory holds `window` blocks (128 MiB by default; twice that while
-they are shuffled), never the whole dump, whatever the shards' headers claim. A wider
-window mixes more and holds more. Without shuffling, one block is held at a time.
+A thread fills the next buffer while this one is given out (and asks the disk for each
+next block while it reads one), so reading overlaps the consumer. Memory holds the two
+buffers (the budget), the batch being given out, and 24 bytes of bookkeeping per buffered
+row, never a shard, whatever its size or its header's claims. So a batch draws from the
+blocks of one buffer, anywhere in the dump.
+
+The batches before `start` are passed over without reading their rows: only the
+permutations are drawn, so a pass resumes where it stopped, in the same order.
+`split=(i, n)` keeps every n-th block of the order from the i-th: n readers (DataLoader
+workers times ranks) together read every row once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+import atexit
+import queue
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.store.rows import ShardRows
 
 if TYPE_CHECKING:
     from hookdump.store.reader import Dump
 
-WINDOW = 4
-Block = TypeVar("Block")
-BLOCK_BYTES = 32 << 20  # a window of 4 is 128 MiB, and twice that while it is shuffled
+BLOCK_BYTES = 8 << 20  # contiguous bytes of the requested keys read at a time
+BUFFER_BYTES = 256 << 20  # the rows a shuffle mixes at once: its memory budget
+MIXED = 16  # the fewest blocks a buffer holds: a small buffer takes smaller blocks
+MAX_BLOCKS = 1 << 20  # the most blocks of a pass (16 MiB of row ranges): 8 TiB of 8 MiB
+ROW_OVERHEAD = 24  # bytes of the buffer's bookkeeping per row
+ROW = "__row__"  # with_index: each row's number in the dump
+
+RowRange = tuple[int, int]
+
+
+class RowSource(Protocol):
+    """Where a pass reads rows: buffers of rows, and rows `lo:hi` read into one's views."""
+
+    def allocate(self, count: int) -> dict[str, torch.Tensor]: ...
+
+    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None: ...
+
+    def will_need(self, lo: int, hi: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """How a pass gives out rows (see the module's docstring)."""
+
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    with_index: bool = False
+    drop_last: bool = False
+    start: int = 0  # batches of the pass passed over
+    buffer_bytes: int = BUFFER_BYTES
+    block_bytes: int = BLOCK_BYTES
+    split: tuple[int, int] = (0, 1)  # (reader, readers): this reader's share of the blocks
 
 
 def iter_batches(
-    dump: Dump,
-    keys: list[str],
-    batch_size: int,
-    *,
-    shuffle: bool = False,
-    seed: int = 0,
-    window: int = WINDOW,
+    dump: Dump, keys: list[str], options: PassOptions
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Batches of `batch_size` rows (the last may be smaller) of `keys`, as dicts."""
-    _check(dump, keys, batch_size, window)
-    blocks = [
-        (shard, lo, hi) for shard in dump.shards for lo, hi in dump.slices(shard, keys, BLOCK_BYTES)
-    ]
+    """Batches of `keys` as dicts of aligned tensors (see the module's docstring)."""
+    check(dump, keys, options)
+    # a row costs its bytes and its number and place in the buffer's order (int64 each,
+    # with a copy while they are joined): the budget bounds rows of zero bytes too
+    row_bytes = dump.row_bytes(keys) + ROW_OVERHEAD
+    # a buffer holds at least MIXED blocks (unless a row is larger than a block), and a pass
+    # at most MAX_BLOCKS (however many rows the shards claim)
+    block_rows = max(
+        1,
+        min(options.block_bytes, options.buffer_bytes // MIXED) // row_bytes,
+        -(-dump.num_samples // MAX_BLOCKS),
+    )
+    blocks = torch.cat([
+        _cut(shard["start"], shard["stop"], block_rows) for shard in dump.shards
+    ] or [torch.empty(0, 2, dtype=torch.int64)])  # fmt: skip
+    # two buffers: one given out while the next is read
+    group = max(1, options.buffer_bytes // 2 // (block_rows * row_bytes))
 
-    def read(block: tuple[dict[str, Any], int, int]) -> dict[str, torch.Tensor]:
-        shard, lo, hi = block
-        with dump.open_shard(shard, keys) as opened:
-            return {key: dump.read_rows(opened, shard, key, lo, hi) for key in keys}
-
-    return mixed_batches(blocks, read, batch_size, shuffle=shuffle, seed=seed, window=window,
-                         source=lambda block: block[0]["file"])  # fmt: skip
+    return pass_batches(blocks, ShardRows(dump, keys), options, group)
 
 
-def mixed_batches(
-    blocks: Sequence[Block],
-    read: Callable[[Block], dict[str, torch.Tensor]],
-    batch_size: int,
-    *,
-    shuffle: bool = False,
-    seed: int = 0,
-    window: int = WINDOW,
-    source: Callable[[Block], object] | None = None,
+def _cut(start: int, stop: int, rows: int) -> torch.Tensor:
+    """[blocks, 2]: `start:stop` cut into row ranges of `rows` (the last may be shorter)."""
+    lows = torch.arange(start, stop, rows, dtype=torch.int64)
+    return torch.stack([lows, (lows + rows).clamp(max=stop)], dim=1)
+
+
+@dataclass
+class _Buffer:
+    """Rows of a pass read into memory, and how they are given out."""
+
+    rows: torch.Tensor  # their row numbers, in the buffer's order
+    mixed: torch.Tensor | None  # the order they are given out in (None: as they are)
+    full: int  # whole batches in it
+    skip: int  # of those, passed over (resuming)
+    values: dict[str, torch.Tensor]
+    carried_in: int  # leading rows the buffer before leaves over, filled by the consumer
+    base: dict[str, torch.Tensor]  # the whole buffer `values` are the first rows of
+    last: bool = False  # the rows short of a batch at the end of the pass
+
+
+class _ReadAhead:
+    """The reading thread's controls: the two buffers (handed back to be filled again, so
+    their memory is reused, not faulted in anew), and a stop for a pass left early (its
+    consumer gone, or the interpreter ending) that the thread checks between reads."""
+
+    def __init__(self) -> None:
+        self.free: queue.Queue[dict[str, torch.Tensor] | None] = queue.Queue()
+        for _ in range(2):
+            self.free.put(None)  # not made yet
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def take(self, source: RowSource, capacity: int) -> dict[str, torch.Tensor] | None:
+        """A buffer of `capacity` rows once one is free (reused when it holds as many);
+        None once the pass is stopped."""
+        while not self.stop.is_set():
+            try:
+                free = self.free.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if free is not None and len(next(iter(free.values()))) >= capacity:
+                return free
+            return source.allocate(capacity)
+        return None
+
+
+_LIVE: weakref.WeakSet[_ReadAhead] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_reading() -> None:
+    """A pass still open at exit: its thread stops before the interpreter tears down (torch
+    aborts the process if a thread is inside it then)."""
+    live = list(_LIVE)
+    for control in live:
+        control.stop.set()
+    for control in live:
+        if control.thread is not None:
+            control.thread.join(timeout=30)
+
+
+def pass_batches(
+    blocks: torch.Tensor, source: RowSource, options: PassOptions, group: int
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """The algorithm of the module's docstring over any `blocks`, each read (as aligned
-    tensors of the same rows) by `read` only when its window comes: in order, or shuffled
-    `window` blocks at a time. `source` (a block's shard): shuffled blocks are taken from
-    the sources in turn, so that a window mixes as many shards as it can."""
-    generator = torch.Generator().manual_seed(seed)
-    order = list(blocks)
-    if shuffle:
-        order = [order[i] for i in torch.randperm(len(order), generator=generator).tolist()]
-        if source is not None:
-            order = _in_turn(order, source)
-    step = window if shuffle else 1
-    carry: dict[str, torch.Tensor] | None = None
-    for first in range(0, len(order), step):
-        pool = [read(block) for block in order[first : first + step]]
-        if carry is not None:
-            pool.insert(0, carry)
-        rows = _concat(pool)
-        del pool  # the blocks, now in `rows`
-        if shuffle:
-            permutation = torch.randperm(_rows(rows), generator=generator)
-            rows = {key: value[permutation] for key, value in rows.items()}
-        full = _rows(rows) - _rows(rows) % batch_size
-        for start in range(0, full, batch_size):
-            yield {key: value[start : start + batch_size] for key, value in rows.items()}
-        carry = {key: value[full:] for key, value in rows.items()} if full < _rows(rows) else None
-    if carry is not None:
-        yield carry
+    """The algorithm of the module's docstring over row ranges `blocks` ([n, 2], in row
+    order), read from `source` a buffer of `group` blocks at a time, on a thread that fills
+    the next buffer while this one is given out (two buffers at most)."""
+    control = _ReadAhead()
+    _LIVE.add(control)
+    leftover: dict[str, torch.Tensor] = {}
+    try:
+        for buffer in _read_ahead(_buffers(blocks, source, options, group, control), control):
+            values, size = buffer.values, options.batch_size
+            for key, value in values.items() if buffer.carried_in else ():
+                value[: buffer.carried_in] = leftover[key]
+            if buffer.last:
+                yield _batch(values, buffer.rows, None, 0, len(buffer.rows), options.with_index)
+            for batch in range(buffer.skip, buffer.full):
+                lo, hi = batch * size, (batch + 1) * size
+                yield _batch(values, buffer.rows, buffer.mixed, lo, hi, options.with_index)
+            done = buffer.full * size
+            leftover = _batch(values, buffer.rows, buffer.mixed, done, len(buffer.rows), False)
+            control.free.put(buffer.base)
+            del buffer, values
+    finally:
+        control.stop.set()  # a pass left early: the thread stops at its next read
 
 
-def _in_turn(blocks: list[Block], source: Callable[[Block], object]) -> list[Block]:
-    """`blocks` taken from their sources in turn (each source's in their order here, the
-    sources in the order they first appear): one block per source stays as it was."""
-    by_source: dict[object, list[Block]] = {}
-    for block in blocks:
-        by_source.setdefault(source(block), []).append(block)
-    queues = list(by_source.values())
-    turned: list[Block] = []
-    for depth in range(max((len(q) for q in queues), default=0)):
-        turned += [q[depth] for q in queues if depth < len(q)]
-    return turned
+_END = object()
 
 
-def _check(dump: Dump, keys: list[str], batch_size: int, window: int) -> None:
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+def _read_ahead(buffers: Iterator[_Buffer], control: _ReadAhead) -> Iterator[_Buffer]:
+    """`buffers` made on a thread of their own, one ahead; its error raised here. A stopped
+    pass ends the thread at its next step, whether it reads or waits to hand a buffer over."""
+    handed: queue.Queue[object] = queue.Queue(maxsize=1)
+
+    def hand(item: object) -> bool:
+        while not control.stop.is_set():
+            try:
+                handed.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for buffer in buffers:
+                if not hand(buffer):
+                    return
+            hand(_END)
+        except BaseException as exc:  # the consumer raises it, in its own thread
+            hand(_Failed(exc))
+
+    control.thread = threading.Thread(target=produce, name="hookdump-read", daemon=True)
+    control.thread.start()
+    while (item := handed.get()) is not _END:
+        if isinstance(item, _Failed):
+            raise item.error
+        assert isinstance(item, _Buffer)
+        yield item
+
+
+def _buffers(
+    blocks: torch.Tensor,
+    source: RowSource,
+    options: PassOptions,
+    group: int,
+    control: _ReadAhead,
+) -> Iterator[_Buffer]:
+    """The pass's buffers, filled in turn (each once a slot is free); buffers wholly before
+    `options.start` are drawn (their permutations) but not read."""
+    generator = torch.Generator().manual_seed(options.seed)
+    order = blocks
+    if options.shuffle:
+        order = blocks[torch.randperm(len(blocks), generator=generator)]
+    reader, readers = options.split
+    order = order[reader::readers]
+    size = options.batch_size
+    lengths = order[:, 1] - order[:, 0]
+    longest, total = (int(lengths.max()), int(lengths.sum())) if len(order) else (0, 0)
+    capacity = min(group * longest + size - 1, total)  # the most rows a buffer holds
+    carry = torch.empty(0, dtype=torch.int64)  # row numbers carried into the next buffer
+    passed = False  # the buffer before was passed over: the carried rows are read here
+    given = 0  # batches given out (or passed over) before this buffer
+    for first in range(0, len(order), group):
+        chosen = [(lo, hi) for lo, hi in order[first : first + group].tolist()]
+        rows = torch.cat([carry, *(torch.arange(lo, hi) for lo, hi in chosen)])
+        mixed = torch.randperm(len(rows), generator=generator) if options.shuffle else None
+        full = len(rows) // size
+        if given < options.start and given + full <= options.start:
+            carry, passed = _taken(rows, mixed, full * size, len(rows)), True
+            given += full
+            continue
+        filled = _filled(source, len(rows), carry, passed, chosen, control, capacity)
+        if filled is None:
+            return
+        yield _Buffer(rows, mixed, full, max(0, options.start - given), filled[0],
+                      0 if passed else len(carry), filled[1])  # fmt: skip
+        given += full
+        carry, passed = _taken(rows, mixed, full * size, len(rows)), False
+    if len(carry) and not options.drop_last and given >= options.start:
+        filled = _filled(source, len(carry), carry, passed, [], control, 0)
+        if filled is not None:
+            yield _Buffer(carry, None, 0, 0, filled[0], 0 if passed else len(carry), filled[1],
+                          last=True)  # fmt: skip
+
+
+def _filled(
+    source: RowSource,
+    count: int,
+    carry: torch.Tensor,
+    read_carry: bool,
+    blocks: list[RowRange],
+    control: _ReadAhead,
+    capacity: int,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+    """The first `count` rows of a free buffer (of `capacity` rows), and the buffer: room
+    for the carried rows (read one by one when their buffer was passed over: fewer than a
+    batch), then `blocks` read straight in, the disk asked for each next block while one is
+    read. None: the pass was stopped."""
+    base = control.take(source, max(count, capacity))
+    if base is None:
+        return None
+    values = {key: value[:count] for key, value in base.items()}
+    if read_carry:
+        for index, row in enumerate(carry.tolist()):
+            source.read_into(row, row + 1, {k: v[index : index + 1] for k, v in values.items()})
+    at = len(carry)
+    for index, (lo, hi) in enumerate(blocks):
+        if control.stop.is_set():
+            return None
+        if index + 1 < len(blocks):
+            source.will_need(*blocks[index + 1])
+        if hi > lo:
+            source.read_into(lo, hi, {k: v[at : at + hi - lo] for k, v in values.items()})
+        at += hi - lo
+    return values, base
+
+
+def _taken(rows: torch.Tensor, mixed: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:
+    return rows[lo:hi] if mixed is None else rows[mixed[lo:hi]]
+
+
+def _batch(
+    values: dict[str, torch.Tensor],
+    rows: torch.Tensor,
+    mixed: torch.Tensor | None,
+    lo: int,
+    hi: int,
+    with_index: bool,
+) -> dict[str, torch.Tensor]:
+    """Rows `lo:hi` of the buffer's order: a copy (a gather, or a slice made contiguous)."""
+    if mixed is None:
+        batch = {key: value[lo:hi].clone() for key, value in values.items()}
+    else:
+        at = mixed[lo:hi]
+        batch = {key: value[at] for key, value in values.items()}
+    if with_index:
+        batch[ROW] = _taken(rows, mixed, lo, hi)
+    return batch
+
+
+def check(dump: Dump, keys: list[str], options: PassOptions) -> None:
+    """The arguments of a pass, before anything is read."""
     if isinstance(keys, str) or not keys:
         raise HookdumpError(
             f"{opt('keys')} must be a non-empty list of keys, e.g. {dump.keys()[:1]}"
@@ -126,17 +348,10 @@ def _check(dump: Dump, keys: list[str], batch_size: int, window: int) -> None:
             f"{dump.path}: its tensors have different numbers of rows, so the rows of its keys "
             "are not the same samples; read each key with dump[key]"
         )
-    if batch_size < 1:
-        raise HookdumpError(f"{opt('batch_size')} {batch_size} must be at least 1")
-    if window < 1:
-        raise HookdumpError(f"{opt('window')} {window} must be at least 1")
-
-
-def _concat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    if len(parts) == 1:
-        return parts[0]
-    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-
-
-def _rows(tensors: dict[str, torch.Tensor]) -> int:
-    return next(iter(tensors.values())).shape[0]
+    numbers: dict[str, Any] = {
+        "batch_size": (options.batch_size, 1), "start": (options.start, 0),
+        "buffer_bytes": (options.buffer_bytes, 1), "block_bytes": (options.block_bytes, 1),
+    }  # fmt: skip
+    for name, (value, least) in numbers.items():
+        if not isinstance(value, int) or value < least:
+            raise HookdumpError(f"{opt(name)} {value} must be an integer of at least {least}")

@@ -27,7 +27,9 @@ from hookdump.format import (
     parse_key,
     validate_manifest,
 )
-from hookdump.store.batches import WINDOW, iter_batches
+from hookdump.store.batches import BUFFER_BYTES, PassOptions, iter_batches
+from hookdump.store.dataset import DumpDataset
+from hookdump.store.export import ExportResult, export
 from hookdump.store.folder import inside
 
 MAX_MANIFEST_BYTES = 1 << 30
@@ -123,6 +125,7 @@ class Dump(Mapping[str, torch.Tensor]):
     def __init__(self, path: str | Path) -> None:
         path = Path(path)
         self._headers_checked = True
+        self._checked: set[str] = set()  # shard files whose header agreed with the manifest
         self._key_rows: dict[str, int] = {}
         if path.is_file() and path.suffix == ".safetensors":
             path = path.resolve()  # the file the user named, wherever a link to it points
@@ -150,7 +153,7 @@ class Dump(Mapping[str, torch.Tensor]):
         rank's own part)."""
         dump = cls.__new__(cls)
         dump.path, dump.manifest, dump._headers_checked = folder, manifest, True
-        dump._key_rows = {}
+        dump._key_rows, dump._checked = {}, set()
         return dump
 
     @property
@@ -264,9 +267,13 @@ class Dump(Mapping[str, torch.Tensor]):
         self,
         keys: list[str],
         batch_size: int,
+        *,
         shuffle: bool = False,
         seed: int = 0,
-        window: int = WINDOW,
+        with_index: bool = False,
+        drop_last: bool = False,
+        start: int = 0,
+        buffer_bytes: int = BUFFER_BYTES,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Every row of `keys` once per pass, in batches of `batch_size` (the last may be
         smaller), as dicts of aligned tensors: for training probes or sparse autoencoders.
@@ -274,18 +281,74 @@ class Dump(Mapping[str, torch.Tensor]):
         Args:
             keys: the keys to read; row i of each is the same sample (or token).
             batch_size: rows per batch.
-            shuffle: rows in an order fixed by `seed`, mixed within a window of `window`
-                blocks of at most 32 MiB of `keys` (a small shard is one block; memory
-                holds that window; see `hookdump.store.batches`). Without it, rows come in
-                order, a block at a time.
+            shuffle: rows in an order drawn from the whole dump, fixed by `seed`: blocks of
+                about 8 MiB of `keys` read in a random order across all shards, their rows
+                mixed in buffers of half `buffer_bytes` (see `hookdump.store.batches`).
+                Without it, rows come in order.
             seed: fixes the shuffled order.
-            window: blocks whose rows are mixed together (at least 2 mixes blocks).
+            with_index: add `__row__`, each row's number in the dump (for sample ids,
+                labels, `__sample__`).
+            drop_last: leave out the last batch when it is short.
+            start: begin at this batch of the pass (resuming: the same order, the batches
+                before it not read).
+            buffer_bytes: the memory budget: two buffers of half of it, one given out while
+                the next is read (rows are mixed a buffer at a time).
 
         Example:
             >>> for batch in hookdump.load("acts/").batches(["layer4"], 256, shuffle=True):
             ...     train_step(batch["layer4"])
         """
-        return iter_batches(self, keys, batch_size, shuffle=shuffle, seed=seed, window=window)
+        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start,
+                              buffer_bytes)  # fmt: skip
+        return iter_batches(self, keys, options)
+
+    def dataset(
+        self,
+        keys: list[str],
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        with_index: bool = False,
+        drop_last: bool = False,
+        start: int = 0,
+        buffer_bytes: int = BUFFER_BYTES,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> DumpDataset:
+        """`batches` as a `torch.utils.data.IterableDataset` whose DataLoader workers and
+        torch.distributed ranks together give every row once (see
+        `hookdump.store.dataset`); use it with `DataLoader(ds, batch_size=None,
+        num_workers=N, pin_memory=True)`. `start` counts this rank's batches.
+        """
+        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start,
+                              buffer_bytes)  # fmt: skip
+        return DumpDataset(self, keys, options, rank, world_size)
+
+    def export(
+        self,
+        out: str | Path,
+        to: str,
+        *,
+        keys: str | list[str] | None = None,
+        hook_name: str | None = None,
+        overwrite: bool = False,
+    ) -> ExportResult:
+        """Write this dump in another format, as `hookdump export` does.
+
+        Args:
+            out: the folder to write (made whole in a temporary folder, then renamed).
+            to: `hf` (a `datasets.load_from_disk` folder), `saelens` (SAELens' cached
+                activations: packed token dumps only) or `npy` (a `.npy` per key).
+            keys: globs of the keys to write (default: all; `saelens`: one key).
+            hook_name: `saelens`: the activations' column, SAELens' `hook_name` (default:
+                the key).
+            overwrite: replace `out` when it holds a previous export.
+
+        Returns:
+            An `ExportResult`: the rows written and notes (a dtype written as another).
+        """
+        return export(self, out, to, keys=keys, hook_name=hook_name, overwrite=overwrite)
 
     @property
     def shards(self) -> list[dict[str, Any]]:
@@ -322,8 +385,9 @@ class Dump(Mapping[str, torch.Tensor]):
         opened = self._read(shard, handle.__enter__)  # torch maps the file here
         try:
             self._check_run(opened, shard)
-            if self._headers_checked:
+            if self._headers_checked and shard["file"] not in self._checked:
                 self._check_header(opened, shard, self.keys())
+                self._checked.add(shard["file"])  # of this run: the run id is checked above
             unknown = [key for key in keys if key not in self.tensors]
             if unknown:
                 raise KeyError(f"{unknown[0]!r} is not in {self.path}")

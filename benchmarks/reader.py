@@ -1,0 +1,150 @@
+"""Reading a dump back for training: `Dump.batches` in order and shuffled, against `dd`.
+
+A dump of token-row-like data (rows of 768 float32 plus an int64 id, 16 shards of 64 MiB:
+1 GiB) is written once with `hookdump.dump`. Before every pass the shards' pages are dropped
+from the page cache (`posix_fadvise(DONTNEED)`), so each pass reads from the disk:
+
+- `dd`: `dd if=SHARD of=/dev/null bs=8M` of every shard in turn, the disk's sequential read;
+- `in_order`: `Dump.batches(keys, 4096)`;
+- `shuffled`: `Dump.batches(keys, 4096, shuffle=True)` (default buffer, 256 MiB).
+
+Each pass runs in a fresh child process, which reports its rows/s, MB/s and its peak RSS
+above a child that only loads the dump (the memory the pass itself held). Passes run in
+turns, `--reps` times; medians with min-max.
+
+    python benchmarks/reader.py [--reps 5] [--only read]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+import torch
+
+ROW = 768  # float32 per row: GPT-2-small's residual stream
+ROWS = (1 << 30) // (ROW * 4 + 8)
+SHARD_BYTES = 64 << 20
+BATCH = 4096
+
+_CHILD = """
+import json, os, sys, time
+import hookdump
+path, how = sys.argv[1:3]
+dump = hookdump.load(path)
+keys = ["0", "ids"]
+def peak_kib():  # VmHWM: this process's own high-water mark (ru_maxrss keeps the parent's)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+before = peak_kib()
+start, rows = time.perf_counter(), 0
+if how != "load":
+    for batch in dump.batches(keys, 4096, shuffle=how == "shuffled", seed=0):
+        rows += len(batch["0"])
+    assert rows == dump.num_samples, (rows, dump.num_samples)
+seconds = time.perf_counter() - start
+peak = peak_kib()
+print(json.dumps({"seconds": seconds, "rows": rows, "bytes": rows * dump.row_bytes(keys),
+                  "peak_kib": peak, "before_kib": before}))
+"""
+
+
+class Job:
+    def __init__(self, scratch: Path) -> None:
+        import hookdump
+
+        self.scratch = scratch
+        self.dump = scratch / "dump"
+        model = _Rows()
+        batches = (
+            {"x": torch.randn(min(8192, ROWS - s), ROW), "i": torch.arange(s, min(s + 8192, ROWS))}
+            for s in range(0, ROWS, 8192)
+        )
+        hookdump.dump(model, batches, self.dump, layers=["0", "ids"], forward=_call,
+                      shard_size=SHARD_BYTES, progress=False)  # fmt: skip
+
+
+class _Rows(torch.nn.Module):
+    """Returns its input: row i of key `0` is batch row i, `ids` its number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_module("0", torch.nn.Identity())
+        self.ids = torch.nn.Identity()
+
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        self.ids(i)
+        return getattr(self, "0")(x)
+
+
+def _call(model: Any, batch: dict[str, torch.Tensor]) -> Any:
+    return model(batch["x"], batch["i"])
+
+
+def child(path: Path, how: str) -> dict[str, Any]:
+    harness.drop_from_page_cache(path)
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), how], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def dd(path: Path) -> dict[str, Any]:
+    harness.drop_from_page_cache(path)
+    shards = sorted(path.glob("*.safetensors"))
+    start = time.perf_counter()
+    for shard in shards:
+        subprocess.run(["dd", f"if={shard}", "of=/dev/null", "bs=8M"], check=True,
+                       capture_output=True)  # fmt: skip
+    return {"seconds": time.perf_counter() - start,
+            "bytes": sum(s.stat().st_size for s in shards)}  # fmt: skip
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def bench_read(job: Job, reps: int) -> dict[str, Any]:
+    import hookdump
+
+    dump = hookdump.load(job.dump)
+    runs: dict[str, list[dict[str, Any]]] = {"dd": [], "in_order": [], "shuffled": []}
+    base = child(job.dump, "load")["peak_kib"]
+    for _ in range(reps):
+        runs["dd"].append(dd(job.dump))
+        runs["in_order"].append(child(job.dump, "in_order"))
+        runs["shuffled"].append(child(job.dump, "shuffled"))
+    mb_s = {name: [r["bytes"] / r["seconds"] / 1e6 for r in found] for name, found in runs.items()}
+    rows_s = {name: [r["rows"] / r["seconds"] for r in runs[name]]
+              for name in ("in_order", "shuffled")}  # fmt: skip
+    ratio = {
+        name: [s / d for s, d in zip(mb_s[name], mb_s["dd"], strict=True)]
+        for name in ("in_order", "shuffled")
+    }
+    return {
+        "rows": dump.num_samples,
+        "shards": len(dump.shards),
+        "dump_bytes": runs["dd"][0]["bytes"],
+        "mb_per_s": {name: spread(values) for name, values in mb_s.items()},
+        "rows_per_s": {name: spread(values) for name, values in rows_s.items()},
+        "vs_dd": {name: spread(values) for name, values in ratio.items()},
+        "peak_rss_mib": {
+            "loaded": base / 1024,
+            **{
+                name: spread([r["peak_kib"] / 1024 for r in runs[name]])
+                for name in ("in_order", "shuffled")
+            },
+        },
+    }
+
+
+BENCHMARKS = {"read": bench_read}
+
+if __name__ == "__main__":
+    harness.main(__doc__.splitlines()[0], BENCHMARKS, Job)

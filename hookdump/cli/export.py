@@ -1,0 +1,61 @@
+"""`hookdump export`: a dump rewritten as a datasets folder, SAELens' cache, or .npy files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookdump.cli import _output
+from hookdump.cli._options import JsonOpt, KeysOpt, QuietOpt
+
+
+def export(
+    dump: Annotated[Path, typer.Argument(metavar="DUMP", help="The dump.", show_default=False)],
+    out: Annotated[
+        Path, typer.Argument(metavar="OUT", help="The folder to write.", show_default=False)
+    ],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            metavar="FORMAT",
+            help="hf (a datasets.load_from_disk folder), saelens (SAELens' cached activations, "
+            "from a packed --per-token dump) or npy (a .npy per key).",
+            show_default=False,
+        ),
+    ],
+    keys: KeysOpt = None,
+    hook_name: Annotated[
+        str | None,
+        typer.Option(
+            "--hook-name",
+            metavar="NAME",
+            help="saelens: the activations' column, SAELens' hook_name (default: the key).",
+            show_default=False,
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace OUT when it holds a previous export.")
+    ] = False,
+    json_output: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write a dump in another format, a chunk at a time, into a folder made whole first."""
+    import hookdump
+
+    result = hookdump.load(dump).export(out, to, keys=list(keys or []) or None,
+                                        hook_name=hook_name, overwrite=overwrite)  # fmt: skip
+    if json_output:
+        _output.print_json({"out": str(result.out), "to": result.to, "rows": result.rows,
+                            "keys": result.keys, "notes": result.notes})  # fmt: skip
+        return
+    for note in result.notes:
+        _output.stderr().print(f"note: {note}", markup=False, highlight=False)
+    if not quiet:
+        what = "sequences" if result.to == "saelens" else "rows"
+        _output.stdout().print(
+            f"{result.rows} {what} of {len(result.keys)} key{'s' if len(result.keys) != 1 else ''}"
+            f" -> {result.out} ({result.to})", markup=False, highlight=False,
+        )  # fmt: skip

@@ -1,0 +1,74 @@
+"""`Dump.dataset`: a pass of `Dump.batches` as a `torch.utils.data.IterableDataset`, split
+across DataLoader workers and torch.distributed ranks.
+
+Each of the `workers x ranks` readers takes every n-th block of the pass's block order (see
+`hookdump.store.batches`), so together they read every row once, and each mixes its own
+rows in a buffer of its own (memory: a buffer per worker). The dataset yields whole batches:
+give the DataLoader `batch_size=None`. Readers may end a few batches apart, since their
+blocks hold different numbers of rows; with `drop_last` every batch is whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from hookdump.store.batches import PassOptions, check, iter_batches
+
+if TYPE_CHECKING:
+    from hookdump.store.reader import Dump
+
+
+class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
+    """Batches of `keys` from `dump`, this process's and this worker's share of a pass.
+
+    `options.start` counts the batches this rank's DataLoader gave out before (it takes
+    them from its workers in turn), so a rank resumes at its own step, in the same order
+    while every worker has batches left. `rank` and
+    `world_size` default to torch.distributed's (0 and 1 when it is not initialised).
+    `set_epoch(n)` draws pass n's order (seed + n) in every rank alike.
+    """
+
+    def __init__(
+        self,
+        dump: Dump,
+        keys: list[str],
+        options: PassOptions,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        check(dump, keys, options)
+        self.dump, self.keys, self.options = dump, list(keys), options
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        rank, world = self._ranks()
+        start = self.options.start
+        # the DataLoader takes a batch from each worker in turn, from worker 0: a pass
+        # resumed at batch `start` gives worker 0 the share that was next in turn
+        share = (worker + start) % workers
+        options = dataclasses.replace(
+            self.options, seed=self.options.seed + self.epoch,
+            start=start // workers + int(share < start % workers),
+            split=(rank * workers + share, world * workers),
+        )  # fmt: skip
+        return iter_batches(self.dump, self.keys, options)
+
+    def _ranks(self) -> tuple[int, int]:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = self.rank if self.rank is not None else (
+            torch.distributed.get_rank() if distributed else 0
+        )  # fmt: skip
+        world = self.world_size if self.world_size is not None else (
+            torch.distributed.get_world_size() if distributed else 1
+        )  # fmt: skip
+        return rank, world

@@ -1,0 +1,405 @@
+"""`hookdump export` and `Dump.export`: a dump rewritten in a format other tools read.
+
+- `hf`: a Hugging Face `datasets` folder (`datasets.load_from_disk` reads it): a row per
+  dump row, a column per key (a fixed-shape array), and `__sample_id__`, the row's sample id
+  as a string (for token rows, its sequence's);
+- `saelens`: the layout SAELens' cached-activations path reads (`cached_activations_path`):
+  a `datasets` folder with a row per sequence, the `[context_size, d_in]` activations of one
+  key under the hook's name, and `token_ids` (int32). Only a dump of token rows whose every
+  sequence gives the same number of consecutive tokens fits (a packed `--per-token` dump);
+- `npy`: one `.npy` file per key (`numpy.load(mmap_mode="r")` maps it), `index.json` naming
+  each key's file, and `sample_ids.json`.
+
+Rows are read in order a chunk at a time (`Dump.batches`) and written as they come: memory
+holds a chunk, never a key or a shard. Everything is written into a temporary folder beside
+`out`, renamed into place when complete: an interrupted export leaves no half folder, and
+`overwrite` replaces a previous export only once the new one is whole. A format without
+bfloat16 (arrow, numpy) gets float32, and the result says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.store.folder import inside
+
+if TYPE_CHECKING:
+    from hookdump.store.reader import Dump
+
+FORMATS = ("hf", "saelens", "npy")
+MARKER = "hookdump-export.json"  # in every export: what `overwrite` may replace
+CHUNK_BYTES = 64 << 20  # rows read and written at a time
+ARROW_FILE_BYTES = 512 << 20  # a `datasets` folder's arrow files are about this large
+TOKEN_KEYS = ("__token_ids__", "__sample__", "__position__")
+SAMPLE_ID = "__sample_id__"
+WIDENED = {"bfloat16": "float32"}  # dtypes arrow and numpy lack, and what they become
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote."""
+
+    out: Path
+    to: str
+    rows: int  # rows written: the dump's, or sequences for `saelens`
+    keys: list[str]
+    notes: list[str] = field(default_factory=list)  # e.g. a dtype written as another
+
+
+def export(
+    dump: Dump,
+    out: str | Path,
+    to: str,
+    *,
+    keys: str | list[str] | None = None,
+    hook_name: str | None = None,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Write `dump` (its `keys`, globs; default every key) to `out` in format `to` (see the
+    module's docstring); a non-empty `out` only with `overwrite`, and only when it holds a
+    previous export."""
+    if to not in FORMATS:
+        raise HookdumpError(f"{opt('to')} {to!r} is not a format; give one of {', '.join(FORMATS)}")
+    if not dump.complete:
+        raise HookdumpError(
+            f"{dump.path} is incomplete; finish it with {opt('resume', True)} before exporting"
+        )
+    chosen = _select(dump, [keys] if isinstance(keys, str) else list(keys or ["*"]))
+    if dump.ragged:
+        raise HookdumpError(
+            f"{dump.path}: its tensors have different numbers of rows; export needs rows aligned"
+        )
+    target = Path(out)
+    _check_out(dump, target, overwrite)
+    temp = target.parent / f".{target.name}.export-{uuid.uuid4().hex[:8]}"
+    temp.mkdir(parents=True)
+    try:
+        result = _WRITERS[to](dump, chosen, temp, hook_name)
+        result.out = target
+        (temp / MARKER).write_text(json.dumps({
+            "format": to, "dump": str(dump.path), "run_id": dump.manifest.get("run_id"),
+            "rows": result.rows, "keys": result.keys, "notes": result.notes,
+        }, indent=2) + "\n")  # fmt: skip
+        _into_place(temp, target)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return result
+
+
+def _select(dump: Dump, patterns: list[str]) -> list[str]:
+    chosen: list[str] = []
+    for pattern in patterns:
+        found = [key for key in dump if fnmatchcase(key, pattern)]
+        if not found:
+            raise HookdumpError(
+                f"{opt('keys')} {pattern!r} matches no key of {dump.path}"
+                f"{did_you_mean(pattern, dump.keys())}"
+            )
+        chosen += [key for key in found if key not in chosen]
+    return chosen
+
+
+def _check_out(dump: Dump, out: Path, overwrite: bool) -> None:
+    real, source = os.path.realpath(out), os.path.realpath(dump.path)
+    if real == source or inside(real, source) or inside(source, real):
+        raise HookdumpError(
+            f"{opt('out')} {out} and the dump {dump.path} overlap; export to a folder of its own"
+        )
+    if out.exists() and not out.is_dir():
+        raise HookdumpError(f"{out} is a file; export to a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise HookdumpError(f"{out} is not empty; give {opt('overwrite', True)} to replace it")
+        if not (out / MARKER).is_file():
+            raise HookdumpError(
+                f"{out} is not empty and holds no export of hookdump ({MARKER}); "
+                f"{opt('overwrite', True)} replaces only an export: choose another folder"
+            )
+
+
+def _into_place(temp: Path, out: Path) -> None:
+    if not out.exists():
+        temp.rename(out)
+        return
+    old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
+    out.rename(old)
+    temp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _chunks(dump: Dump, keys: list[str]) -> Iterator[dict[str, torch.Tensor]]:
+    rows = max(1, CHUNK_BYTES // max(1, dump.row_bytes(keys)))
+    yield from dump.batches(keys, rows)
+
+
+def _widened(dtype: str, key: str, notes: list[str]) -> str:
+    if dtype in WIDENED:
+        notes.append(f"{key}: {dtype} written as {WIDENED[dtype]} (the format has no {dtype})")
+        return WIDENED[dtype]
+    return dtype
+
+
+def _numpy(tensor: torch.Tensor, dtype: str) -> np.ndarray[Any, Any]:
+    if str(tensor.dtype).removeprefix("torch.") != dtype:
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+# --- npy -----------------------------------------------------------------------------------
+
+
+def _npy(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> ExportResult:
+    notes: list[str] = []
+    index: dict[str, dict[str, Any]] = {}
+    arrays = {}
+    names = _file_names(keys)
+    for key in keys:
+        meta = dump.tensors[key]
+        dtype = _widened(meta["dtype"], key, notes)
+        file = f"{names[key]}.npy"
+        arrays[key] = np.lib.format.open_memmap(
+            temp / file, mode="w+", dtype=np.dtype(dtype), shape=(dump.num_samples, *meta["shape"])
+        )
+        index[key] = {"file": file, "dtype": dtype, "shape": meta["shape"]}
+    row = 0
+    for chunk in _chunks(dump, keys) if dump.num_samples else ():
+        size = len(chunk[keys[0]])
+        for key in keys:
+            arrays[key][row : row + size] = _numpy(chunk[key], index[key]["dtype"])
+        row += size
+    for array in arrays.values():
+        array.flush()
+    del arrays
+    (temp / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (temp / "sample_ids.json").write_text(json.dumps(dump.sample_ids) + "\n")
+    return ExportResult(temp, "npy", dump.num_samples, keys, notes)
+
+
+def _file_names(keys: list[str]) -> dict[str, str]:
+    """A file name per key: characters other than letters, digits, `.`, `@`, `-`, `_` made
+    `_`, a leading dot too, and a number added where two would meet."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for key in keys:
+        base = re.sub(r"[^A-Za-z0-9.@_-]", "_", key)
+        base = "_" + base[1:] if base.startswith(".") else base
+        name, n = base, 1
+        while name.lower() in taken:
+            name, n = f"{base}-{n}", n + 1
+        taken.add(name.lower())
+        names[key] = name
+    return names
+
+
+# --- datasets (hf and saelens) -------------------------------------------------------------
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise HookdumpError(
+            f"{opt('to')} hf and saelens write a datasets folder, which needs the datasets "
+            "package: pip install 'hookdump[export]'"
+        ) from None
+    return datasets
+
+
+def _feature(datasets: Any, shape: list[int], dtype: str) -> Any:
+    """A column of fixed-shape rows: a value, a fixed-length list, or an ArrayND."""
+    if not shape:
+        return datasets.Value(dtype)
+    if len(shape) == 1:
+        return datasets.Sequence(datasets.Value(dtype), length=shape[0])
+    if len(shape) > 5:
+        raise HookdumpError(
+            f"{opt('to')} hf: a row of {len(shape)} dimensions {shape} has no datasets feature "
+            f"(at most 5); export it with {opt('to')} npy"
+        )
+    arrays = [datasets.Array2D, datasets.Array3D, datasets.Array4D, datasets.Array5D]
+    return arrays[len(shape) - 2](shape=tuple(shape), dtype=dtype)
+
+
+class _ArrowFolder:
+    """A `datasets` folder written a batch of rows at a time, in arrow files of about
+    ARROW_FILE_BYTES, finished with the `state.json` and `dataset_info.json` that
+    `save_to_disk` writes."""
+
+    def __init__(self, folder: Path, features: Any) -> None:
+        self.datasets = _datasets()
+        self.folder, self.features = folder, features
+        self.files: list[str] = []
+        self._writer: Any = None
+        self._bytes = 0
+
+    def write(self, columns: dict[str, Any], nbytes: int) -> None:
+        if self._writer is None or self._bytes >= ARROW_FILE_BYTES:
+            self._close()
+            from datasets.arrow_writer import ArrowWriter
+
+            name = f"data-{len(self.files):05d}.arrow"
+            self.files.append(name)
+            self._writer = ArrowWriter(features=self.features, path=str(self.folder / name))
+            self._bytes = 0
+        self._writer.write_batch(columns)
+        self._bytes += nbytes
+
+    def finish(self) -> None:
+        if not self.files:  # no row: one empty file, as save_to_disk writes
+            self.write({name: [] for name in self.features}, 0)
+        self._close()
+        count = len(self.files)
+        named = [f"data-{i:05d}-of-{count:05d}.arrow" for i in range(count)]
+        for old, new in zip(self.files, named, strict=True):
+            (self.folder / old).rename(self.folder / new)
+        state: dict[str, Any] = {
+            "_data_files": [{"filename": name} for name in named],
+            "_fingerprint": uuid.uuid4().hex[:16], "_format_columns": None,
+            "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
+            "_split": None,
+        }  # fmt: skip
+        (self.folder / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        self.datasets.DatasetInfo(features=self.features).write_to_directory(str(self.folder))
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.finalize()
+            self._writer.close()
+            self._writer = None
+
+
+def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> ExportResult:
+    datasets = _datasets()
+    notes: list[str] = []
+    dtypes = {key: _widened(dump.tensors[key]["dtype"], key, notes) for key in keys}
+    features = datasets.Features({
+        **{key: _feature(datasets, dump.tensors[key]["shape"], dtypes[key]) for key in keys},
+        SAMPLE_ID: datasets.Value("string"),
+    })  # fmt: skip
+    tokens = dump.manifest.get("rows") == "tokens"
+    read = keys + (["__sample__"] if tokens and "__sample__" not in keys else [])
+    ids = dump.sample_ids
+    folder = _ArrowFolder(temp, features)
+    row = 0
+    for chunk in _chunks(dump, read) if dump.num_samples else ():
+        size = len(chunk[read[0]])
+        samples = chunk["__sample__"].tolist() if tokens else range(row, row + size)
+        columns: dict[str, Any] = {key: _numpy(chunk[key], dtypes[key]) for key in keys}
+        columns[SAMPLE_ID] = [str(ids[i]) if 0 <= i < len(ids) else str(i) for i in samples]
+        folder.write(columns, size * dump.row_bytes(keys))
+        row += size
+    folder.finish()
+    return ExportResult(temp, "hf", dump.num_samples, keys, notes)
+
+
+def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> ExportResult:
+    datasets = _datasets()
+    captured = [key for key in keys if key not in TOKEN_KEYS]
+    if dump.manifest.get("rows") != "tokens" or any(k not in dump for k in TOKEN_KEYS):
+        raise HookdumpError(
+            f"{opt('to')} saelens needs token rows ({opt('per_token', True)}, packed with "
+            f"{opt('context_size')}); {dump.path} holds a row per sample"
+        )
+    if len(captured) != 1:
+        raise HookdumpError(
+            f"{opt('to')} saelens writes one key under the hook's name; {opt('keys')} chose "
+            f"{len(captured)} ({', '.join(captured[:4])}): give {opt('keys')} one key"
+        )
+    key = captured[0]
+    shape = dump.tensors[key]["shape"]
+    if len(shape) != 1:
+        raise HookdumpError(
+            f"{opt('to')} saelens: {key!r} has rows of shape {shape}; SAELens trains on "
+            "vectors [d_in]"
+        )
+    notes: list[str] = []
+    dtype = _widened(dump.tensors[key]["dtype"], key, notes)
+    sequences = _sequences(dump, key)
+    first = next(sequences, None)
+    if first is None:
+        raise HookdumpError(f"{dump.path} holds no token row to export")
+    context = first[1].shape[1]
+    name = hook_name or key
+    folder = _ArrowFolder(temp, datasets.Features({
+        name: datasets.Array2D(shape=(context, shape[0]), dtype=dtype),
+        "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
+    }))  # fmt: skip
+    count = 0
+    for acts, token_ids in _chain_first(first, sequences):
+        folder.write({name: _numpy(acts, dtype), "token_ids": token_ids.int().numpy()},
+                     acts.numel() * acts.element_size())  # fmt: skip
+        count += len(acts)
+    folder.finish()
+    notes.append(f"{count} sequences of {context} tokens: SAELens' context_size is {context}, "
+                 f"d_in {shape[0]}, hook_name {name!r}")  # fmt: skip
+    return ExportResult(temp, "saelens", count, [key], notes)
+
+
+def _chain_first(
+    first: tuple[torch.Tensor, torch.Tensor], rest: Iterator[tuple[torch.Tensor, torch.Tensor]]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    yield first
+    yield from rest
+
+
+def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Whole sequences of token rows, [sequences, context, d_in] and [sequences, context],
+    a chunk at a time; a sequence of another length, or whose positions do not follow each
+    other, is refused in one line."""
+    read = [key, *TOKEN_KEYS]
+    context: int | None = None
+    held: dict[str, torch.Tensor] | None = None  # rows of a sequence cut by a chunk's end
+    for chunk in _chunks(dump, read):
+        if held is not None:
+            chunk = {k: torch.cat([held[k], chunk[k]]) for k in read}
+        samples = chunk["__sample__"]
+        cuts = (samples[1:] != samples[:-1]).nonzero().flatten() + 1
+        bounds = [0, *cuts.tolist(), len(samples)]
+        context = context or (bounds[1] - bounds[0] if len(bounds) > 2 else None)
+        whole = bounds[-2] if len(bounds) > 2 else 0  # the last run may go on in the next chunk
+        for lo, hi in itertools.pairwise(bounds):
+            if hi <= whole:
+                _check_sequence(dump, chunk, lo, hi, context)
+        if context is not None and whole:
+            yield (chunk[key][:whole].reshape(-1, context, *chunk[key].shape[1:]),
+                   chunk["__token_ids__"][:whole].reshape(-1, context))  # fmt: skip
+        held = {k: v[whole:] for k, v in chunk.items()}
+    if held is not None and len(held[key]):
+        size = len(held[key])
+        context = context or size
+        _check_sequence(dump, held, 0, size, context)
+        yield (held[key].reshape(1, size, *held[key].shape[1:]),
+               held["__token_ids__"].reshape(1, size))  # fmt: skip
+
+
+def _check_sequence(
+    dump: Dump, rows: dict[str, torch.Tensor], lo: int, hi: int, context: int | None
+) -> None:
+    positions = rows["__position__"][lo:hi]
+    steps = positions[1:] - positions[:-1]
+    if hi - lo != context or bool((steps != 1).any()):
+        sample = int(rows["__sample__"][lo])
+        raise HookdumpError(
+            f"{opt('to')} saelens needs every sequence's tokens in order, as many each: sample "
+            f"{sample} of {dump.path} has {hi - lo} token rows"
+            f"{'' if hi - lo != context else ' not in order'}, not {context} (a dump packed "
+            f"with {opt('context_size')}, without {opt('skip_special_tokens', True)}, fits)"
+        )
+
+
+_WRITERS = {"npy": _npy, "hf": _hf, "saelens": _saelens}

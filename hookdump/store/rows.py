@@ -1,0 +1,146 @@
+"""Rows of a dump's shards read straight into a caller's buffer with `os.preadv`: no memory
+map, no intermediate tensor, one copy from the kernel, in as large a read as the rows make.
+`Dump.batches` reads this way.
+
+A shard is checked once (its run id, and its header against the manifest, by
+`Dump.open_shard`), and its tensors' byte offsets are taken from its header, each checked to
+hold exactly the rows the manifest gives it inside the file. A shard whose file changed
+since (another inode, size or time: another run wrote over the dump) is checked again, so
+a replaced shard is an `InvalidDump`, never another run's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hookdump.errors import InvalidDump
+from hookdump.format import ITEMSIZE
+
+if TYPE_CHECKING:
+    from hookdump.store.reader import Dump
+
+MAX_HEADER = 100_000_000  # safetensors' own limit on a header's bytes
+TORCH_DTYPES = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Layout:
+    identity: tuple[int, int, int, int]  # the file as checked: device, inode, size, mtime
+    offsets: dict[str, int]  # key -> the byte in the file where its first row starts
+
+
+class ShardRows:
+    """Rows of `keys` of `dump`, read into buffers `allocate` makes."""
+
+    def __init__(self, dump: Dump, keys: list[str]) -> None:
+        self.dump, self.keys = dump, list(keys)
+        self._layouts: dict[str, _Layout] = {}
+
+    def row_bytes(self, key: str) -> int:
+        meta = self.dump.tensors[key]
+        return math.prod(meta["shape"]) * ITEMSIZE[meta["dtype"]]
+
+    def allocate(self, count: int) -> dict[str, torch.Tensor]:
+        """Empty tensors of `count` rows of each key, as the manifest shapes them."""
+        return {
+            key: torch.empty((count, *self.dump.tensors[key]["shape"]),
+                             dtype=TORCH_DTYPES[self.dump.tensors[key]["dtype"]])
+            for key in self.keys
+        }  # fmt: skip
+
+    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
+        """Rows `lo:hi` (dump row numbers, inside one shard) into `out` (`hi - lo` rows of
+        each key, contiguous)."""
+        shard = self.dump.shard_of(lo)
+        path = self.dump.shard_path(shard)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
+        try:
+            layout = self._layout(shard, fd)
+            for key in self.keys:
+                size = self.row_bytes(key)
+                want = (hi - lo) * size
+                if want == 0:
+                    continue
+                target = out[key].view(torch.uint8).numpy().data.cast("B")
+                got = os.preadv(fd, [target], layout.offsets[key] + (lo - shard["start"]) * size)
+                if got != want:
+                    raise InvalidDump(
+                        f"shard {path} ended inside {key!r}'s rows (read {got} of {want} bytes)"
+                    )
+        except OSError as exc:
+            raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+
+    def will_need(self, lo: int, hi: int) -> None:
+        """Ask the disk for rows `lo:hi` ahead of their read (a hint: errors wait for it)."""
+        shard = self.dump.shard_of(lo)
+        layout = self._layouts.get(shard["file"])
+        if layout is None or not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = os.open(self.dump.shard_path(shard), os.O_RDONLY)
+        except (OSError, InvalidDump):
+            return
+        try:
+            for key in self.keys:
+                size = self.row_bytes(key)
+                start = layout.offsets[key] + (lo - shard["start"]) * size
+                os.posix_fadvise(fd, start, (hi - lo) * size, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _layout(self, shard: dict[str, Any], fd: int) -> _Layout:
+        status = os.fstat(fd)
+        identity = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+        known = self._layouts.get(shard["file"])
+        if known is not None and known.identity == identity:
+            return known
+        with self.dump.open_shard(shard, self.keys):  # its run id and header, checked
+            pass
+        layout = _Layout(identity, self._offsets(shard, fd, status.st_size))
+        self._layouts[shard["file"]] = layout
+        return layout
+
+    def _offsets(self, shard: dict[str, Any], fd: int, size: int) -> dict[str, int]:
+        where = f"shard {self.dump.path / shard['file']}"
+        head = os.pread(fd, 8, 0)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < length <= min(MAX_HEADER, size - 8):
+            raise InvalidDump(f"{where}: its header length {length} does not fit the file")
+        try:
+            header = json.loads(os.pread(fd, length, 8))
+        except ValueError:
+            raise InvalidDump(f"{where}: its header is not JSON") from None
+        rows = shard["stop"] - shard["start"]
+        offsets = {}
+        for key in self.keys:
+            entry = header.get(key) if isinstance(header, dict) else None
+            span = entry.get("data_offsets") if isinstance(entry, dict) else None
+            if not (isinstance(span, list) and len(span) == 2
+                    and all(type(v) is int for v in span)):  # fmt: skip
+                raise InvalidDump(f"{where}: no byte offsets for {key!r} in its header")
+            begin, end = span
+            if end - begin != rows * self.row_bytes(key) or begin < 0 or 8 + length + end > size:
+                raise InvalidDump(
+                    f"{where}: {key!r}'s bytes {begin}:{end} are not its {rows} rows inside the "
+                    "file"
+                )
+            offsets[key] = 8 + length + begin
+        return offsets
