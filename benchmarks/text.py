@@ -16,7 +16,7 @@ block's output dumped with `--per-token`:
 - reading: rows/s of `Dump.batches(shuffle=True)` against in-order reading of the same dump,
   its pages dropped from the page cache before each pass (`benchmarks/reader.py` measures
   the reader against `dd`);
-- padding: one document per sample with `--per-token` on documents of 5 to 120 words: the
+- padding: one document per sample with `--per-token` on documents of 2 to 80 words: the
   forward loop's seconds with every batch padded to `--max-length` (as before dynamic
   padding), padded to its longest document, and that with `--sort-by-length`, and the
   fraction of the positions computed that were real tokens.
@@ -262,7 +262,7 @@ def bench_padding(job: Job, reps: int) -> dict[str, Any]:
     rng = random.Random(1)
     words = job.corpus.read_text().split()
     corpus = job.scratch / "varied.txt"
-    corpus.write_text("".join(" ".join(rng.choices(words, k=rng.randint(5, 120))) + "\n"
+    corpus.write_text("".join(" ".join(rng.choices(words, k=rng.randint(2, 80))) + "\n"
                               for _ in range(SAMPLES)))  # fmt: skip
     fractions: dict[str, float | None] = {}
 
