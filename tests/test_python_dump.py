@@ -100,6 +100,14 @@ def test_batches_of_different_sizes_and_a_single_tensor(tmp_path: Path) -> None:
     torch.testing.assert_close(one["2"], expected[4:8], rtol=0, atol=0)  # one batch, cut to 4
 
 
+def test_the_manifest_records_the_precision_the_forward_ran_in(tmp_path: Path) -> None:
+    model = _net().eval().to(torch.bfloat16)
+    d = hookdump.dump(model, torch.randn(2, 4, dtype=torch.bfloat16), tmp_path / "d", layers=["2"])
+    assert d.manifest["dtype"] == "bfloat16" and d["2"].dtype == torch.bfloat16
+    plain = hookdump.dump(_net(), torch.randn(2, 4), tmp_path / "f", layers=["2"])
+    assert plain.manifest["dtype"] == "float32"
+
+
 def test_the_model_runs_in_the_mode_asked_and_comes_back_as_it_was(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train()
     model[0].eval()  # a mixed mode, to be put back exactly

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import torch
+
 import hookdump
 from hookdump.engine.options import RunOptions
 from hookdump.format import dtype_name
@@ -46,7 +48,7 @@ def manifest_fields(
         "grad_target": capture.grad_target if "grad" in capture.kinds else None,
         "seed": options.model.seed,
         "device": str(loaded.device),
-        "dtype": dtype_name(options.dtype),
+        "dtype": _forward_dtype(options, loaded),
         "save_dtype": dtype_name(options.dump.save_dtype) if options.dump.save_dtype else None,
         "train": loaded.module.training,
         "batch_size": options.input.batch_size if feed.input_type != "python" else None,
@@ -58,6 +60,15 @@ def manifest_fields(
         | {"python": platform.python_version()},
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+def _forward_dtype(options: RunOptions, loaded: LoadedModel) -> str:
+    """The precision the forward ran in: the autocast dtype given, else the model's own
+    (a live bfloat16 module runs in bfloat16 whatever the default says)."""
+    if options.dtype != torch.float32:
+        return dtype_name(options.dtype)
+    floating = (p.dtype for p in loaded.module.parameters() if p.is_floating_point())
+    return dtype_name(next(floating, torch.float32))
 
 
 def _input(
