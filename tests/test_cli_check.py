@@ -136,6 +136,8 @@ def test_inspect_reports_an_incomplete_dump_and_what_is_missing(tmp_path: Path) 
     assert "INCOMPLETE" in result.stdout
     assert "shard-00001.safetensors (samples 2:4) is missing" in result.stdout
     assert "incomplete dump" in result.stderr
+    checked = invoke("inspect", str(out), "--check")
+    assert checked.exit_code == 1 and "INCOMPLETE" in checked.stdout
 
     (out / "shard-00000.safetensors").unlink()
     result = invoke("inspect", str(out))
@@ -149,6 +151,11 @@ def test_inspect_reports_an_incomplete_dump_and_what_is_missing(tmp_path: Path) 
     data = json.loads(invoke("inspect", str(out), "--json").stdout)
     assert data["complete"] is False
     assert any("manifest says incomplete" in p for p in data["problems"])
+
+
+def test_inspect_check_passes_a_complete_dump(tmp_path: Path) -> None:
+    result = invoke("inspect", str(dump(tmp_path / "d")), "--check")
+    assert result.exit_code == 0 and "complete" in result.stdout and result.stderr == ""
 
 
 def test_inspect_reads_a_lone_shard_file(tmp_path: Path) -> None:

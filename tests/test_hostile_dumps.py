@@ -297,6 +297,7 @@ def test_leftovers_of_an_interrupted_run_are_reported(base: Path, tmp_path: Path
     assert result.exit_code == 0
     assert "warning:" in result.stderr
     assert ".hookdump-old-12-ab, shard-00002.safetensors.tmp2" in result.stderr
+    assert invoke("inspect", str(dump), "--check").exit_code == 1  # leftovers fail a check
 
 
 assert ENV  # the shared CLI environment is what `invoke` uses

@@ -19,6 +19,12 @@ def inspect(
             metavar="PATH", help="A dump folder or one .safetensors file.", show_default=False
         ),
     ],
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Exit 1 when the dump is incomplete or holds leftovers (for CI)."
+        ),
+    ] = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Summarise an existing dump (or one .safetensors file) and say what is missing."""
@@ -33,3 +39,5 @@ def inspect(
     if not found.complete:
         problem = for_cli(found.problems[0])
         typer.echo(f"warning: {path} is an incomplete dump: {problem}", err=True)
+        if check:
+            raise typer.Exit(1)
