@@ -125,3 +125,32 @@ def test_a_real_terminal_gets_rich_colours_but_no_hostile_sequence(tmp_path: Pat
     assert "\x1b[" in text  # rich's own colours
     without_colours = re.sub(r"\x1b\[[0-9;]*m", "", text)
     _clean(without_colours.replace("\r\n", "\n"))
+
+
+def test_an_ascii_console_gets_plain_characters_and_the_dump_intact(tmp_path: Path) -> None:
+    """`PYTHONIOENCODING=ascii` (a legacy console): the table's `x` for `×`, a hostile key's
+    non-ASCII shown as an escape, exit 0, and the dump written whole; it used to write the
+    dump, then fail printing `×` with a traceback and exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    import hookdump
+
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "COLUMNS": "200"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "hookdump", *args], capture_output=True,
+                              text=True, env=env, cwd=Path(__file__).parent, timeout=300,
+                              encoding="ascii", errors="strict")  # fmt: skip
+
+    out = tmp_path / "d"
+    done = run("run", "tiny_models:ConvNet", "-n", "2", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "4x224x224" in done.stdout and "Traceback" not in done.stderr
+    assert hookdump.load(out).complete and hookdump.load(out).num_samples == 2
+    inspected = run("inspect", str(out))
+    assert inspected.returncode == 0 and "4x224x224" in inspected.stdout
+    save_file({"k\u00e9": torch.ones(2, 3)}, tmp_path / "a.safetensors")
+    shown = run("inspect", str(tmp_path / "a.safetensors"))
+    assert shown.returncode == 0 and "k\\xe9" in shown.stdout

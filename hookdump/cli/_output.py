@@ -40,14 +40,36 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-class _Printable(io.TextIOBase):
-    """A text stream that writes `printable` text to the stream it wraps."""
+# what a console that cannot show a character gets instead (then `\xd7`-style escapes)
+_PLAIN = str.maketrans({
+    "×": "x", "…": "...", "—": "-", "\u2013": "-", "→": "->", "≤": "<=", "≥": ">=", "≈": "~",
+    "±": "+-", "µ": "u", "❱": ">", "│": "|", "─": "-",
+    **{block: "#" for block in "▁▂▃▄▅▆▇█"},
+})  # fmt: skip
+
+
+def encodable(text: str, encoding: str) -> str:
+    """`text` as a console of `encoding` can show it: unchanged when it can, else with
+    plain stand-ins (`x` for `×`) and escapes for the rest, never an encoding error."""
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        plain = text.translate(_PLAIN)
+        try:
+            return plain.encode(encoding, "backslashreplace").decode(encoding)
+        except LookupError:
+            return plain.encode("ascii", "backslashreplace").decode("ascii")
+
+
+class _Encodable(io.TextIOBase):
+    """A text stream that writes only what the stream it wraps can encode (`encodable`)."""
 
     def __init__(self, raw: TextIO) -> None:
         self.raw = raw
 
     def write(self, text: str) -> int:
-        self.raw.write(printable(text))
+        self.raw.write(encodable(text, self.encoding))
         return len(text)
 
     def flush(self) -> None:
@@ -61,11 +83,19 @@ class _Printable(io.TextIOBase):
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self.raw, "encoding", "utf-8")
+        return getattr(self.raw, "encoding", None) or "utf-8"
 
     @property
     def errors(self) -> str | None:  # type: ignore[override]
         return getattr(self.raw, "errors", None)
+
+
+class _Printable(_Encodable):
+    """A text stream that writes `printable` text to the stream it wraps."""
+
+    def write(self, text: str) -> int:
+        super().write(printable(text))
+        return len(text)
 
 
 @contextlib.contextmanager
@@ -81,8 +111,9 @@ def printable_streams() -> Iterator[None]:
 
 def _raw(stream: TextIO) -> TextIO:
     """The stream under `printable_streams`' wrapper (rich makes its own text printable and
-    writes its styling escapes itself)."""
-    return stream.raw if isinstance(stream, _Printable) else stream
+    writes its styling escapes itself), made to write only what it can encode."""
+    raw = stream.raw if isinstance(stream, _Printable) else stream
+    return raw if isinstance(raw, _Encodable) else _Encodable(raw)  # type: ignore[return-value]
 
 
 @functools.cache
