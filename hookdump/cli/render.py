@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -49,41 +50,100 @@ def sparkline(counts: Sequence[int] | None) -> str:
     )
 
 
-def summary_table(keys: Sequence[KeySummary], sparklines: bool = False) -> Table:
+# the columns a narrow console drops first (nan/inf only when every count is zero)
+DROPPED_FIRST = ("distribution", "module", "dtype", "nan/inf")
+NARROWEST_KEY = 12  # a key column narrower than this folds its keys rather than shrinking
+FOLDED_KEY = 30  # columns are dropped to give the key this much; longer keys fold
+
+
+@dataclass
+class _Column:
+    name: str
+    cells: list[Text]
+    justify: Literal["left", "right"] = "left"
+    footer: str = ""
+
+    @property
+    def width(self) -> int:
+        return max(len(self.name), len(self.footer), *(c.cell_len for c in self.cells))
+
+
+def summary_table(
+    keys: Sequence[KeySummary], sparklines: bool = False, width: int | None = None
+) -> Table:
     """One row per captured key in forward order, with totals in the footer.
 
     `sparklines` adds each key's value distribution (where the console can print it).
+    `width`: the console's columns; a narrower table drops the distribution, module, dtype
+    and an all-zero nan/inf column in that order, then folds long keys onto more lines.
+    Numbers are never cut.
     """
-    total = sum(k.nbytes for k in keys)
-    table = Table(show_footer=True, header_style="bold", footer_style="bold", box=None)
-    table.add_column("key", footer=f"{len(keys)} tensors", no_wrap=True)
-    table.add_column("module")
-    table.add_column("shape", no_wrap=True)
-    table.add_column("dtype", no_wrap=True)
-    table.add_column("size", justify="right", no_wrap=True, footer=format_bytes(total))
-    for name in ("mean", "std", "min", "max"):
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("nan/inf", justify="right", no_wrap=True)
-    if sparklines:
-        table.add_column("distribution", no_wrap=True)
-    for item in keys:
-        stats = item.stats
-        bad = stats.nan + stats.inf
-        spark = [Text(sparkline(stats.hist), style="cyan")] if sparklines else []
-        table.add_row(
-            Text(printable(item.info.key)),
-            Text(printable(item.info.module_type)),
-            format_shape(item.shape),
-            item.dtype,
-            format_bytes(item.nbytes),
-            format_number(stats.mean if stats.count else None),
-            format_number(stats.std),
-            format_number(stats.min if stats.count else None),
-            format_number(stats.max if stats.count else None),
-            Text(f"{stats.nan}/{stats.inf}", style="bold red" if bad else "dim"),
-            *spark,
-        )
+    columns = _summary_columns(keys, sparklines)
+    fixed = None
+    if width is not None:
+        columns = _fitted(columns, width)
+        # the least the table takes: every column whole but the key's, folded narrow; wider
+        # than the console, it is printed that wide (and the terminal wraps it)
+        least = sum(min(c.width, NARROWEST_KEY) if c.name == "key" else c.width for c in columns)
+        fixed = least + 2 * len(columns) if least + 2 * len(columns) > width else None
+    table = Table(show_footer=True, header_style="bold", footer_style="bold", box=None,
+                  width=fixed)  # fmt: skip
+    for column in columns:
+        key = column.name == "key"
+        table.add_column(
+            column.name, footer=column.footer, justify=column.justify, no_wrap=not key,
+            overflow="fold" if key else "ellipsis",
+            min_width=min(column.width, NARROWEST_KEY) if key else column.width,
+        )  # fmt: skip
+    for column in columns:
+        for cell in column.cells:
+            cell.justify = column.justify
+    for row in zip(*(column.cells for column in columns), strict=True):
+        table.add_row(*row)
     return table
+
+
+def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Column]:
+    stats = [item.stats for item in keys]
+    count = f"{len(keys)} tensor{'' if len(keys) == 1 else 's'}"
+    columns = [
+        _Column("key", [Text(printable(k.info.key)) for k in keys], footer=count),
+        _Column("module", [Text(printable(k.info.module_type)) for k in keys]),
+        _Column("shape", [Text(format_shape(k.shape)) for k in keys]),
+        _Column("dtype", [Text(k.dtype) for k in keys]),
+        _Column("size", [Text(format_bytes(k.nbytes)) for k in keys], "right",
+                format_bytes(sum(k.nbytes for k in keys))),
+        _Column("mean", [Text(format_number(s.mean if s.count else None)) for s in stats], "right"),
+        _Column("std", [Text(format_number(s.std)) for s in stats], "right"),
+        _Column("min", [Text(format_number(s.min if s.count else None)) for s in stats], "right"),
+        _Column("max", [Text(format_number(s.max if s.count else None)) for s in stats], "right"),
+        _Column("nan/inf", [Text(f"{s.nan}/{s.inf}", style="bold red" if s.nan + s.inf else "dim")
+                            for s in stats], "right"),
+    ]  # fmt: skip
+    if sparklines:
+        columns.append(
+            _Column("distribution", [Text(sparkline(s.hist), style="cyan") for s in stats])
+        )
+    return columns
+
+
+def _fitted(columns: list[_Column], width: int) -> list[_Column]:
+    """`columns` less those dropped first, until the table fits in `width` (each column
+    takes its width and a space either side) or nothing more may go."""
+
+    def needed(chosen: list[_Column]) -> int:  # a key wider than FOLDED_KEY may fold
+        return sum(min(c.width, FOLDED_KEY) if c.name == "key" else c.width for c in chosen) + (
+            2 * len(chosen)
+        )
+
+    for name in DROPPED_FIRST:
+        if needed(columns) <= width:
+            break
+        column = next((c for c in columns if c.name == name), None)
+        if column is None or (name == "nan/inf" and any(c.plain != "0/0" for c in column.cells)):
+            continue
+        columns = [c for c in columns if c is not column]
+    return columns
 
 
 def can_draw_sparklines(console: Console) -> bool:
@@ -115,13 +175,16 @@ def run_footer(result: RunResult) -> str:
 
 def print_summary(result: RunResult, console: Console) -> None:
     """The table of a run and its footer line."""
-    console.print(summary_table(result.keys, can_draw_sparklines(console)))
+    # crop=False: a table still wider than the console wraps there, never loses a number
+    console.print(summary_table(result.keys, can_draw_sparklines(console), console.width),
+                  crop=False)  # fmt: skip
     console.print(run_footer(result), markup=False, highlight=False)
 
 
 def print_inspection(found: Inspection, console: Console) -> None:
     """The table of a dump on disk, then whether it is complete and what is missing."""
-    console.print(summary_table(found.keys, can_draw_sparklines(console)))
+    console.print(summary_table(found.keys, can_draw_sparklines(console), console.width),
+                  crop=False)  # fmt: skip
     model = found.manifest.get("model", {}).get("spec")
     source = f" of {model}" if model else ""
     shards = f"{found.shards} shard{'s' if found.shards != 1 else ''}"
