@@ -154,3 +154,37 @@ def test_an_ascii_console_gets_plain_characters_and_the_dump_intact(tmp_path: Pa
     save_file({"k\u00e9": torch.ones(2, 3)}, tmp_path / "a.safetensors")
     shown = run("inspect", str(tmp_path / "a.safetensors"))
     assert shown.returncode == 0 and "k\\xe9" in shown.stdout
+
+
+def test_a_terminal_sees_what_loads_before_the_first_batch(tmp_path: Path) -> None:
+    """In a pseudo-terminal: a status line names what loads until the first batch is done
+    (the first seconds used to be silent), then the bar with its time left, both gone once
+    the table is printed."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hookdump", "run", "tiny_models:TwoLinear", "-n", "64", "-b", "2",
+         "-o", str(tmp_path / "d")],
+        stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env,
+        cwd=Path(__file__).parent,
+    )  # fmt: skip
+    os.close(follower)
+    output = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert process.wait(timeout=120) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode())
+    assert "loading tiny_models:TwoLinear, then the first batch" in text
+    assert "64 samples in" in text  # the footer, after the transient lines

@@ -33,6 +33,7 @@ class GCPause:
             gc.enable()
 
 
-def progress_bar(enabled: bool) -> Progress:
-    """`run`'s progress bar on stderr, shown in a terminal only."""
-    return Progress(enabled, _output.stderr())
+def progress_bar(enabled: bool, model: str) -> Progress:
+    """`run`'s status line (`loading MODEL`) and progress bar on stderr, shown in a terminal
+    only."""
+    return Progress(enabled, _output.stderr(), loading=f"loading {model}")

@@ -325,7 +325,8 @@ def run(
             quiet, json_output = True, False
         show_progress = not (quiet or json_output)
         reads_stdin = "-" in (input, text)
-        with progress_bar(show_progress) as progress, _stdin_unless(reads_stdin):
+        bar = progress_bar(show_progress, options.model.model)
+        with bar as progress, _stdin_unless(reads_stdin):
             result = run_dump(options, on_batch=pause.chain(progress))
         if not quiet:
             for warning in result.warnings:

@@ -14,19 +14,34 @@ class Progress:
     """A progress bar on stderr (samples/s, MB/s captured, ETA), once a run has more than
     one batch."""
 
-    def __init__(self, enabled: bool, console: Any) -> None:
+    def __init__(self, enabled: bool, console: Any, loading: str | None = None) -> None:
         """`console`: a rich Console on stderr; the bar shows only where it is a terminal
-        (or a notebook)."""
+        (or a notebook). `loading`: what a status line says until the first batch is done
+        (`loading resnet50`), so the first seconds are not silent."""
         self.enabled = enabled
         self.console = console
+        self.loading = loading
+        self.status: Any = None
         self.bar: Any = None
         self.task: Any = None
         self.first: tuple[int, int, float] = (0, 0, 0.0)  # samples, bytes, time at batch 1
 
     def __enter__(self) -> ProgressCallback | None:
+        if self.enabled and self.loading and self._shown():
+            self.status = self.console.status(f"{self.loading}, then the first batch")
+            self.status.start()
         return self.update if self.enabled else None
 
+    def _shown(self) -> bool:
+        return bool(self.console.is_terminal or self.console.is_jupyter)
+
+    def _end_status(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
     def update(self, done: int, total: int | None, nbytes: int) -> None:
+        self._end_status()
         if not self.enabled:
             return
         if self.bar is None:
@@ -35,7 +50,7 @@ class Progress:
             from rich import progress
 
             console = self.console
-            if not (console.is_terminal or console.is_jupyter):  # a log: no bar
+            if not self._shown():  # a log: no bar
                 self.enabled = False
                 return
             self.bar = progress.Progress(
@@ -44,6 +59,7 @@ class Progress:
                 progress.MofNCompleteColumn(),
                 progress.TextColumn("{task.fields[rate]}"),
                 progress.TimeRemainingColumn(),
+                progress.TextColumn("left"),
                 console=console,
                 transient=True,
             )
@@ -60,5 +76,6 @@ class Progress:
         self.bar.update(self.task, completed=done, rate=rate)
 
     def __exit__(self, *exc: object) -> None:
+        self._end_status()
         if self.bar is not None:
             self.bar.stop()
