@@ -190,3 +190,22 @@ def test_fail_on_nonfinite_names_the_module_where_nan_starts(tmp_path: Path) -> 
 
 def test_fail_on_nonfinite_passes_a_finite_model() -> None:
     assert invoke("run", "tiny_models:TwoLinear", "-q", "--fail-on-nonfinite").exit_code == 0
+
+
+def test_diff_shows_how_far_the_cosine_is_from_one(tmp_path: Path) -> None:
+    """A cosine of 0.99998 printed as `1` beside "differs" read as a match: the table shows
+    1 - cos instead, and counts in the singular where there is one key."""
+    from safetensors.torch import save_file
+
+    a = torch.ones(2, 1000)
+    b = a.clone()
+    b[:, :4] = -1  # cosine 0.992
+    save_file({"x": a}, tmp_path / "a.safetensors")
+    save_file({"x": b}, tmp_path / "b.safetensors")
+    result = invoke("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"))
+    assert result.exit_code == 1
+    header, row = result.stdout.splitlines()[:2]
+    assert "1 - cos" in header
+    cosine = float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+    assert f"{1 - cosine:.4g}" in row and cosine > 0.99
+    assert "1 of 1 key differs" in result.stdout

@@ -31,3 +31,17 @@ def test_main_help_lists_the_commands() -> None:
     )
     for command in ("run", "layers", "models", "inspect", "diff", "show"):
         assert f"\n  {command} " in proc.stdout
+
+
+def test_the_command_list_is_not_cut() -> None:
+    """Click cuts a docstring's first line at 45 characters with "..."; each command's line
+    in `hookdump --help` is whole."""
+    from typer.testing import CliRunner
+
+    from hookdump.cli import app
+
+    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "100"})
+    commands = result.stdout.split("Commands")[1]
+    assert "..." not in commands
+    for name in ("run", "layers", "models", "inspect", "diff", "show", "export"):
+        assert f"  {name} " in commands

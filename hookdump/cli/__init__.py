@@ -53,13 +53,14 @@ def _root(
     """Dump what happens inside a PyTorch model: hook modules, capture tensors, save them."""
 
 
-app.command("run")(run.run)
-app.command("layers")(layers.layers)
-app.command("models")(models.models)
-app.command("inspect")(inspect.inspect)
-app.command("diff")(diff.diff)
-app.command("show")(show.show)
-app.command("export")(export.export)
+# short_help: the line `hookdump --help` lists, whole (Click cuts a docstring's at 45)
+app.command("run", short_help="Capture what MODEL's modules compute, to a dump.")(run.run)
+app.command("layers", short_help="List the modules a selection picks.")(layers.layers)
+app.command("models", short_help="List the model names MODEL accepts.")(models.models)
+app.command("inspect", short_help="Summarise a dump; say what it misses.")(inspect.inspect)
+app.command("diff", short_help="Compare two dumps; exit 1 if they differ.")(diff.diff)
+app.command("show", short_help="Draw one captured tensor as a PNG.")(show.show)
+app.command("export", short_help="Write a dump for datasets, SAELens or numpy.")(export.export)
 
 
 def main() -> None:

@@ -37,6 +37,11 @@ def format_shape(shape: Sequence[int]) -> str:
     return TIMES.join(map(str, shape)) if shape else "()"
 
 
+def counted(count: int, word: str, words: str | None = None) -> str:
+    """`1 sample`, `2 samples` (`words`: an irregular plural)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -105,7 +110,7 @@ def summary_table(
 
 def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Column]:
     stats = [item.stats for item in keys]
-    count = f"{len(keys)} tensor{'' if len(keys) == 1 else 's'}"
+    count = counted(len(keys), "tensor")
     columns = [
         _Column("key", [Text(printable(k.info.key)) for k in keys], footer=count),
         _Column("module", [Text(printable(k.info.module_type)) for k in keys]),
@@ -157,11 +162,11 @@ def run_footer(result: RunResult) -> str:
     """The line under the table: samples, time, and where the dump went."""
     where = f"dump: {result.out}" if result.out else "not saved (pass --out DIR to keep it)"
     shards = len(result.manifest["shards"]) if result.manifest else 0
-    files = f" ({shards} shard{'s' if shards != 1 else ''} + manifest.json)" if shards else ""
+    files = f" ({counted(shards, 'shard')} + manifest.json)" if shards else ""
     rows = (
-        f"{result.num_samples} tokens from {result.num_sequences} sequences"
+        f"{counted(result.num_samples, 'token')} from {counted(result.num_sequences, 'sequence')}"
         if result.num_sequences is not None
-        else f"{result.num_samples} samples"
+        else counted(result.num_samples, "sample")
     )
     if result.real_tokens is not None:
         rows += f" ({result.real_tokens:.0%} of the positions computed were real tokens)"
@@ -187,11 +192,12 @@ def print_inspection(found: Inspection, console: Console) -> None:
                   crop=False)  # fmt: skip
     model = found.manifest.get("model", {}).get("spec")
     source = f" of {model}" if model else ""
-    shards = f"{found.shards} shard{'s' if found.shards != 1 else ''}"
+    shards = counted(found.shards, "shard")
     state = "complete" if found.complete else "INCOMPLETE"
-    rows = f"{found.num_samples} samples"
+    rows = counted(found.num_samples, "sample")
     if found.manifest.get("rows") == "tokens":
-        rows = f"{found.num_samples} tokens from {found.manifest.get('num_sequences')} sequences"
+        sequences = int(found.manifest.get("num_sequences") or 0)
+        rows = f"{counted(found.num_samples, 'token')} from {counted(sequences, 'sequence')}"
     console.print(
         f"{found.path}: dump{source}, {rows} in {shards}, {state}",
         markup=False,
@@ -244,7 +250,8 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
         table = Table(header_style="bold", box=None)
         table.add_column("key", no_wrap=True)
         table.add_column("status", no_wrap=True)
-        for name in ("max abs", "max rel", "cosine", "mismatched"):
+        # 1 - cos: a cosine of 0.99998 would print as 1 beside "differ"
+        for name in ("max abs", "max rel", "1 - cos", "mismatched"):
             table.add_column(name, justify="right", no_wrap=True)
         for item in rows:
             compared = item.numel > 0
@@ -256,7 +263,7 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
                 ),
                 format_number(item.max_abs) if compared else "-",
                 format_number(item.max_rel) if compared else "-",
-                format_number(item.cosine) if compared else "-",
+                format_number(1 - item.cosine) if compared and item.cosine is not None else "-",
                 f"{item.mismatched}/{item.numel}" if compared else "-",
             )
         console.print(table)
@@ -267,14 +274,17 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
     if failures:
         first = failures[0]
         console.print(
-            f"{len(failures)} of {len(result.keys)} keys differ ({tolerance}); first diverging: "
+            f"{len(failures)} of {counted(len(result.keys), 'key')} "
+            f"{'differs' if len(failures) == 1 else 'differ'} ({tolerance}); first diverging: "
             f"{first.key} (module {first.module})",
             markup=False,
             highlight=False,
         )
     elif result.problems:
-        console.print(
-            f"all {len(result.keys)} keys match ({tolerance}), but see above", markup=False
-        )
+        console.print(f"{_all_match(len(result.keys))} ({tolerance}), but see above", markup=False)
     else:
-        console.print(f"all {len(result.keys)} keys match ({tolerance})", markup=False)
+        console.print(f"{_all_match(len(result.keys))} ({tolerance})", markup=False)
+
+
+def _all_match(keys: int) -> str:
+    return "the 1 key matches" if keys == 1 else f"all {keys} keys match"

@@ -225,7 +225,8 @@ def run(
             "--num-samples",
             "-n",
             metavar="N",
-            help="Random samples in all. Default: one batch.",
+            help="Samples in all. Default: one batch of random input; every image, row of a "
+            "tensor file or sample of --text.",
             show_default=False,
         ),
     ] = None,
