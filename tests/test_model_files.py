@@ -81,6 +81,25 @@ def test_keys_that_do_not_fit_are_listed_and_no_strict_loads_the_rest(tmp_path: 
     assert "warning: --weights" in loose.stderr and "extra.weight" in loose.stderr
 
 
+def test_a_head_for_other_classes_names_num_classes(tmp_path: Path) -> None:
+    """A fine-tuned checkpoint (fc for 10 classes): the fix is --model-arg num_classes=10,
+    and with it the checkpoint loads."""
+    state = seeded_resnet18(1).state_dict()
+    state["fc.weight"], state["fc.bias"] = torch.zeros(10, 512), torch.zeros(10)
+    path = tmp_path / "finetuned.pt"
+    torch.save(state, path)
+    assert_usage_error(invoke("run", "resnet18", "--weights", str(path), *SMALL),
+                       "--model-arg num_classes=10", "--no-strict")  # fmt: skip
+    fixed = invoke("run", "resnet18", "--weights", str(path), "--model-arg", "num_classes=10",
+                   *SMALL)  # fmt: skip
+    assert fixed.exit_code == 0, fixed.stderr
+    del state["layer4.1.bn2.bias"]  # not only the head: no num_classes hint
+    torch.save(state, path)
+    line = assert_usage_error(invoke("run", "resnet18", "--weights", str(path), *SMALL),
+                              "fix the checkpoint")  # fmt: skip
+    assert "num_classes" not in line
+
+
 def test_a_malicious_pickle_runs_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
 
@@ -104,7 +123,9 @@ def test_pickled_module_needs_unsafe_pickle(tmp_path: Path) -> None:
 
     path = tmp_path / "whole.pt"
     torch.save(TwoLinear(), path)
-    assert_usage_error(invoke("run", str(path)), "refused", "nothing in it")
+    line = assert_usage_error(invoke("run", str(path)), "refused", "nothing in it",
+                              "pass --unsafe-pickle", "give it as --weights")  # fmt: skip
+    assert "GLOBAL tiny_models.TwoLinear was not an allowed global by default)" in line
     result = invoke("run", str(path), "--unsafe-pickle", "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["tensors"][0]["key"] == "linear_1"
@@ -134,6 +155,11 @@ def test_export_archive_gives_the_live_models_activations(tmp_path: Path) -> Non
     names = invoke("layers", str(archive), "--type", "BasicBlock", "--names")
     assert names.stdout.split() == ["layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0",
                                     "layer3.1", "layer4.0", "layer4.1"]  # fmt: skip
+    # the batch was traced static: another size is one line naming --batch-size 2
+    for sizes in (["-b", "3", "-n", "3"], ["-b", "2", "-n", "3"]):
+        assert_usage_error(invoke("run", str(archive), *sizes, "-q"),
+                           "was exported for batches of 2", "give --batch-size 2")  # fmt: skip
+    assert a.manifest["model"]["export_batch"] == 2
 
 
 def test_torchvision_weights_come_from_the_hub_cache(

@@ -174,7 +174,12 @@ def run_footer(result: RunResult) -> str:
     if result.out and result.estimated_bytes is not None:
         line += f", estimated {format_bytes(result.estimated_bytes)} before writing"
     if result.skipped:
-        line += f"; {len(result.skipped)} non-tensor or unbatched values skipped"
+        names = [printable(str(item.get("key"))) for item in result.skipped]
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        line += (
+            f"; skipped, not tensors or without a batch dim (the manifest says why): "
+            f"{', '.join(names[:3])}{more}"
+        )
     return line
 
 

@@ -184,6 +184,21 @@ def _check_token_rows(options: RunOptions) -> None:
         )
 
 
+def _check_export_batch(options: RunOptions, loaded: LoadedModel) -> None:
+    """An export archive traced with a static batch size takes batches of that size only."""
+    fixed = loaded.about.get("export_batch")
+    if fixed is None:
+        return
+    size, count = options.input.batch_size, options.input.num_samples
+    if size != fixed or (count is not None and count % fixed):
+        also = f" and {opt('num_samples')} a multiple of it" if count and count % fixed else ""
+        raise HookdumpError(
+            f"{opt('model')} {loaded.spec} was exported for batches of {fixed} (its batch "
+            f"dimension is static); give {opt('batch_size')} {fixed}{also}, or export it with a "
+            "dynamic batch dimension (dynamic_shapes with torch.export.Dim)"
+        )
+
+
 def _nothing_read(options: RunOptions, fed: bool) -> HookdumpError:
     """Why a run made no row, naming the option at fault."""
     tokens, text = options.tokens, options.text
@@ -230,6 +245,7 @@ def _run(
     else:
         device = rank_device(options.model.device, ranks)
         loaded = prepare(dataclasses.replace(options.model, device=device))
+        _check_export_batch(options, loaded)
     loaded_at = time.perf_counter()
     form = functools.cache(lambda: sample_form(loaded, options.input.shape))
     if given is None:

@@ -195,10 +195,11 @@ def load_model(
     elif is_model_file(spec):
         if kwargs:
             raise HookdumpError(f"{opt('model')} {spec} is a file; it takes no {opt('model_args')}")
-        module, shape = _load_model_file(Path(spec), unsafe_pickle)
+        module, shape, batch = _load_model_file(Path(spec), unsafe_pickle)
         loaded = LoadedModel(
             module, spec, weights, "custom", input_shape=shape,
             sources=ModelSources(model_file=Path(spec)),
+            about={"export_batch": batch} if batch is not None else {},
         )  # fmt: skip
     elif ":" in spec:
         module = _build(_import_attribute(spec), spec, kwargs)
@@ -271,7 +272,9 @@ def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> Loaded
 
 def _with_checkpoint(loaded: LoadedModel, path: Path, strict: bool) -> LoadedModel:
     state = load_checkpoint(path)
-    warnings = apply_state_dict(loaded.module, state, str(path), strict)
+    # torchvision's and timm's builders take num_classes: a head of another size is that
+    builder = loaded.spec.startswith(TIMM_PREFIX) or ":" not in loaded.spec
+    warnings = apply_state_dict(loaded.module, state, str(path), strict, builder)
     return dataclasses.replace(
         loaded,
         warnings=[*loaded.warnings, *warnings],
@@ -285,9 +288,11 @@ def is_model_file(spec: str) -> bool:
     return path.suffix in (".pt2", ".pt", ".pth", ".bin") or (":" not in spec and path.is_file())
 
 
-def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[int, ...] | None]:
-    """A `torch.export` archive, unflattened (with its example input's per-sample shape); or a
-    pickled module, only with --unsafe-pickle."""
+def _load_model_file(
+    path: Path, unsafe_pickle: bool
+) -> tuple[nn.Module, tuple[int, ...] | None, int | None]:
+    """A `torch.export` archive, unflattened (with its example input's per-sample shape and
+    its fixed batch size, if any); or a pickled module, only with --unsafe-pickle."""
     if not path.is_file():
         raise HookdumpError(f"{opt('model')} {path}: no such file")
     if path.suffix == ".pt2":
@@ -302,9 +307,13 @@ def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[
         _restore_type_names(module, program)
         args = program.example_inputs[0] if program.example_inputs else ()
         first = args[0] if args and torch.is_tensor(args[0]) else None
-        return module, tuple(first.shape[1:]) if first is not None else None
+        return module, tuple(first.shape[1:]) if first is not None else None, _fixed_batch(program)
     if not unsafe_pickle:
-        content = torch_load_safely(path, opt("model"))
+        content = torch_load_safely(
+            path, opt("model"),
+            f"if it is a whole model you trust, pass {opt('unsafe_pickle', True)} (unpickling "
+            f"runs its code); else save its state dict and give it as {opt('weights')}",
+        )  # fmt: skip
         raise HookdumpError(
             f"{opt('model')} {path} holds a {type(content).__name__}, not a model: give the model "
             "as "
@@ -320,7 +329,19 @@ def _load_model_file(path: Path, unsafe_pickle: bool) -> tuple[nn.Module, tuple[
         raise HookdumpError(
             f"{opt('model')} {path} holds a {type(module).__name__}, not a torch.nn.Module"
         )
-    return module, None
+    return module, None, None
+
+
+def _fixed_batch(program: Any) -> int | None:
+    """The batch size an export archive was traced for, when its first input's batch
+    dimension is static (not a `Dim`): every batch must have it."""
+    names = list(program.graph_signature.user_inputs)[:1]
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        if node.op == "placeholder" and node.name in names and torch.is_tensor(value):
+            size = value.shape[0] if value.dim() else None
+            return size if type(size) is int else None
+    return None
 
 
 def _restore_type_names(module: nn.Module, program: Any) -> None:

@@ -61,8 +61,14 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def torch_load_safely(path: Path, what: str) -> Any:
-    """`torch.load(weights_only=True)`: a pickle that would run code is refused, not run."""
+SAVE_STATE_DICT = (
+    "save a state dict (`torch.save(model.state_dict(), ...)`) or .safetensors instead"
+)
+
+
+def torch_load_safely(path: Path, what: str, fix: str = SAVE_STATE_DICT) -> Any:
+    """`torch.load(weights_only=True)`: a pickle that would run code is refused, not run
+    (`fix`: what the refusal suggests)."""
     try:
         with warnings.catch_warnings():  # torch's notes on pickle protocols: noise here
             warnings.simplefilter("ignore")
@@ -70,8 +76,7 @@ def torch_load_safely(path: Path, what: str) -> Any:
     except pickle.UnpicklingError as exc:
         raise HookdumpError(
             f"{what} {path} holds pickled objects that would run code when loaded, so it was "
-            f"refused and nothing in it was executed ({_unpickler_reason(str(exc))}); save a "
-            "state dict (`torch.save(model.state_dict(), ...)`) or .safetensors instead"
+            f"refused and nothing in it was executed ({_unpickler_reason(str(exc))}); {fix}"
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
         message = " ".join(str(exc).split())[:200]
@@ -81,8 +86,12 @@ def torch_load_safely(path: Path, what: str) -> Any:
 def _unpickler_reason(text: str) -> str:
     """The part of torch's weights-only refusal that names what was refused."""
     _, marker, rest = text.partition("WeightsUnpickler error:")
-    reason = rest.split("Check the documentation")[0] if marker else text
-    return " ".join(reason.split())[:160] or "refused by torch's weights-only loader"
+    # torch's advice after "Please use" (allow-list the global) is not ours to give
+    reason = rest.split("Check the documentation")[0].split("Please use")[0] if marker else text
+    reason = " ".join(reason.split()).rstrip(".")
+    if len(reason) > 160:  # cut at a word, and say so
+        reason = reason[:160].rsplit(" ", 1)[0].rstrip(".,;:") + " …"
+    return reason or "refused by torch's weights-only loader"
 
 
 def load_checkpoint(path: Path) -> dict[str, torch.Tensor]:
@@ -134,9 +143,15 @@ def _strip_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def apply_state_dict(
-    model: nn.Module, state: dict[str, torch.Tensor], source: str, strict: bool
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    source: str,
+    strict: bool,
+    takes_num_classes: bool = False,
 ) -> list[str]:
-    """Load `state` into `model`; an error (strict) or warnings (not) for what does not fit."""
+    """Load `state` into `model`; an error (strict) or warnings (not) for what does not fit.
+    `takes_num_classes`: the model's builder takes `num_classes` (torchvision's, timm's), so
+    a classifier head of another size is named as the fix."""
     own = model.state_dict()
     mismatched = [
         f"{k} (checkpoint {list(v.shape)}, model {list(own[k].shape)})"
@@ -156,15 +171,33 @@ def apply_state_dict(
         if items
     ]
     if problems and strict:
+        classes = _head_classes(own, state) if takes_num_classes and not missing else None
+        fix = (
+            f"build the model for them with {opt('model_args')} num_classes={classes}, or "
+            if classes is not None
+            else "fix the checkpoint or "
+        )
         raise HookdumpError(
-            f"{opt('weights')} {source} does not fit the model: {'; '.join(problems)}; fix the "
-            f"checkpoint or pass {opt('strict', False)} to load the keys that fit"
+            f"{opt('weights')} {source} does not fit the model: {'; '.join(problems)}; {fix}"
+            f"pass {opt('strict', False)} to load the keys that fit"
         )
     model.load_state_dict(fitting, strict=False)
     return [
         Message(f"{opt('weights')} {source}: {p}; loaded the {len(fitting)} keys that fit")
         for p in problems
     ]
+
+
+def _head_classes(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> int | None:
+    """The checkpoint's number of classes, when the only keys of another shape are the
+    model's last layer's and differ in their first dimension alone (a head for N classes)."""
+    other = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
+    last = next((k.rpartition(".")[0] for k in reversed(own) if k.endswith(".weight")), None)
+    if not other or last is None or any(k.rpartition(".")[0] != last for k in other):
+        return None
+    if any(state[k].shape[1:] != own[k].shape[1:] for k in other):
+        return None
+    return int(state[other[0]].shape[0])
 
 
 def _listing(count: int, label: str, items: list[str]) -> str:
