@@ -306,7 +306,7 @@ def test_os_errors_get_the_advice_that_fits() -> None:
 def test_a_dump_that_cannot_fit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     out = tmp_path / "d"
     result = invoke(*RUN[:2], "-n", str(10**20), "-b", "2", "-o", str(out))
-    assert_usage_error(result, "the dump needs about", "GB is free under --out")
+    assert_usage_error(result, "the dump needs about", "GiB is free under --out")
     assert not out.exists()
 
 

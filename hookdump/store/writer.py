@@ -22,6 +22,7 @@ from hookdump.format import (
     KeyInfo,
     Rows,
     dtype_name,
+    format_bytes,
     recipe,
     samples_fed,
 )
@@ -432,4 +433,4 @@ def _size(path: Path) -> int:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.3g} GB"
+    return format_bytes(n)  # the one unit system of tables and errors (MiB, GiB)
