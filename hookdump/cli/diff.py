@@ -24,6 +24,15 @@ def diff(
     show_all: Annotated[
         bool, typer.Option("--all", help="List matching keys too, not only the failures.")
     ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE",
+            help="Draw each key's relative error along the forward order (.png, .svg, .pdf).",
+            show_default=False,
+        ),
+    ] = None,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -31,7 +40,17 @@ def diff(
     from hookdump.cli.render import print_diff
     from hookdump.tools.diff import diff_dumps
 
+    if plot is not None:
+        from hookdump.tools.plots import check_format
+
+        check_format(plot)  # before the comparison, which may take a while
     result = diff_dumps(a, b, atol, rtol, list(keys or []))
+    if plot is not None:
+        from hookdump.tools.plots import diff_plot
+
+        drawn = diff_plot(result, plot, f"{a} against {b}: relative error per key")
+        if not json_output:
+            typer.echo(drawn.describe("relative error"), err=True)
     if json_output:
         _output.print_json(result.as_dict())
     elif not quiet:

@@ -1,0 +1,179 @@
+"""Pictures of a whole dump, drawn with matplotlib (the `plot` extra): its statistics along
+the forward order (`show --depth`: where values blow up, the first picture of a NaN hunt),
+and the relative error of two dumps key by key (`diff --plot`: the picture a CI job keeps).
+
+The format follows the file's extension (`.png`, `.svg`, `.pdf`). Keys are drawn in forward
+order, at most MAX_LABELS of them named on the axis, so a dump of thousands of keys is still
+one readable figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.store.stats import KeySummary
+from hookdump.tools.diff import DiffResult
+
+FORMATS = (".png", ".svg", ".pdf")
+MAX_LABELS = 40  # keys named on the x axis; the others are ticks only
+WIDTH, HEIGHT, DPI = 12.0, 6.0, 100  # inches, and pixels per inch: 1200x600 PNGs
+
+
+@dataclass
+class Drawn:
+    """What a picture shows, for the one-line report (and the tests)."""
+
+    path: Path
+    keys: int
+    marked: str | None  # the key marked: the first non-finite, or the first diverging
+
+    def describe(self, what: str) -> str:
+        mark = f"; marked {self.marked!r}" if self.marked else ""
+        return f"wrote {self.path}: {what} of {self.keys} keys{mark}"
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on its file-only backend, or one line naming the extra."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise HookdumpError("pictures need matplotlib: pip install 'hookdump[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def check_format(out: Path) -> None:
+    """A file name whose extension is a format the pictures are written in."""
+    if out.suffix.lower() not in FORMATS:
+        raise HookdumpError(
+            f"{opt('out')} {out}: {out.suffix or 'no extension'} is not a picture format; "
+            f"end the name in {', '.join(FORMATS)}"
+        )
+
+
+def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
+    """Mean, mean ± std and min..max of every key along the forward order, on a symmetric
+    log scale; keys holding NaN or Inf marked in red, the first one named."""
+    check_format(out)
+    plt = pyplot()
+    x = list(range(len(keys)))
+    stats = [k.stats for k in keys]
+
+    def value(v: float, s: Any) -> float:
+        return v if s.count and math.isfinite(v) else math.nan
+
+    mean = [value(s.mean, s) for s in stats]
+    std = [s.std if s.count else math.nan for s in stats]
+    low = [value(s.min, s) for s in stats]
+    high = [value(s.max, s) for s in stats]
+    bad = [i for i, s in enumerate(stats) if s.nan + s.inf]
+    with _figure(plt) as axes:
+        axes.fill_between(x, low, high, color="tab:blue", alpha=0.15, label="min to max")
+        axes.fill_between(x, [m - d for m, d in zip(mean, std, strict=True)],
+                          [m + d for m, d in zip(mean, std, strict=True)], color="tab:blue",
+                          alpha=0.35, label="mean ± std")  # fmt: skip
+        axes.plot(x, mean, color="tab:blue", marker=".", label="mean")
+        for index in bad:
+            axes.axvline(index, color="tab:red", alpha=0.4)
+        if bad:
+            first = keys[bad[0]]
+            axes.axvline(bad[0], color="tab:red", linewidth=2,
+                         label=_plain(f"NaN/Inf from {first.info.key}"))  # fmt: skip
+        axes.set_yscale("symlog", linthresh=_linear_range(mean, std, low, high))
+        _key_axis(axes, [k.info.key for k in keys])
+        axes.set_ylabel("value (symmetric log scale)")
+        axes.set_title(_plain(title))
+        axes.legend(loc="best")
+        axes.grid(True, alpha=0.3)
+        _save(axes.figure, out)
+    return Drawn(out, len(keys), keys[bad[0]].info.key if bad else None)
+
+
+def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
+    """The max relative error of every key compared, along the forward order, on a log
+    scale; keys that differ in red, the first diverging one marked and named."""
+    check_format(out)
+    plt = pyplot()
+    items = result.keys
+    x = list(range(len(items)))
+    tiny = 1e-12  # a relative error of 0 drawn at the axis' floor
+    errors = [max(i.max_rel, tiny) if i.numel and math.isfinite(i.max_rel) else math.nan
+              for i in items]  # fmt: skip
+    infinite = [n for n, i in enumerate(items) if i.numel and not math.isfinite(i.max_rel)]
+    top = 10 * max([e for e in errors if not math.isnan(e)] + [1.0])
+    failing = [n for n, i in enumerate(items) if not i.ok]
+    with _figure(plt) as axes:
+        axes.plot(x, errors, color="tab:blue", marker=".", label="max relative error")
+        axes.scatter([n for n in failing if not math.isnan(errors[n])],
+                     [errors[n] for n in failing if not math.isnan(errors[n])],
+                     color="tab:red", zorder=3, label="differs")  # fmt: skip
+        if infinite:  # b = 0 where a is not: drawn at the top
+            axes.scatter(infinite, [top] * len(infinite), marker="^", color="tab:red",
+                         zorder=3, label="infinite (b is 0 where a is not)")  # fmt: skip
+        if failing:
+            axes.axvline(failing[0], color="tab:red", linewidth=2,
+                         label=_plain(f"first diverging: {items[failing[0]].key}"))  # fmt: skip
+        axes.axhline(max(result.rtol, tiny), color="grey", linestyle="--",
+                     label=f"rtol {result.rtol:g}")  # fmt: skip
+        axes.set_yscale("log")
+        _key_axis(axes, [i.key for i in items])
+        axes.set_ylabel("max |a - b| / |b|")
+        axes.set_title(_plain(title))
+        axes.legend(loc="best")
+        axes.grid(True, alpha=0.3)
+        _save(axes.figure, out)
+    return Drawn(out, len(items), items[failing[0]].key if failing else None)
+
+
+@contextlib.contextmanager
+def _figure(plt: Any) -> Iterator[Any]:
+    """One figure's axes, closed after."""
+    figure, axes = plt.subplots(figsize=(WIDTH, HEIGHT), dpi=DPI)
+    try:
+        yield axes
+    finally:
+        plt.close(figure)
+
+
+def _plain(text: str) -> str:
+    """A key or a path drawn as it is: a `$` is not the start of mathtext."""
+    return text.replace("$", r"\$")
+
+
+def _linear_range(*series: list[float]) -> float:
+    """symlog's linear region: three decades below the largest magnitude, so the scale shows
+    orders of magnitude without stretching values near zero across the picture."""
+    values = [abs(v) for s in series for v in s if math.isfinite(v) and v != 0]
+    if not values:
+        return 1.0
+    return float(10 ** (math.floor(math.log10(max(values))) - 3))
+
+
+def _key_axis(axes: Any, names: list[str]) -> None:
+    step = max(1, math.ceil(len(names) / MAX_LABELS))
+    shown = list(range(0, len(names), step))
+    axes.set_xticks(shown)
+    axes.set_xticklabels([_plain(_short(names[i])) for i in shown], rotation=60, ha="right",
+                         fontsize=8)  # fmt: skip
+    axes.set_xlabel(f"keys in forward order ({len(names)})")
+    axes.set_xlim(-0.5, max(len(names) - 0.5, 0.5))
+
+
+def _short(name: str, most: int = 40) -> str:
+    return name if len(name) <= most else "…" + name[-(most - 1) :]
+
+
+def _save(figure: Any, out: Path) -> None:
+    figure.tight_layout()
+    try:
+        figure.savefig(out, format=out.suffix.lower().lstrip("."))
+    except OSError as exc:
+        raise HookdumpError(f"{opt('out')} {out}: cannot write the picture ({exc})") from None

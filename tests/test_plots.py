@@ -1,0 +1,92 @@
+"""Pictures of a whole dump: `show --depth` (statistics along the forward order, the first
+non-finite key marked) and `diff --plot` (relative error per key, the first diverging key
+marked). Content is checked, not only that a file exists: the size, a title that is drawn,
+the red marks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+from clitools import assert_usage_error, invoke
+from PIL import Image
+
+pytest.importorskip("matplotlib")
+pytestmark = pytest.mark.usefixtures("in_tests_dir")
+RED = (214, 39, 40)  # matplotlib's tab:red
+
+
+def _run(out: Path, *args: str) -> Path:
+    result = invoke("run", *args, "-q", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+def _pixels(path: Path) -> numpy.ndarray:
+    image = Image.open(path)
+    image.load()
+    return numpy.asarray(image.convert("RGB")).astype(int)
+
+
+def _red_columns(pixels: numpy.ndarray) -> set[int]:
+    close = (numpy.abs(pixels - numpy.array(RED)).sum(axis=2) < 40).sum(axis=0)
+    return {int(x) for x in numpy.nonzero(close > pixels.shape[0] // 3)[0]}  # tall red lines
+
+
+def test_depth_marks_where_nan_starts(tmp_path: Path) -> None:
+    dump = _run(tmp_path / "d", "tiny_models:MakesNaN", "-n", "4")
+    png = tmp_path / "depth.png"
+    result = invoke("show", str(dump), "--depth", "-o", str(png))
+    assert result.exit_code == 0, result.stderr
+    assert "statistics along the forward order of 3 keys; marked 'log'" in result.stdout
+    pixels = _pixels(png)
+    assert pixels.shape == (600, 1200, 3)
+    assert _red_columns(pixels)  # the NaN keys' lines
+
+
+def test_the_title_is_drawn(tmp_path: Path) -> None:
+    from hookdump.tools.inspect import inspect_dump
+    from hookdump.tools.plots import depth_plot
+
+    keys = inspect_dump(_run(tmp_path / "d", "tiny_models:TwoLinear", "-n", "4")).keys
+    depth_plot(keys, tmp_path / "titled.png", "a title that is drawn")
+    depth_plot(keys, tmp_path / "bare.png", "")
+    titled, bare = _pixels(tmp_path / "titled.png"), _pixels(tmp_path / "bare.png")
+    assert titled.shape == bare.shape
+    top = (titled[:40] != bare[:40]).any(axis=2)
+    assert top.sum() > 100  # the title's pixels, in the band above the plot
+
+
+def test_diff_plot_marks_the_first_diverging_key(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", "tiny_models:TwoLinear", "-n", "4", "--seed", "1")
+    b = _run(tmp_path / "b", "tiny_models:TwoLinear", "-n", "4", "--seed", "2")
+    png = tmp_path / "diff.png"
+    result = invoke("diff", str(a), str(b), "--plot", str(png))
+    assert result.exit_code == 1  # the check still fails, picture or not
+    assert "relative error of 4 keys; marked 'linear_1'" in result.stderr
+    pixels = _pixels(png)
+    assert pixels.shape == (600, 1200, 3)
+    assert _red_columns(pixels)
+    same = invoke("diff", str(a), str(a), "--plot", str(tmp_path / "same.svg"))
+    assert same.exit_code == 0 and "marked" not in same.stderr
+    assert "<svg" in (tmp_path / "same.svg").read_text()[:2000]
+    pdf = invoke("show", str(a), "--depth", "-o", str(tmp_path / "depth.pdf"))
+    assert pdf.exit_code == 0 and (tmp_path / "depth.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_bad_picture_requests_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dump = _run(tmp_path / "d", "tiny_models:TwoLinear", "-n", "2")
+    assert_usage_error(invoke("diff", str(dump), str(dump), "--plot", str(tmp_path / "x.jpg")),
+                       "--out", ".jpg is not a picture format", ".png, .svg, .pdf")  # fmt: skip
+    assert_usage_error(invoke("show", str(dump), "--depth", "-o", str(tmp_path / "x")),
+                       "no extension is not a picture format")  # fmt: skip
+    assert_usage_error(invoke("show", str(dump), "linear_1", "--depth", "-o",
+                              str(tmp_path / "x.png")), "--depth draws every key")  # fmt: skip
+    assert_usage_error(invoke("show", str(dump), "-o", str(tmp_path / "x.png")),
+                       "give the KEY to draw, or --depth")  # fmt: skip
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert_usage_error(invoke("show", str(dump), "--depth", "-o", str(tmp_path / "x.png")),
+                       "pip install 'hookdump[plot]'")  # fmt: skip
+    assert not list(tmp_path.glob("x*"))
