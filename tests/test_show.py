@@ -67,3 +67,10 @@ def test_show_errors(convdump: Path, tmp_path: Path, args: list[str], fragment: 
     result = invoke("show", str(convdump), *args, "--out", str(tmp_path / "x.png"))
     assert_usage_error(result, fragment)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_name_that_is_not_png_is_refused(convdump: Path, tmp_path: Path) -> None:
+    """`--out x.jpg` used to get PNG bytes under a JPEG name."""
+    result = invoke("show", str(convdump), "features.0", "--out", str(tmp_path / "x.jpg"))
+    assert_usage_error(result, "one tensor is drawn as a PNG; end the name in .png")
+    assert not (tmp_path / "x.jpg").exists()

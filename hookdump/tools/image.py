@@ -55,6 +55,10 @@ class Rendered:
 
 def render(dump_path: str | Path, key: str, out: Path, sample: int = 0) -> Rendered:
     """Draw `key` of sample `sample` from a dump into the PNG `out`."""
+    if out.suffix.lower() != ".png":  # the bytes are PNG's: a name must not say otherwise
+        raise HookdumpError(
+            f"{opt('out')} {out}: one tensor is drawn as a PNG; end the name in .png"
+        )
     dump = Dump(dump_path)
     if key not in dump:
         raise HookdumpError(
