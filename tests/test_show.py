@@ -45,14 +45,14 @@ def test_feature_maps_become_one_tile_per_channel(convdump: Path, tmp_path: Path
     assert tuple(pixels[0, 0].tolist()) == SEPARATOR
 
 
-def test_other_shapes_become_a_histogram(convdump: Path, tmp_path: Path) -> None:
-    png = tmp_path / "hist.png"
+def test_a_short_vector_becomes_bars(convdump: Path, tmp_path: Path) -> None:
+    png = tmp_path / "bars.png"
     result = invoke("show", str(convdump), "head", "-o", str(png))
     assert result.exit_code == 0, result.stderr
-    assert "histogram of head" in result.stdout
+    assert "bars of head sample 0" in result.stdout
     image = Image.open(png)
     image.load()
-    assert image.size == (640, 360)
+    assert image.size == (1000, 600)
     assert image.getextrema() != ((255, 255), (255, 255), (255, 255))  # something was drawn
 
 

@@ -186,7 +186,8 @@ def _npy(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expo
         array.flush()
     del arrays
     (temp / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (temp / "sample_ids.json").write_text(json.dumps(dump.sample_ids) + "\n")
+    # the manifest's ids (null: the ids are the row numbers, never spelled out here)
+    (temp / "sample_ids.json").write_text(json.dumps(dump.manifest.get("sample_ids")) + "\n")
     return ExportResult(temp, "npy", dump.num_samples, keys, notes)
 
 
@@ -293,7 +294,7 @@ def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expor
     })  # fmt: skip
     tokens = dump.manifest.get("rows") == "tokens"
     read = keys + (["__sample__"] if tokens and "__sample__" not in keys else [])
-    ids = dump.sample_ids
+    ids = dump.manifest.get("sample_ids") or []  # none: ids are row numbers
     folder = _ArrowFolder(temp, features)
     row = 0
     for chunk in _chunks(dump, read) if dump.num_samples else ():

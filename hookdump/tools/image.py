@@ -1,4 +1,5 @@
-"""Rendering one captured tensor as a PNG: a feature-map grid, or a histogram of its values."""
+"""Rendering one captured tensor as a PNG: a feature-map grid, a heatmap of `[T, D]` rows,
+attention heads or a vector's bars (`tools.pictures`), else a histogram of its values."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torchvision.utils import make_grid
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.store.reader import Dump
+from hookdump.tools import pictures
 
 MIN_TILE = 48  # feature maps smaller than this are enlarged (nearest) to stay legible
 PAD = 2
@@ -53,7 +55,9 @@ class Rendered:
         return f"wrote {self.path}: histogram of {key} sample {sample}"
 
 
-def render(dump_path: str | Path, key: str, out: Path, sample: int = 0) -> Rendered:
+def render(
+    dump_path: str | Path, key: str, out: Path, sample: int = 0
+) -> Rendered | pictures.Picture:
     """Draw `key` of sample `sample` from a dump into the PNG `out`."""
     if out.suffix.lower() != ".png":  # the bytes are PNG's: a name must not say otherwise
         raise HookdumpError(
@@ -80,9 +84,29 @@ def render(dump_path: str | Path, key: str, out: Path, sample: int = 0) -> Rende
             f"KEY {key!r}: a sample is {dump.row_bytes([key]) / (1 << 20):,.0f} MiB, more than "
             f"show draws ({MAX_ROW_BYTES >> 20} MiB); read it with hookdump.load(...).row(...)"
         )
-    values = dump.row(key, sample).float()
+    return _draw(dump, key, sample, dump.row(key, sample).float(), out)
+
+
+def _draw(
+    dump: Dump, key: str, sample: int, values: torch.Tensor, out: Path
+) -> Rendered | pictures.Picture:
+    """The picture that suits the sample's shape and kind."""
+    info = dump.info(key)
+    tokens = dump.manifest.get("rows") == "tokens"
+    ids = dump.manifest.get("sample_ids")  # not Dump.sample_ids: that lists every row
+    named = ids[sample] if isinstance(ids, list) and not tokens and sample < len(ids) else sample
+    title = f"{key} ({info.module_type}), sample {named}, shape {list(values.shape)}"
+    if info.kind in ("pattern", "scores") and values.dim() == 3:
+        return pictures.heads(values, out, title, info.kind)
     if values.dim() == 3 and values.shape[0] and values.shape[1] > 1 and values.shape[2] > 1:
         return _grid(values, out)
+    if values.dim() == 2 and values.shape[0] and values.shape[1]:
+        labels = None if tokens else pictures.token_strings(dump, sample, values.shape[0])
+        if labels is not None and len(labels) != values.shape[0]:
+            labels = None  # not one per row: these rows are not the tokens fed
+        return pictures.heatmap(values, out, title, labels)
+    if values.dim() == 1 and values.numel() > 1:
+        return pictures.vector(values, out, title)
     return _histogram(values, out, f"{key}  sample {sample}  shape {list(values.shape)}")
 
 

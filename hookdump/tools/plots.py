@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,7 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
         axes.set_title(_plain(title))
         axes.legend(loc="best")
         axes.grid(True, alpha=0.3)
-        _save(axes.figure, out)
+        save(axes.figure, out)
     return Drawn(out, len(keys), keys[bad[0]].info.key if bad else None)
 
 
@@ -129,7 +130,7 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
         axes.set_title(_plain(title))
         axes.legend(loc="best")
         axes.grid(True, alpha=0.3)
-        _save(axes.figure, out)
+        save(axes.figure, out)
     return Drawn(out, len(items), items[failing[0]].key if failing else None)
 
 
@@ -171,8 +172,12 @@ def _short(name: str, most: int = 40) -> str:
     return name if len(name) <= most else "…" + name[-(most - 1) :]
 
 
-def _save(figure: Any, out: Path) -> None:
-    figure.tight_layout()
+def save(figure: Any, out: Path) -> None:
+    """Write `figure` to `out` in the format its extension names, laid out to fit."""
+    if figure.get_layout_engine() is None:  # a constrained layout lays itself out
+        with warnings.catch_warnings():  # a layout that cannot be tightened stays as it is
+            warnings.simplefilter("ignore")
+            figure.tight_layout()
     try:
         figure.savefig(out, format=out.suffix.lower().lstrip("."))
     except OSError as exc:

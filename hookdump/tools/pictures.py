@@ -1,0 +1,183 @@
+"""One sample of one key drawn with matplotlib, where a grid of feature maps or a histogram
+says little: `[T, D]` rows (tokens x width) as a heatmap, with the token strings on the axis
+when the dump holds the ids fed and their tokenizer is at hand; attention patterns and
+scores (`[heads, T, T]`) as a heatmap per head; vectors as bars (or, when long, a sorted
+profile) with the top units named.
+
+Every picture has a title (key, module class, sample id, shape) and labelled axes, and a
+colour bar where colour carries a value. Heatmaps use a sequential scale from the values'
+min to their max, so the largest value is the brightest cell and outlier dimensions show as
+bright columns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookdump.tools.plots import pyplot
+
+MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
+MAX_HEADS = 16  # attention heads drawn, the first ones
+MAX_BARS = 256  # longer vectors are drawn as a sorted profile
+TOP_UNITS = 5  # the largest units named on a vector's picture
+TOKEN_LABELS = 64  # token strings written on the axis, at most
+SIZE, DPI = (10.0, 6.0), 100
+CMAP = "viridis"
+
+
+@dataclass
+class Picture:
+    """What was drawn, for the one-line report and the tests: the heatmap's cells' box in
+    pixels (left, top, right, bottom) and how many rows and columns it has."""
+
+    chart: str
+    path: Path
+    width: int
+    height: int
+    box: tuple[float, float, float, float] | None = None
+    rows: int = 0
+    cols: int = 0
+
+    def describe(self, key: str, sample: int) -> str:
+        shown = f" of {self.rows}x{self.cols}" if self.rows else ""
+        return f"wrote {self.path}: {self.chart}{shown} of {key} sample {sample}"
+
+
+def heatmap(
+    values: torch.Tensor, out: Path, title: str, row_labels: list[str] | None = None
+) -> Picture:
+    """`[rows, cols]` values as cells (NaN blank), rows labelled with `row_labels` (tokens)."""
+    values = _cut(values)
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=SIZE, dpi=DPI)
+    try:
+        image = axes.imshow(values.numpy(), aspect="auto", cmap=CMAP, interpolation="nearest")
+        figure.colorbar(image, ax=axes, label="value")
+        axes.set_xlabel(f"dimension (of {values.shape[1]})")
+        if row_labels is not None:
+            _label_rows(axes, row_labels[: values.shape[0]])
+            axes.set_ylabel("token")
+        else:
+            axes.set_ylabel(f"row (of {values.shape[0]})")
+        axes.set_title(_plain(title))
+        return _saved(figure, axes, out, "heatmap", values.shape)
+    finally:
+        plt.close(figure)
+
+
+def heads(values: torch.Tensor, out: Path, title: str, what: str) -> Picture:
+    """`[heads, T, T]` (query x key) as a heatmap per head, on one colour scale."""
+    shown = values[:MAX_HEADS]
+    count = shown.shape[0]
+    cols = math.ceil(math.sqrt(count))
+    rows = math.ceil(count / cols)
+    plt = pyplot()
+    figure, grid = plt.subplots(
+        rows, cols, figsize=SIZE, dpi=DPI, squeeze=False, layout="constrained"
+    )  # room for the shared colour bar
+    try:
+        finite = shown[torch.isfinite(shown)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+        image = None
+        for index, axes in enumerate(grid.flat):
+            if index >= count:
+                axes.axis("off")
+                continue
+            image = axes.imshow(_cut(shown[index]).numpy(), cmap=CMAP, vmin=low, vmax=high,
+                                interpolation="nearest")  # fmt: skip
+            axes.set_title(f"head {index}", fontsize=8)
+            axes.tick_params(labelsize=6)
+        if image is not None:
+            figure.colorbar(image, ax=list(grid.flat), label=what)
+        more = f" (the first {count} of {values.shape[0]} heads)" if count < values.shape[0] else ""
+        figure.suptitle(_plain(title + more))
+        figure.supxlabel("key position")
+        figure.supylabel("query position")
+        return _saved(figure, None, out, f"{what} per head", (count, values.shape[-1]))
+    finally:
+        plt.close(figure)
+
+
+def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
+    """A `[D]` vector: a bar per unit (at most MAX_BARS), else its values sorted; the
+    TOP_UNITS largest named either way."""
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=SIZE, dpi=DPI)
+    try:
+        data = values.nan_to_num(nan=0.0)
+        top = torch.topk(data, min(TOP_UNITS, data.numel())).indices.tolist()
+        if data.numel() <= MAX_BARS:
+            axes.bar(range(data.numel()), data.numpy(), color="tab:blue")
+            for unit in top:
+                axes.annotate(str(unit), (unit, float(data[unit])), ha="center", va="bottom",
+                              fontsize=8)  # fmt: skip
+            axes.set_xlabel(f"unit (of {data.numel()})")
+            chart = "bars"
+        else:
+            order = torch.argsort(data, descending=True)
+            axes.plot(range(data.numel()), data[order].numpy(), color="tab:blue")
+            named = ", ".join(f"{unit} ({float(data[unit]):.4g})" for unit in top)
+            axes.text(0.99, 0.97, f"largest units: {named}", transform=axes.transAxes,
+                      ha="right", va="top", fontsize=9,
+                      bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})  # fmt: skip
+            axes.set_xlabel(f"units sorted by value (of {data.numel()})")
+            chart = "sorted profile"
+        axes.set_ylabel("value")
+        axes.grid(True, alpha=0.3)
+        axes.set_title(_plain(title))
+        return _saved(figure, None, out, chart, (0, 0))
+    finally:
+        plt.close(figure)
+
+
+def token_strings(dump: Any, sample: int, rows: int) -> list[str] | None:
+    """The tokens of sample `sample` as strings, when the dump holds the ids it fed
+    (`__input_ids__`) and the tokenizer it names can be read (never any of its code run)."""
+    if "__input_ids__" not in dump:
+        return None
+    ids = dump.row("__input_ids__", sample).tolist()
+    folder = (dump.manifest.get("input") or {}).get("tokenizer")
+    if folder and Path(folder).is_dir():
+        try:
+            from hookdump.model.zoo import load_tokenizer
+
+            tokenizer, _ = load_tokenizer(folder, str(folder))
+            return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)][:rows]
+        except Exception:  # a tokenizer that will not load: the ids will do
+            pass
+    return [str(i) for i in ids][:rows]
+
+
+def _cut(values: torch.Tensor) -> torch.Tensor:
+    """At most MAX_CELLS cells: the first rows, and the first columns of each."""
+    cols = min(values.shape[1], MAX_CELLS)
+    return values[: max(1, MAX_CELLS // cols), :cols]
+
+
+def _label_rows(axes: Any, labels: list[str]) -> None:
+    step = max(1, math.ceil(len(labels) / TOKEN_LABELS))
+    shown = list(range(0, len(labels), step))
+    axes.set_yticks(shown)
+    axes.set_yticklabels([_plain(repr(labels[i])[1:-1]) for i in shown], fontsize=7)
+
+
+def _plain(text: str) -> str:
+    return text.replace("$", r"\$")
+
+
+def _saved(figure: Any, axes: Any, out: Path, chart: str, shape: tuple[int, ...]) -> Picture:
+    from hookdump.tools.plots import save
+
+    save(figure, out)
+    width, height = figure.canvas.get_width_height()
+    box = None
+    if axes is not None:  # the cells' box, in the saved picture's pixels (y from the top)
+        x0, y0, x1, y1 = axes.get_window_extent().extents
+        box = (x0, height - y1, x1, height - y0)
+    rows, cols = (shape[0], shape[1]) if len(shape) == 2 else (0, 0)
+    return Picture(chart, out, width, height, box, rows, cols)
