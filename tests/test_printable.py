@@ -23,6 +23,35 @@ UNPRINTABLE = re.compile(
 SHOWN = "\\x1b]0;pwned\\x07\\u202e\\x9b31m\\x7f"
 
 
+def _in_a_terminal(*args: str) -> tuple[int, str]:
+    """`hookdump ARGS` with stdout and stderr on a pseudo-terminal (where rich colours and
+    draws its live lines): its exit code and all it wrote."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hookdump", *args],
+        stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env,
+        cwd=Path(__file__).parent,
+    )  # fmt: skip
+    os.close(follower)
+    output = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    return process.wait(timeout=120), output.decode()
+
+
 def _clean(*outputs: str) -> str:
     text = "".join(outputs)
     assert not UNPRINTABLE.search(text), repr(text)
@@ -93,34 +122,11 @@ def test_error_lines_from_the_command_line(args: list[str], tmp_path: Path) -> N
 
 def test_a_real_terminal_gets_rich_colours_but_no_hostile_sequence(tmp_path: Path) -> None:
     """In a pseudo-terminal, where rich colours and click strips nothing."""
-    import os
-    import pty
-    import subprocess
-    import sys
-
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_file({f"k{HOSTILE}": torch.ones(2, 3)}, a)
     save_file({f"k{HOSTILE}": torch.zeros(2, 3)}, b)
-    leader, follower = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hookdump", "diff", str(a), str(b)],
-        stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env,
-        cwd=Path(__file__).parent,
-    )  # fmt: skip
-    os.close(follower)
-    output = bytearray()
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the terminal closed
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(leader)
-    assert process.wait(timeout=120) == 1
-    text = output.decode()
+    code, text = _in_a_terminal("diff", str(a), str(b))
+    assert code == 1
     assert f"k{SHOWN}" in text
     assert "\x1b[" in text  # rich's own colours
     without_colours = re.sub(r"\x1b\[[0-9;]*m", "", text)
@@ -160,31 +166,10 @@ def test_a_terminal_sees_what_loads_before_the_first_batch(tmp_path: Path) -> No
     """In a pseudo-terminal: a status line names what loads until the first batch is done
     (the first seconds used to be silent), then the bar with its time left, both gone once
     the table is printed."""
-    import os
-    import pty
-    import subprocess
-    import sys
 
-    leader, follower = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hookdump", "run", "tiny_models:TwoLinear", "-n", "64", "-b", "2",
-         "-o", str(tmp_path / "d")],
-        stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env,
-        cwd=Path(__file__).parent,
-    )  # fmt: skip
-    os.close(follower)
-    output = bytearray()
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the terminal closed
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(leader)
-    assert process.wait(timeout=120) == 0
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode())
+    code, output = _in_a_terminal("run", "tiny_models:TwoLinear", "-n", "64", "-b", "2",
+                                  "-o", str(tmp_path / "d"))  # fmt: skip
+    assert code == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output)
     assert "loading tiny_models:TwoLinear, then the first batch" in text
     assert "64 samples in" in text  # the footer, after the transient lines

@@ -341,7 +341,7 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
         "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
     }))  # fmt: skip
     count = 0
-    for acts, token_ids in _chain_first(first, sequences):
+    for acts, token_ids in itertools.chain([first], sequences):
         folder.write({name: _numpy(acts, dtype), "token_ids": token_ids.int().numpy()},
                      acts.numel() * acts.element_size())  # fmt: skip
         count += len(acts)
@@ -349,13 +349,6 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
     notes.append(f"{count} sequences of {context} tokens: SAELens' context_size is {context}, "
                  f"d_in {shape[0]}, hook_name {name!r}")  # fmt: skip
     return ExportResult(temp, "saelens", count, [key], notes)
-
-
-def _chain_first(
-    first: tuple[torch.Tensor, torch.Tensor], rest: Iterator[tuple[torch.Tensor, torch.Tensor]]
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    yield first
-    yield from rest
 
 
 def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -12,7 +12,6 @@ a replaced shard is an `InvalidDump`, never another run's rows.
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
 from dataclasses import dataclass
@@ -21,17 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookdump.errors import InvalidDump
-from hookdump.format import ITEMSIZE
 
 if TYPE_CHECKING:
     from hookdump.store.reader import Dump
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on a header's bytes
-TORCH_DTYPES = {
-    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,19 +38,13 @@ class ShardRows:
 
     def __init__(self, dump: Dump, keys: list[str]) -> None:
         self.dump, self.keys = dump, list(keys)
+        self._row_bytes = {key: dump.row_bytes([key]) for key in keys}
         self._layouts: dict[str, _Layout] = {}
-
-    def row_bytes(self, key: str) -> int:
-        meta = self.dump.tensors[key]
-        return math.prod(meta["shape"]) * ITEMSIZE[meta["dtype"]]
 
     def allocate(self, count: int) -> dict[str, torch.Tensor]:
         """Empty tensors of `count` rows of each key, as the manifest shapes them."""
-        return {
-            key: torch.empty((count, *self.dump.tensors[key]["shape"]),
-                             dtype=TORCH_DTYPES[self.dump.tensors[key]["dtype"]])
-            for key in self.keys
-        }  # fmt: skip
+        infos = [self.dump.info(key) for key in self.keys]  # the reader's shapes and dtypes
+        return {i.key: torch.empty((count, *i.shape), dtype=i.dtype) for i in infos}
 
     def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
         """Rows `lo:hi` (dump row numbers, inside one shard) into `out` (`hi - lo` rows of
@@ -71,7 +58,7 @@ class ShardRows:
         try:
             layout = self._layout(shard, fd)
             for key in self.keys:
-                size = self.row_bytes(key)
+                size = self._row_bytes[key]
                 want = (hi - lo) * size
                 if want == 0:
                     continue
@@ -98,7 +85,7 @@ class ShardRows:
             return
         try:
             for key in self.keys:
-                size = self.row_bytes(key)
+                size = self._row_bytes[key]
                 start = layout.offsets[key] + (lo - shard["start"]) * size
                 os.posix_fadvise(fd, start, (hi - lo) * size, os.POSIX_FADV_WILLNEED)
         except OSError:
@@ -137,7 +124,7 @@ class ShardRows:
                     and all(type(v) is int for v in span)):  # fmt: skip
                 raise InvalidDump(f"{where}: no byte offsets for {key!r} in its header")
             begin, end = span
-            if end - begin != rows * self.row_bytes(key) or begin < 0 or 8 + length + end > size:
+            if end - begin != rows * self._row_bytes[key] or begin < 0 or 8 + length + end > size:
                 raise InvalidDump(
                     f"{where}: {key!r}'s bytes {begin}:{end} are not its {rows} rows inside the "
                     "file"

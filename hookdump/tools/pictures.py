@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hookdump.tools.plots import pyplot
+from hookdump.tools.plots import plain, pyplot, save
 
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
 MAX_HEADS = 16  # attention heads drawn, the first ones
@@ -64,7 +64,7 @@ def heatmap(
             axes.set_ylabel("token")
         else:
             axes.set_ylabel(f"row (of {values.shape[0]})")
-        axes.set_title(_plain(title))
+        axes.set_title(plain(title))
         return _saved(figure, axes, out, "heatmap", values.shape)
     finally:
         plt.close(figure)
@@ -95,7 +95,7 @@ def heads(values: torch.Tensor, out: Path, title: str, what: str) -> Picture:
         if image is not None:
             figure.colorbar(image, ax=list(grid.flat), label=what)
         more = f" (the first {count} of {values.shape[0]} heads)" if count < values.shape[0] else ""
-        figure.suptitle(_plain(title + more))
+        figure.suptitle(plain(title + more))
         figure.supxlabel("key position")
         figure.supylabel("query position")
         return _saved(figure, None, out, f"{what} per head", (count, values.shape[-1]))
@@ -129,7 +129,7 @@ def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
             chart = "sorted profile"
         axes.set_ylabel("value")
         axes.grid(True, alpha=0.3)
-        axes.set_title(_plain(title))
+        axes.set_title(plain(title))
         return _saved(figure, None, out, chart, (0, 0))
     finally:
         plt.close(figure)
@@ -163,16 +163,10 @@ def _label_rows(axes: Any, labels: list[str]) -> None:
     step = max(1, math.ceil(len(labels) / TOKEN_LABELS))
     shown = list(range(0, len(labels), step))
     axes.set_yticks(shown)
-    axes.set_yticklabels([_plain(repr(labels[i])[1:-1]) for i in shown], fontsize=7)
-
-
-def _plain(text: str) -> str:
-    return text.replace("$", r"\$")
+    axes.set_yticklabels([plain(repr(labels[i])[1:-1]) for i in shown], fontsize=7)
 
 
 def _saved(figure: Any, axes: Any, out: Path, chart: str, shape: tuple[int, ...]) -> Picture:
-    from hookdump.tools.plots import save
-
     save(figure, out)
     width, height = figure.canvas.get_width_height()
     box = None

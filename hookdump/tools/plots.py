@@ -87,11 +87,11 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
         if bad:
             first = keys[bad[0]]
             axes.axvline(bad[0], color="tab:red", linewidth=2,
-                         label=_plain(f"NaN/Inf from {first.info.key}"))  # fmt: skip
+                         label=plain(f"NaN/Inf from {first.info.key}"))  # fmt: skip
         axes.set_yscale("symlog", linthresh=_linear_range(mean, std, low, high))
         _key_axis(axes, [k.info.key for k in keys])
         axes.set_ylabel("value (symmetric log scale)")
-        axes.set_title(_plain(title))
+        axes.set_title(plain(title))
         axes.legend(loc="best")
         axes.grid(True, alpha=0.3)
         save(axes.figure, out)
@@ -121,13 +121,13 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
                          zorder=3, label="infinite (b is 0 where a is not)")  # fmt: skip
         if failing:
             axes.axvline(failing[0], color="tab:red", linewidth=2,
-                         label=_plain(f"first diverging: {items[failing[0]].key}"))  # fmt: skip
+                         label=plain(f"first diverging: {items[failing[0]].key}"))  # fmt: skip
         axes.axhline(max(result.rtol, tiny), color="grey", linestyle="--",
                      label=f"rtol {result.rtol:g}")  # fmt: skip
         axes.set_yscale("log")
         _key_axis(axes, [i.key for i in items])
         axes.set_ylabel("max |a - b| / |b|")
-        axes.set_title(_plain(title))
+        axes.set_title(plain(title))
         axes.legend(loc="best")
         axes.grid(True, alpha=0.3)
         save(axes.figure, out)
@@ -144,7 +144,7 @@ def _figure(plt: Any) -> Iterator[Any]:
         plt.close(figure)
 
 
-def _plain(text: str) -> str:
+def plain(text: str) -> str:
     """A key or a path drawn as it is: a `$` is not the start of mathtext."""
     return text.replace("$", r"\$")
 
@@ -162,7 +162,7 @@ def _key_axis(axes: Any, names: list[str]) -> None:
     step = max(1, math.ceil(len(names) / MAX_LABELS))
     shown = list(range(0, len(names), step))
     axes.set_xticks(shown)
-    axes.set_xticklabels([_plain(_short(names[i])) for i in shown], rotation=60, ha="right",
+    axes.set_xticklabels([plain(_short(names[i])) for i in shown], rotation=60, ha="right",
                          fontsize=8)  # fmt: skip
     axes.set_xlabel(f"keys in forward order ({len(names)})")
     axes.set_xlim(-0.5, max(len(names) - 0.5, 0.5))
