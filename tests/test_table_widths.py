@@ -1,10 +1,12 @@
 """The summary table at 80, 120 and 200 columns: narrower consoles drop the distribution,
 module, dtype and an all-zero nan/inf column in that order, fold long keys, and never cut a
-number. Golden files hold each width's table (UPDATE_GOLDEN=1 rewrites them)."""
+number; `diff`'s table folds its keys and verdicts, never a number. Golden files hold the
+tables (UPDATE_GOLDEN=1 rewrites them)."""
 
 from __future__ import annotations
 
 import io
+import math
 import os
 from pathlib import Path
 
@@ -12,9 +14,10 @@ import pytest
 import torch
 from rich.console import Console
 
-from hookdump.cli.render import print_inspection, summary_table
+from hookdump.cli.render import print_diff, print_inspection, summary_table
 from hookdump.format import KeyInfo
 from hookdump.store.stats import KeySummary, TensorStats
+from hookdump.tools.diff import DiffResult
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -86,3 +89,73 @@ def test_inspection_prints_at_the_console_width(tmp_path: Path) -> None:
     print_inspection(found, Console(file=out, width=80, color_system=None))
     assert max(len(line.rstrip()) for line in out.getvalue().splitlines()) <= 80
     assert "…" not in out.getvalue()
+
+
+def _diff() -> DiffResult:
+    from hookdump.tools.diff import KeyDiff
+
+    keys = [
+        KeyDiff("encoder.layer.11.attention.self.query:output.0", "encoder.layer.11", "differ",
+                "", 0.08831, 664.8, 100269, 100352, 0.9, 1.0, 1.0),
+        KeyDiff("layer4.0.relu", "layer4.0.relu", "dtype", "float32 vs bfloat16", 0.08834,
+                math.inf, 49760, 100352, 0.99996820, 1.0, 1.0),
+        KeyDiff("pooler", "pooler", "only in A"),
+    ]  # fmt: skip
+    return DiffResult(Path("a"), Path("b"), 1e-8, 1e-5, keys, (8, 8))
+
+
+def _render_diff(width: int) -> str:
+    out = io.StringIO()
+    print_diff(_diff(), Console(file=out, width=width, color_system=None, legacy_windows=False))
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
+
+
+def test_the_diff_table_at_80_columns_matches_its_golden_file() -> None:
+    text = _render_diff(80)
+    golden = GOLDEN / "diff_width_80.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 120, 200])
+def test_no_number_of_the_diff_table_is_cut(width: int) -> None:
+    """At 80 columns, `diff` used to print `0.08…`, `664…` and `100269/10…`."""
+    text = _render_diff(width)
+    assert "…" not in text
+    for value in ("0.08831", "664.8", "0.1", "100269/100352", "inf", "3.18e-05", "49760/100352"):
+        assert value in text, (width, value)
+    if width >= 80:  # room enough: the table fits
+        assert max(len(line) for line in text.splitlines()) <= width
+    lines = text.splitlines()
+    status = lines[0].index("status")
+    keys = "".join(line[1:status] for line in lines[1:5]).replace(" ", "")
+    assert "encoder.layer.11.attention.self.query:output.0" in keys  # folded, not cut
+
+
+@pytest.mark.parametrize("width", [50, 80, 120])
+def test_the_layer_listing_folds_names_and_never_cuts_a_number(width: int) -> None:
+    """At 80 columns, `layers` of a ViT used to print `encoder.layers.encoder_layer_0.…`
+    beside `2,…`."""
+    from hookdump.cli.render import layers_table
+    from hookdump.tools.layers import LayerRow
+
+    name = "encoder.layers.encoder_layer_0.self_attention.out_proj"
+    rows = [
+        LayerRow(name, "NonDynamicallyQuantizableLinear", 590592, 0, {"": [197, 768]},
+                 ops=["linear", "transpose@1"]),
+        LayerRow("encoder.ln", "LayerNorm", 1536, 12, {"": [197, 768]}, ops=[]),
+    ]  # fmt: skip
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None, legacy_windows=False)
+    console.print(layers_table(rows, width), crop=False)
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    assert "…" not in out.getvalue()
+    if width >= 80:  # narrower, the table is printed wider than the console, numbers whole
+        assert max(len(line) for line in lines) <= width
+    for value in ("590,592", "1,536", "12"):
+        assert any(value in line.split() for line in lines), (width, value)
+    start = next(i for i, line in enumerate(lines) if line.startswith(" encoder."))
+    column = lines[start - 1].index("class")
+    folded = "".join(line[1:column] for line in lines[start : start + 6]).replace(" ", "")
+    assert name in folded

@@ -85,4 +85,5 @@ def layers(
         for row in rows:
             print(row.name)
     else:
-        _output.stdout().print(layers_table(rows))
+        console = _output.stdout()
+        console.print(layers_table(rows, console.width), crop=False)

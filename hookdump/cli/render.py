@@ -18,7 +18,7 @@ from hookdump.format import format_bytes
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
     from hookdump.store.stats import KeySummary
-    from hookdump.tools.diff import DiffResult
+    from hookdump.tools.diff import DiffResult, KeyDiff
     from hookdump.tools.inspect import Inspection
     from hookdump.tools.layers import LayerRow
 
@@ -84,23 +84,37 @@ def summary_table(
     Numbers are never cut.
     """
     columns = _summary_columns(keys, sparklines)
-    fixed = None
     if width is not None:
         columns = _fitted(columns, width)
-        # the least the table takes: every column whole but the key's, folded narrow; wider
-        # than the console, it is printed that wide (and the terminal wraps it)
-        least = sum(min(c.width, NARROWEST_KEY) if c.name == "key" else c.width for c in columns)
-        fixed = least + 2 * len(columns) if least + 2 * len(columns) > width else None
-    table = Table(show_footer=True, header_style="bold", footer_style="bold", box=None,
-                  width=fixed)  # fmt: skip
+    return _table(columns, width, folding=("key",), footer=True)
+
+
+def _table(
+    columns: list[_Column], width: int | None, folding: tuple[str, ...], footer: bool = False
+) -> Table:
+    """`columns` as a table for a console `width` wide: every column whole but the `folding`
+    ones, which share the room left, the first of them served first, and wrap onto more
+    lines where they must. With no room, the table is printed wider than the console (the
+    terminal wraps it) rather than cut."""
+    folds = [c for c in columns if c.name in folding]
+    allotted = {c.name: c.width for c in folds}
+    if width is not None:
+        room = width - 2 * len(columns) - sum(c.width for c in columns if c not in folds)
+        allotted = {c.name: min(c.width, NARROWEST_KEY) for c in folds}
+        room -= sum(allotted.values())
+        for column in folds:  # in order: the key or name first
+            more = max(0, min(room, column.width - allotted[column.name]))
+            allotted[column.name] += more
+            room -= more
+    total = sum(allotted.get(c.name, c.width) for c in columns) + 2 * len(columns)
+    table = Table(show_footer=footer, header_style="bold", footer_style="bold", box=None,
+                  width=total)  # fmt: skip
     for column in columns:
-        key = column.name == "key"
         table.add_column(
-            column.name, footer=column.footer, justify=column.justify, no_wrap=not key,
-            overflow="fold" if key else "ellipsis",
-            min_width=min(column.width, NARROWEST_KEY) if key else column.width,
+            column.name, footer=column.footer, justify=column.justify,
+            no_wrap=column.name not in allotted, overflow="fold",
+            width=allotted.get(column.name, column.width),
         )  # fmt: skip
-    for column in columns:
         for cell in column.cells:
             cell.justify = column.justify
     for row in zip(*(column.cells for column in columns), strict=True):
@@ -212,29 +226,22 @@ def print_inspection(found: Inspection, console: Console) -> None:
         console.print(f"  - {for_cli(problem)}", markup=False, highlight=False, style="red")
 
 
-def layers_table(rows: Sequence[LayerRow]) -> Table:
-    """One row per selected module: name, class, parameters, output shape, calls."""
-    table = Table(header_style="bold", box=None)
-    table.add_column("name", no_wrap=True)
-    table.add_column("class")
-    table.add_column("params", justify="right")
-    table.add_column("output (per sample)")
-    table.add_column("calls", justify="right")
-    with_ops = any(row.ops is not None for row in rows)
-    if with_ops:
-        table.add_column("ops (its own forward's)")
-    for row in rows:
-        cells: list[Text | str] = [
-            Text(printable(row.name)),
-            Text(printable(row.module_type + (" (attention)" if row.attention else ""))),
-            f"{row.params:,}",
-            Text(printable(format_outputs(row))),
-            str(row.calls),
-        ]
-        if with_ops:
-            cells.append(Text(printable(", ".join(row.ops or []) or "-")))
-        table.add_row(*cells)
-    return table
+def layers_table(rows: Sequence[LayerRow], width: int | None = None) -> Table:
+    """One row per selected module: name, class, parameters, output shape, calls. At a
+    narrow console `width` the names, classes, shapes and ops fold; numbers never do."""
+    columns = [
+        _Column("name", [Text(printable(row.name)) for row in rows]),
+        _Column("class", [Text(printable(row.module_type + (" (attention)" if row.attention
+                                                             else ""))) for row in rows]),
+        _Column("params", [Text(f"{row.params:,}") for row in rows], "right"),
+        _Column("output (per sample)", [Text(printable(format_outputs(row))) for row in rows]),
+        _Column("calls", [Text(str(row.calls)) for row in rows], "right"),
+    ]  # fmt: skip
+    if any(row.ops is not None for row in rows):
+        ops = [Text(printable(", ".join(row.ops or []) or "-")) for row in rows]
+        columns.append(_Column("ops (its own forward's)", ops))
+    folding = ("name", "class", "output (per sample)", "ops (its own forward's)")
+    return _table(columns, width, folding)
 
 
 def format_outputs(row: LayerRow) -> str:
@@ -252,26 +259,7 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
     """The failing keys (or all) in forward order, then the verdict naming the first failure."""
     rows = result.keys if show_all else result.failures
     if rows:
-        table = Table(header_style="bold", box=None)
-        table.add_column("key", no_wrap=True)
-        table.add_column("status", no_wrap=True)
-        # 1 - cos: a cosine of 0.99998 would print as 1 beside "differ"
-        for name in ("max abs", "max rel", "1 - cos", "mismatched"):
-            table.add_column(name, justify="right", no_wrap=True)
-        for item in rows:
-            compared = item.numel > 0
-            table.add_row(
-                Text(printable(item.key)),
-                Text(
-                    printable(f"{item.status} {item.detail}".strip()),
-                    style="green" if item.ok else "bold red",
-                ),
-                format_number(item.max_abs) if compared else "-",
-                format_number(item.max_rel) if compared else "-",
-                format_number(1 - item.cosine) if compared and item.cosine is not None else "-",
-                f"{item.mismatched}/{item.numel}" if compared else "-",
-            )
-        console.print(table)
+        console.print(_table(_diff_columns(rows), console.width, ("key", "status")), crop=False)
     for problem in result.problems:
         console.print(f"- {problem}", markup=False, highlight=False, style="red")
     tolerance = f"atol={result.atol:g}, rtol={result.rtol:g}"
@@ -289,6 +277,27 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
         console.print(f"{_all_match(len(result.keys))} ({tolerance}), but see above", markup=False)
     else:
         console.print(f"{_all_match(len(result.keys))} ({tolerance})", markup=False)
+
+
+def _diff_columns(rows: Sequence[KeyDiff]) -> list[_Column]:
+    """Each key's verdict and figures; keys and verdicts wrap at a narrow console, numbers
+    never."""
+
+    def figure(item: KeyDiff, value: float | None) -> Text:
+        return Text(format_number(value) if item.numel > 0 and value is not None else "-")
+
+    return [
+        _Column("key", [Text(printable(item.key)) for item in rows]),
+        _Column("status", [Text(printable(f"{item.status} {item.detail}".strip()),
+                                style="green" if item.ok else "bold red") for item in rows]),
+        _Column("max abs", [figure(item, item.max_abs) for item in rows], "right"),
+        _Column("max rel", [figure(item, item.max_rel) for item in rows], "right"),
+        # 1 - cos: a cosine of 0.99998 would print as 1 beside "differ"
+        _Column("1 - cos", [figure(item, None if item.cosine is None else 1 - item.cosine)
+                            for item in rows], "right"),
+        _Column("mismatched", [Text(f"{item.mismatched}/{item.numel}" if item.numel > 0 else "-")
+                               for item in rows], "right"),
+    ]  # fmt: skip
 
 
 def _all_match(keys: int) -> str:
