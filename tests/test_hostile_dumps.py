@@ -429,7 +429,7 @@ def test_zero_width_rows_claiming_a_trillion_samples(tmp_path: Path) -> None:
 def test_show_of_200000_channels_draws_a_bounded_picture(tmp_path: Path) -> None:
     from PIL import Image
 
-    from hookdump.tools.image import MAX_PIXELS, MAX_TILES
+    from hookdump.tools.maps import MAX_PIXELS, MAX_TILES
 
     values = torch.arange(200_000 * 4, dtype=torch.float32)
     dump = _claiming(tmp_path / "a", 1, [200_000, 2, 2], data=values.numpy().tobytes())

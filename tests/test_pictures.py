@@ -66,7 +66,7 @@ def test_text_rows_are_named_by_their_tokens_and_heads_are_drawn(
                     "h.0", "-l", "h.0.attn", "--capture", "output,pattern", "-q",
                     "-o", str(out))  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    from hookdump.tools.image import render
+    from hookdump.tools.draw import render
     from hookdump.tools.pictures import token_strings
 
     dump = hookdump.load(out)

@@ -1,8 +1,9 @@
-"""`hookdump show`: the PNG decodes, has one tile per channel, each normalised on its own."""
+"""`hookdump show KEY` of feature maps: a grid whose cells follow the data (the largest value
+is the brightest cell where it lies, NaN is red), numbered tiles, a colour bar and a title;
+`--scale`, `--channels` and `--top` do what they say; the format follows the extension."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy
@@ -10,9 +11,13 @@ import pytest
 import torch
 from clitools import assert_usage_error, invoke
 from PIL import Image
+from safetensors.torch import save_file
 
-from hookdump.tools.image import MIN_TILE, PAD, SEPARATOR
+from hookdump.tools import maps
+from hookdump.tools.draw import render
+from hookdump.tools.pictures import Picture
 
+pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
 
 
@@ -25,24 +30,141 @@ def convdump(tmp_path: Path) -> Path:
     return out
 
 
-def test_feature_maps_become_one_tile_per_channel(convdump: Path, tmp_path: Path) -> None:
-    png = tmp_path / "maps.png"
-    result = invoke("show", str(convdump), "features.0", "--out", str(png), "--sample", "2")
-    assert result.exit_code == 0, result.stderr
-    assert "4 channels as a 2x2 grid" in result.stdout
-    image = Image.open(png)
+def _lone(tmp_path: Path, sample: torch.Tensor, name: str = "maps") -> Path:
+    """A lone .safetensors file holding one sample of key `maps`."""
+    path = tmp_path / f"{name}.safetensors"
+    save_file({"maps": sample[None].contiguous()}, path)
+    return path
+
+
+def _pixels(path: Path) -> numpy.ndarray:
+    image = Image.open(path)
     image.load()
-    tile = 8 * math.ceil(MIN_TILE / 8)  # 8x8 maps are enlarged to stay legible
-    assert image.size == (2 * (tile + PAD) + PAD, 2 * (tile + PAD) + PAD)
-    pixels = torch.from_numpy(numpy.asarray(image).astype("int64"))
-    for row in range(2):
-        for col in range(2):
-            y, x = PAD + row * (tile + PAD), PAD + col * (tile + PAD)
-            cell = pixels[y : y + tile, x : x + tile]
-            # grey, and stretched over its own full range: per-channel normalisation
-            assert torch.equal(cell[..., 0], cell[..., 1])
-            assert int(cell.min()) == 0 and int(cell.max()) == 255
-    assert tuple(pixels[0, 0].tolist()) == SEPARATOR
+    return numpy.asarray(image.convert("RGB")).astype(int)
+
+
+def _colour(fraction: float) -> numpy.ndarray:
+    import matplotlib
+
+    return (numpy.array(matplotlib.colormaps["viridis"](fraction)[:3]) * 255).round()
+
+
+def _close(pixel: numpy.ndarray, colour: numpy.ndarray | tuple[int, ...]) -> bool:
+    return bool(numpy.abs(pixel - numpy.asarray(colour)).sum() < 12)
+
+
+def _cell(
+    drawn: Picture, tile: int, y: float, x: float, height: int, width: int
+) -> tuple[int, int]:
+    """The pixel (row, column) at the middle of cell (y, x) of tile number `tile` (in drawing
+    order) of a grid of `height` x `width` maps."""
+    assert drawn.box is not None
+    left, top, right, bottom = drawn.box
+    row, col = divmod(tile, drawn.cols)
+    across = (col * width + x + 0.5) / (drawn.cols * width)
+    down = (row * height + y + 0.5) / (drawn.rows * height)
+    return round(top + down * (bottom - top)), round(left + across * (right - left))
+
+
+def test_the_largest_value_is_the_brightest_cell_of_its_tile(tmp_path: Path) -> None:
+    values = torch.linspace(-1, 1, 6 * 8 * 8).reshape(6, 8, 8)
+    values[4, 2, 5] = 9.0  # far above the rest: the top of the shared scale
+    values[1, 6, 1] = float("nan")
+    out = tmp_path / "grid.png"
+    drawn = render(_lone(tmp_path, values), "maps", out)
+    assert (drawn.rows, drawn.cols, drawn.tiles) == (2, 3, 6)
+    pixels = _pixels(out)
+    assert pixels.shape[:2] == (drawn.height, drawn.width)
+    assert _close(pixels[_cell(drawn, 4, 2, 5, 8, 8)], _colour(1.0))
+    assert not _close(pixels[_cell(drawn, 4, 2, 4, 8, 8)], _colour(1.0))
+    assert _close(pixels[_cell(drawn, 1, 6, 1, 8, 8)], maps.NAN_COLOUR[:3])
+    # everything else is near the bottom of a scale from -1 to 9
+    assert _close(pixels[_cell(drawn, 0, 4, 4, 8, 8)], _colour(float((values[0, 4, 4] + 1) / 10)))
+
+
+def test_per_channel_stretches_every_tile_over_the_whole_scale(tmp_path: Path) -> None:
+    values = torch.zeros(4, 6, 6)
+    for channel in range(4):  # each tile's max at its own place, the ranges far apart
+        values[channel, channel, 5 - channel] = 10.0**channel
+    out = tmp_path / "each.png"
+    drawn = render(_lone(tmp_path, values), "maps", out, tiling=maps.Tiling(scale="per-channel"))
+    pixels = _pixels(out)
+    for channel in range(4):
+        assert _close(pixels[_cell(drawn, channel, channel, 5 - channel, 6, 6)], _colour(1.0))
+        assert _close(pixels[_cell(drawn, channel, 5 - channel, channel, 6, 6)], _colour(0.0))
+    shared = render(_lone(tmp_path, values), "maps", tmp_path / "shared.png")
+    dim = _pixels(tmp_path / "shared.png")[_cell(shared, 2, 2, 3, 6, 6)]  # 100 of 1000
+    assert _close(dim, _colour(0.1))
+
+
+def test_top_k_draws_the_channels_of_highest_mean_first(tmp_path: Path) -> None:
+    means = torch.tensor([3.0, 7.0, 1.0, 9.0, 5.0])
+    values = means[:, None, None].expand(5, 4, 4).clone()
+    result = invoke("show", str(_lone(tmp_path, values)), "maps", "--top", "3", "-o",
+                    str(tmp_path / "top.png"))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "the 3 of 5 channels with the highest mean, highest first" in result.stdout
+    drawn = render(_lone(tmp_path, values), "maps", tmp_path / "top.png",
+                   tiling=maps.Tiling(top=3))  # fmt: skip
+    pixels = _pixels(tmp_path / "top.png")
+    # channels 3, 1, 4 in that order, on a scale from 5 to 9
+    for tile, fraction in enumerate((1.0, 0.5, 0.0)):
+        assert _close(pixels[_cell(drawn, tile, 2, 2, 4, 4)], _colour(fraction)), tile
+
+
+def test_channels_picks_tiles_in_the_order_given(tmp_path: Path) -> None:
+    values = torch.arange(8.0)[:, None, None].expand(8, 4, 4).clone()
+    out = tmp_path / "picked.png"
+    drawn = render(_lone(tmp_path, values), "maps", out, tiling=maps.Tiling(channels="6-7,0"))
+    assert drawn.tiles == 3 and drawn.which == "3 picked channels of 8"
+    pixels = _pixels(out)
+    for tile, fraction in enumerate((6 / 7, 1.0, 0.0)):
+        assert _close(pixels[_cell(drawn, tile, 2, 2, 4, 4)], _colour(fraction)), tile
+
+
+def test_tiles_are_numbered_and_a_colour_bar_and_title_are_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = torch.randn(9, 5, 5, generator=torch.Generator().manual_seed(0))
+    path = _lone(tmp_path, values)
+    drawn = render(path, "maps", tmp_path / "full.png")
+    full = _pixels(tmp_path / "full.png")
+    monkeypatch.setattr(maps, "MIN_LABEL_PX", 10**6)  # tiles too small to number
+    render(path, "maps", tmp_path / "bare.png")
+    bare = _pixels(tmp_path / "bare.png")
+    assert drawn.box is not None
+    left, top, right, bottom = (round(v) for v in drawn.box)
+    tile = (right - left) // 3
+    corner = (slice(top, top + tile // 4), slice(left, left + tile // 2))
+    assert (full[corner] != bare[corner]).any(axis=2).sum() > 20  # "0" in the first tile
+    # the colour bar: viridis from its top to its bottom, right of the grid
+    strip = full[top:bottom, right + 10 :].reshape(-1, 3)
+    for fraction in (0.0, 0.5, 1.0):
+        assert (numpy.abs(strip - _colour(fraction)).sum(axis=1) < 12).sum() > 50, fraction
+    # the title: the same picture titled by another key differs above the grid
+    save_file({"other.key": values[None]}, tmp_path / "other.safetensors")
+    render(tmp_path / "other.safetensors", "other.key", tmp_path / "other.png")
+    other = _pixels(tmp_path / "other.png")
+    assert (other[:top] != bare[:top]).any(axis=2).sum() > 50
+
+
+def test_a_run_of_feature_maps_says_what_it_drew(convdump: Path, tmp_path: Path) -> None:
+    result = invoke("show", str(convdump), "features.0", "--out", str(tmp_path / "m.png"), "-s",
+                    "2", "--scale", "per-channel")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip().endswith("features.0 sample 2, 4 channels, as a 2x2 grid")
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(("suffix", "magic"), [(".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_the_format_follows_the_extension(
+    convdump: Path, tmp_path: Path, suffix: str, magic: bytes
+) -> None:
+    for key in ("features.0", "head"):
+        out = tmp_path / f"{key}{suffix}"
+        result = invoke("show", str(convdump), key, "-o", str(out))
+        assert result.exit_code == 0, result.stderr
+        assert out.read_bytes().startswith(magic)
 
 
 def test_a_short_vector_becomes_bars(convdump: Path, tmp_path: Path) -> None:
@@ -50,10 +172,40 @@ def test_a_short_vector_becomes_bars(convdump: Path, tmp_path: Path) -> None:
     result = invoke("show", str(convdump), "head", "-o", str(png))
     assert result.exit_code == 0, result.stderr
     assert "bars of head sample 0" in result.stdout
-    image = Image.open(png)
-    image.load()
-    assert image.size == (1000, 600)
-    assert image.getextrema() != ((255, 255), (255, 255), (255, 255))  # something was drawn
+    assert _pixels(png).shape == (600, 1000, 3)
+
+
+@pytest.mark.parametrize(
+    ("shape", "chart"),
+    [
+        ([], "the value 2.5"),
+        ([1, 1], "the value 2.5"),
+        ([4, 1, 6], "heatmap of 4x6"),
+        ([1, 7], "bars"),
+        ([2, 2, 3, 3], "histogram"),
+        ([1, 5, 5], "1 channel, as a 1x1 grid"),
+    ],
+)
+def test_each_shape_gets_its_picture(tmp_path: Path, shape: list[int], chart: str) -> None:
+    values = torch.full(shape, 2.5) if shape else torch.tensor(2.5)
+    if values.numel() > 1:
+        values = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    result = invoke("show", str(_lone(tmp_path, values)), "maps", "-o", str(tmp_path / "p.png"))
+    assert result.exit_code == 0, result.stderr
+    assert chart in result.stdout
+    assert Image.open(tmp_path / "p.png").size[0] > 0
+
+
+def test_a_histogram_counts_what_is_not_finite(tmp_path: Path) -> None:
+    values = torch.randn(2, 2, 3, 3, generator=torch.Generator().manual_seed(2))
+    clean = render(_lone(tmp_path, values, "clean"), "maps", tmp_path / "clean.png")
+    values[0, 0, 0, 0] = float("nan")
+    render(_lone(tmp_path, values, "nan"), "maps", tmp_path / "nan.png")
+    red = numpy.array([214, 39, 40])  # tab:red, the NaN/Inf count's colour
+    for name, expected in (("clean", False), ("nan", True)):
+        pixels = _pixels(tmp_path / f"{name}.png")
+        assert ((numpy.abs(pixels - red).sum(axis=2) < 12).sum() > 30) == expected
+    assert clean.chart == "histogram"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +213,14 @@ def test_a_short_vector_becomes_bars(convdump: Path, tmp_path: Path) -> None:
     [
         (["features.9"], "KEY 'features.9' is not in"),
         (["features.0", "--sample", "3"], "--sample 3 is out of range"),
+        (["features.0", "--channels", "0-9"], "--channels '0-9': there are 4 (0 to 3), no 9"),
+        (["features.0", "--channels", "2-1"], "--channels '2-1': '2-1' is not a range"),
+        (["features.0", "--channels", "a"], "'a' is not a number or a range; say e.g. 0-15,32"),
+        (["features.0", "--top", "0"], "--top 0 must be from 1 to 1024"),
+        (["features.0", "--scale", "log"], "--scale 'log' is not a colour scale"),
+        (["head", "--top", "2"], "--channels, --top and --scale pick and colour the tiles"),
+        (["features.0", "--depth"], "--depth draws every key; give no KEY"),
+        (["--depth", "--top", "2"], "--channels, --top and --scale are for one KEY's tiles"),
     ],
 )
 def test_show_errors(convdump: Path, tmp_path: Path, args: list[str], fragment: str) -> None:
@@ -69,8 +229,8 @@ def test_show_errors(convdump: Path, tmp_path: Path, args: list[str], fragment: 
     assert not (tmp_path / "x.png").exists()
 
 
-def test_a_name_that_is_not_png_is_refused(convdump: Path, tmp_path: Path) -> None:
+def test_a_name_that_is_not_a_picture_format_is_refused(convdump: Path, tmp_path: Path) -> None:
     """`--out x.jpg` used to get PNG bytes under a JPEG name."""
     result = invoke("show", str(convdump), "features.0", "--out", str(tmp_path / "x.jpg"))
-    assert_usage_error(result, "one tensor is drawn as a PNG; end the name in .png")
+    assert_usage_error(result, ".jpg is not a picture format; end the name in .png, .svg, .pdf")
     assert not (tmp_path / "x.jpg").exists()

@@ -59,7 +59,9 @@ app.command("layers", short_help="List the modules a selection picks.")(layers.l
 app.command("models", short_help="List the model names MODEL accepts.")(models.models)
 app.command("inspect", short_help="Summarise a dump; say what it misses.")(inspect.inspect)
 app.command("diff", short_help="Compare two dumps; exit 1 if they differ.")(diff.diff)
-app.command("show", short_help="Draw one captured tensor as a PNG.")(show.show)
+app.command("show", short_help="Draw one captured tensor, or every key in forward order.")(
+    show.show
+)
 app.command("export", short_help="Write a dump for datasets, SAELens or numpy.")(export.export)
 
 

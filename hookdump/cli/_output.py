@@ -17,28 +17,14 @@ import functools
 import io
 import json
 import os
-import re
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
+from hookdump.format import printable
+
 if TYPE_CHECKING:
     from rich.console import Console
-
-_UNPRINTABLE = re.compile(
-    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
-)
-
-
-def printable(text: str) -> str:
-    """`text` with each control character shown as an escape (`\x1b`, `\u202e`)."""
-    return _UNPRINTABLE.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
 
 # what a console that cannot show a character gets instead (then `\xd7`-style escapes)
 _PLAIN = str.maketrans({

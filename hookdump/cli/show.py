@@ -1,5 +1,5 @@
-"""`hookdump show`: one captured tensor as a PNG, or every key's statistics along the forward
-order (`--depth`)."""
+"""`hookdump show`: one sample of one key as a picture, or every key's statistics along the
+forward order (`--depth`)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,34 @@ def show(
     sample: Annotated[
         int, typer.Option("--sample", "-s", metavar="N", help="Which sample (row) to draw.")
     ] = 0,
+    channels: Annotated[
+        str | None,
+        typer.Option(
+            "--channels",
+            metavar="LIST",
+            help="The feature maps (or attention heads) to draw, e.g. 0-15,32. Default: all, "
+            "the first 1024 (16 heads).",
+            show_default=False,
+        ),
+    ] = None,
+    top: Annotated[
+        int | None,
+        typer.Option(
+            "--top",
+            metavar="K",
+            help="Draw the K feature maps (or heads) of highest mean, highest first.",
+            show_default=False,
+        ),
+    ] = None,
+    scale: Annotated[
+        str,
+        typer.Option(
+            "--scale",
+            metavar="SCALE",
+            help="Colour the tiles on one scale (shared: a colour is a value) or each over "
+            "its own min..max (per-channel).",
+        ),
+    ] = "shared",
     depth: Annotated[
         bool,
         typer.Option(
@@ -41,13 +69,19 @@ def show(
         ),
     ] = False,
 ) -> None:
-    """Render one captured tensor as a PNG (a feature-map grid for [C,H,W], else a
-    histogram), or with --depth every key's statistics along the forward order."""
+    """Draw one sample of one key (a feature-map grid, a heatmap of token rows, attention
+    heads, a vector's bars) or, with --depth, every key's statistics along the forward
+    order. The format follows --out's extension: .png, .svg or .pdf."""
     if out is None:
         raise HookdumpError(f"give {opt('out')} FILE: where to write the picture")
     if depth:
         if key is not None:
             raise HookdumpError(f"{opt('depth', True)} draws every key; give no KEY ({key!r})")
+        if channels is not None or top is not None or scale != "shared":
+            raise HookdumpError(
+                f"{opt('channels')}, {opt('top')} and {opt('scale')} are for one KEY's tiles; "
+                f"{opt('depth', True)} draws every key"
+            )
         from hookdump.tools.inspect import inspect_dump
         from hookdump.tools.plots import check_format, depth_plot
 
@@ -59,6 +93,8 @@ def show(
         return
     if key is None:
         raise HookdumpError(f"give the KEY to draw, or {opt('depth', True)} for every key")
-    from hookdump.tools.image import render
+    from hookdump.tools.draw import render
+    from hookdump.tools.maps import Tiling
 
-    print(render(path, key, out, sample).describe(key, sample))
+    tiling = Tiling(channels=channels, top=top, scale=scale)
+    print(render(path, key, out, sample, tiling).describe(key, sample))

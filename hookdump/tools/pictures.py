@@ -1,8 +1,8 @@
-"""One sample of one key drawn with matplotlib, where a grid of feature maps or a histogram
-says little: `[T, D]` rows (tokens x width) as a heatmap, with the token strings on the axis
-when the dump holds the ids fed and their tokenizer is at hand; attention patterns and
-scores (`[heads, T, T]`) as a heatmap per head; vectors as bars (or, when long, a sorted
-profile) with the top units named.
+"""One sample of one key drawn with matplotlib (tiles, feature maps and attention heads, are
+`tools.maps`): `[T, D]` rows (tokens x width) as a heatmap, with the token strings on the
+axis when the dump holds the ids fed and their tokenizer is at hand; vectors as bars (or,
+when long, a sorted profile) with the top units named; one number as itself; anything else
+as a histogram of its values.
 
 Every picture has a title (key, module class, sample id, shape) and labelled axes, and a
 colour bar where colour carries a value. Heatmaps use a sequential scale from the values'
@@ -22,10 +22,10 @@ import torch
 from hookdump.tools.plots import plain, pyplot, save
 
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
-MAX_HEADS = 16  # attention heads drawn, the first ones
 MAX_BARS = 256  # longer vectors are drawn as a sorted profile
 TOP_UNITS = 5  # the largest units named on a vector's picture
 TOKEN_LABELS = 64  # token strings written on the axis, at most
+BINS = 64
 SIZE, DPI = (10.0, 6.0), 100
 CMAP = "viridis"
 
@@ -42,10 +42,18 @@ class Picture:
     box: tuple[float, float, float, float] | None = None
     rows: int = 0
     cols: int = 0
+    tiles: int = 0  # a grid's or heads' tiles, and which they are
+    which: str = ""
 
     def describe(self, key: str, sample: int) -> str:
+        if self.chart == "grid":
+            return (
+                f"wrote {self.path}: {key} sample {sample}, {self.which}, as a "
+                f"{self.rows}x{self.cols} grid"
+            )
         shown = f" of {self.rows}x{self.cols}" if self.rows else ""
-        return f"wrote {self.path}: {self.chart}{shown} of {key} sample {sample}"
+        which = f" ({self.which})" if self.which else ""
+        return f"wrote {self.path}: {self.chart}{shown}{which} of {key} sample {sample}"
 
 
 def heatmap(
@@ -65,40 +73,7 @@ def heatmap(
         else:
             axes.set_ylabel(f"row (of {values.shape[0]})")
         axes.set_title(plain(title))
-        return _saved(figure, axes, out, "heatmap", values.shape)
-    finally:
-        plt.close(figure)
-
-
-def heads(values: torch.Tensor, out: Path, title: str, what: str) -> Picture:
-    """`[heads, T, T]` (query x key) as a heatmap per head, on one colour scale."""
-    shown = values[:MAX_HEADS]
-    count = shown.shape[0]
-    cols = math.ceil(math.sqrt(count))
-    rows = math.ceil(count / cols)
-    plt = pyplot()
-    figure, grid = plt.subplots(
-        rows, cols, figsize=SIZE, dpi=DPI, squeeze=False, layout="constrained"
-    )  # room for the shared colour bar
-    try:
-        finite = shown[torch.isfinite(shown)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
-        image = None
-        for index, axes in enumerate(grid.flat):
-            if index >= count:
-                axes.axis("off")
-                continue
-            image = axes.imshow(_cut(shown[index]).numpy(), cmap=CMAP, vmin=low, vmax=high,
-                                interpolation="nearest")  # fmt: skip
-            axes.set_title(f"head {index}", fontsize=8)
-            axes.tick_params(labelsize=6)
-        if image is not None:
-            figure.colorbar(image, ax=list(grid.flat), label=what)
-        more = f" (the first {count} of {values.shape[0]} heads)" if count < values.shape[0] else ""
-        figure.suptitle(plain(title + more))
-        figure.supxlabel("key position")
-        figure.supylabel("query position")
-        return _saved(figure, None, out, f"{what} per head", (count, values.shape[-1]))
+        return saved(figure, axes, out, "heatmap", values.shape)
     finally:
         plt.close(figure)
 
@@ -130,7 +105,51 @@ def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
         axes.set_ylabel("value")
         axes.grid(True, alpha=0.3)
         axes.set_title(plain(title))
-        return _saved(figure, None, out, chart, (0, 0))
+        return saved(figure, None, out, chart, (0, 0))
+    finally:
+        plt.close(figure)
+
+
+def histogram(values: torch.Tensor, out: Path, title: str) -> Picture:
+    """The finite values' histogram, their mean marked, NaN and Inf counted."""
+    flat = values.flatten()
+    finite = flat[torch.isfinite(flat)]
+    nan, inf = int(torch.isnan(flat).sum()), int(torch.isinf(flat).sum())
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=SIZE, dpi=DPI)
+    try:
+        if finite.numel():
+            axes.hist(finite.double().numpy(), bins=BINS, color="tab:blue")
+            mean = float(finite.double().mean())
+            std = float(finite.double().std()) if finite.numel() > 1 else 0.0
+            axes.axvline(mean, color="black", linestyle="--",
+                         label=f"mean {mean:.4g}, std {std:.4g}")  # fmt: skip
+            axes.legend(loc="upper right")
+        else:
+            axes.text(0.5, 0.5, "no finite values", transform=axes.transAxes, ha="center",
+                      va="center", fontsize=14)  # fmt: skip
+        if nan or inf:
+            axes.text(0.01, 0.97, f"NaN: {nan:,}  Inf: {inf:,}", transform=axes.transAxes,
+                      ha="left", va="top", color="tab:red", fontsize=11)  # fmt: skip
+        axes.set_xlabel(f"value ({finite.numel():,} finite of {flat.numel():,})")
+        axes.set_ylabel("count")
+        axes.grid(True, alpha=0.3)
+        axes.set_title(plain(title))
+        return saved(figure, None, out, "histogram", (0, 0))
+    finally:
+        plt.close(figure)
+
+
+def number(value: float, out: Path, title: str) -> Picture:
+    """One value, written large: a picture of one number is the number."""
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(6.0, 3.0), dpi=DPI)
+    try:
+        axes.axis("off")
+        axes.text(0.5, 0.45, f"{value:.6g}", transform=axes.transAxes, ha="center",
+                  va="center", fontsize=36)  # fmt: skip
+        axes.set_title(plain(title))
+        return saved(figure, None, out, f"the value {value:.6g}", (0, 0))
     finally:
         plt.close(figure)
 
@@ -166,7 +185,15 @@ def _label_rows(axes: Any, labels: list[str]) -> None:
     axes.set_yticklabels([plain(repr(labels[i])[1:-1]) for i in shown], fontsize=7)
 
 
-def _saved(figure: Any, axes: Any, out: Path, chart: str, shape: tuple[int, ...]) -> Picture:
+def saved(
+    figure: Any,
+    axes: Any,
+    out: Path,
+    chart: str,
+    shape: tuple[int, ...],
+    tiles: int = 0,
+    which: str = "",
+) -> Picture:
     save(figure, out)
     width, height = figure.canvas.get_width_height()
     box = None
@@ -174,4 +201,4 @@ def _saved(figure: Any, axes: Any, out: Path, chart: str, shape: tuple[int, ...]
         x0, y0, x1, y1 = axes.get_window_extent().extents
         box = (x0, height - y1, x1, height - y0)
     rows, cols = (shape[0], shape[1]) if len(shape) == 2 else (0, 0)
-    return Picture(chart, out, width, height, box, rows, cols)
+    return Picture(chart, out, width, height, box, rows, cols, tiles, which)

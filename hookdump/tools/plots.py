@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import printable
 from hookdump.store.stats import KeySummary
 from hookdump.tools.diff import DiffResult
 
@@ -145,8 +146,9 @@ def _figure(plt: Any) -> Iterator[Any]:
 
 
 def plain(text: str) -> str:
-    """A key or a path drawn as it is: a `$` is not the start of mathtext."""
-    return text.replace("$", r"\$")
+    """A key or a path drawn as it is: a `$` is not the start of mathtext, and a control
+    character is shown as its escape (`\x1b`), as everywhere hookdump writes for a person."""
+    return printable(text).replace("$", r"\$")
 
 
 def _linear_range(*series: list[float]) -> float:
