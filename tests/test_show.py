@@ -74,7 +74,7 @@ def test_the_largest_value_is_the_brightest_cell_of_its_tile(tmp_path: Path) -> 
     drawn = render(_lone(tmp_path, values), "maps", out)
     assert (drawn.rows, drawn.cols, drawn.tiles) == (2, 3, 6)
     pixels = _pixels(out)
-    assert pixels.shape[:2] == (drawn.height, drawn.width)
+    assert pixels.shape[:2] == (drawn.height, drawn.width) == (900, 1000)
     assert _close(pixels[_cell(drawn, 4, 2, 5, 8, 8)], _colour(1.0))
     assert not _close(pixels[_cell(drawn, 4, 2, 4, 8, 8)], _colour(1.0))
     assert _close(pixels[_cell(drawn, 1, 6, 1, 8, 8)], maps.NAN_COLOUR[:3])

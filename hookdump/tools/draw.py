@@ -69,7 +69,8 @@ def _draw(
     tokens = dump.manifest.get("rows") == "tokens"
     ids = dump.manifest.get("sample_ids")  # not Dump.sample_ids: that lists every row
     named = ids[sample] if isinstance(ids, list) and not tokens and sample < len(ids) else sample
-    title = f"{key} ({info.module_type}), sample {named}, shape {list(values.shape)}"
+    module = f" ({info.module_type})" if info.module_type not in ("", "-") else ""  # lone files
+    title = f"{key}{module}, sample {named}, shape {list(values.shape)}"
     if info.kind in ("pattern", "scores") and values.dim() == 3 and values.numel():
         return maps.heads(values, out, title, info.kind, tiling)
     shape = [size for size in values.shape if size != 1] if values.numel() else []

@@ -62,15 +62,19 @@ def heatmap(
     """`[rows, cols]` values as cells (NaN blank), rows labelled with `row_labels` (tokens)."""
     values = _cut(values)
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     figure, axes = plt.subplots(figsize=SIZE, dpi=DPI)
     try:
         image = axes.imshow(values.numpy(), aspect="auto", cmap=CMAP, interpolation="nearest")
         figure.colorbar(image, ax=axes, label="value")
         axes.set_xlabel(f"dimension (of {values.shape[1]})")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # cells, not fractions
         if row_labels is not None:
             _label_rows(axes, row_labels[: values.shape[0]])
             axes.set_ylabel("token")
         else:
+            axes.yaxis.set_major_locator(MaxNLocator(integer=True))
             axes.set_ylabel(f"row (of {values.shape[0]})")
         axes.set_title(plain(title))
         return saved(figure, axes, out, "heatmap", values.shape)
