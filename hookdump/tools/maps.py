@@ -66,7 +66,8 @@ def choose(values: torch.Tensor, tiling: Tiling, most: int, unit: str) -> tuple[
     chosen = _numbers(tiling.channels, total) if tiling.channels is not None else None
     pool = chosen if chosen is not None else range(total)
     if tiling.top is not None:
-        flat = values[torch.tensor(list(pool), dtype=torch.long)].reshape(len(pool), -1)
+        subset = values if chosen is None else values[torch.tensor(chosen, dtype=torch.long)]
+        flat = subset.reshape(len(pool), -1)  # a view when every channel is in the pool
         finite = torch.isfinite(flat)
         sums = torch.where(finite, flat, 0.0).sum(1)
         means = torch.where(finite.any(1), sums / finite.sum(1).clamp(min=1), -math.inf)
@@ -92,7 +93,10 @@ def grid(values: torch.Tensor, out: Path, title: str, tiling: Tiling) -> Picture
     cols = max(1, min(count, cols))
     rows = math.ceil(count / cols)
     maps = _fit(maps, rows, cols)
-    count, height, width = maps.shape
+    size = f"{height}x{width} map" + (
+        f", shrunk to {maps.shape[1]}x{maps.shape[2]}" if maps.shape[1:] != (height, width) else ""
+    )
+    height, width = maps.shape[1:]
     scaled, low, high = _scaled(maps, tiling.scale)
     plt = pyplot()
     colours = plt.get_cmap(CMAP)
@@ -115,7 +119,7 @@ def grid(values: torch.Tensor, out: Path, title: str, tiling: Tiling) -> Picture
         axes.set_xticks([])
         axes.set_yticks([])
         nan = ", NaN and Inf in red" if bool(bad.any()) else ""
-        axes.set_xlabel(f"{which}: each tile one channel's {height}x{width} map{nan}")
+        axes.set_xlabel(f"{which}: each tile one channel's {size}{nan}")
         bar = figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=colours), ax=axes,
                               shrink=0.8)  # fmt: skip
         bar.set_label(_bar_label(tiling.scale, "channel"))
