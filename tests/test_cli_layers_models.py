@@ -98,3 +98,24 @@ def test_models_with_backbones_build_without_downloading(
     from hookdump.model.loading import load_model
 
     assert load_model(model).family in ("segmentation", "detection")
+
+
+@pytest.mark.parametrize("model", ["googlenet", "quantized_googlenet"])
+def test_models_that_warn_of_their_init_build_quietly_with_the_same_weights(model: str) -> None:
+    """torchvision's googlenet and inception_v3 print a FutureWarning about their default
+    init; hookdump asks for that init outright, so the weights are the ones torchvision
+    would make with the same seed."""
+    import warnings
+
+    from hookdump.model.loading import load_model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_model(model)
+    assert [str(w.message) for w in caught if w.category is FutureWarning] == []
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = torchvision.models.get_model(model)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(loaded.module.state_dict()[name], value, msg=name)

@@ -246,6 +246,9 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
     )  # fmt: skip
 
 
+_WARNS_OF_ITS_INIT = ("googlenet", "inception_v3")
+
+
 def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> LoadedModel:
     models = torchvision_models()
     if spec not in models:
@@ -262,6 +265,10 @@ def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> Loaded
     elif "weights_backbone" in inspect.signature(tvm.get_model_builder(spec)).parameters:
         # detection and segmentation builders download an ImageNet backbone by default
         kwargs = {"weights_backbone": None, **kwargs}
+    if enum is None and spec.endswith(_WARNS_OF_ITS_INIT):
+        # torchvision warns that their default init will change and, for now, uses this one:
+        # the same weights, said outright, without the FutureWarning on stderr
+        kwargs = {"init_weights": True, **kwargs}
     module = _build(lambda **kw: tvm.get_model(spec, weights=enum, **kw), spec, kwargs)
     return LoadedModel(
         module, spec, weights, models[spec],
