@@ -54,8 +54,10 @@ def export(
     for note in result.notes:
         _output.stderr().print(f"note: {note}", markup=False, highlight=False)
     if not quiet:
-        what = "sequences" if result.to == "saelens" else "rows"
+        from hookdump.cli.render import counted
+
+        rows = counted(result.rows, "sequence" if result.to == "saelens" else "row")
         _output.stdout().print(
-            f"{result.rows} {what} of {len(result.keys)} key{'s' if len(result.keys) != 1 else ''}"
-            f" -> {result.out} ({result.to})", markup=False, highlight=False,
+            f"{rows} of {counted(len(result.keys), 'key')} -> {result.out} ({result.to})",
+            markup=False, highlight=False,
         )  # fmt: skip

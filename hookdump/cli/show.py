@@ -72,29 +72,33 @@ def show(
     """Draw one sample of one key (a feature-map grid, a heatmap of token rows, attention
     heads, a vector's bars) or, with --depth, every key's statistics along the forward
     order. The format follows --out's extension: .png, .svg or .pdf."""
+    from hookdump.tools.maps import Tiling
+
     if out is None:
         raise HookdumpError(f"give {opt('out')} FILE: where to write the picture")
+    tiling = Tiling(channels=channels, top=top, scale=scale)
     if depth:
         if key is not None:
             raise HookdumpError(f"{opt('depth', True)} draws every key; give no KEY ({key!r})")
-        if channels is not None or top is not None or scale != "shared":
+        if tiling.asked:
             raise HookdumpError(
                 f"{opt('channels')}, {opt('top')} and {opt('scale')} are for one KEY's tiles; "
                 f"{opt('depth', True)} draws every key"
             )
+        from hookdump.cli.render import counted
         from hookdump.tools.inspect import inspect_dump
         from hookdump.tools.plots import check_format, depth_plot
 
         check_format(out)
         found = inspect_dump(path)
         model = found.manifest.get("model", {}).get("spec")
-        title = f"{found.path}{f' ({model})' if model else ''}: {found.num_samples} samples"
+        title = (
+            f"{found.path}{f' ({model})' if model else ''}: {counted(found.num_samples, 'sample')}"
+        )
         print(depth_plot(found.keys, out, title).describe("statistics along the forward order"))
         return
     if key is None:
         raise HookdumpError(f"give the KEY to draw, or {opt('depth', True)} for every key")
     from hookdump.tools.draw import render
-    from hookdump.tools.maps import Tiling
 
-    tiling = Tiling(channels=channels, top=top, scale=scale)
     print(render(path, key, out, sample, tiling).describe(key, sample))
