@@ -10,7 +10,7 @@ import numpy
 import pytest
 import torch
 from clitools import invoke
-from PIL import Image
+from picturetools import pixels_of, viridis
 
 import hookdump
 
@@ -19,33 +19,21 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
 
 
-def _pixels(path: Path) -> numpy.ndarray:
-    image = Image.open(path)
-    image.load()
-    return numpy.asarray(image.convert("RGB")).astype(int)
-
-
-def _top_colour() -> numpy.ndarray:
-    import matplotlib
-
-    return (numpy.array(matplotlib.colormaps["viridis"](1.0)[:3]) * 255).round()
-
-
 def test_the_largest_value_is_the_brightest_cell(tmp_path: Path) -> None:
     from hookdump.tools.pictures import heatmap
 
     values = torch.linspace(-1, 1, 12 * 20).reshape(12, 20)
     values[7, 13] = 5.0  # an outlier, far above the rest
     drawn = heatmap(values, tmp_path / "h.png", "a known tensor")
-    pixels = _pixels(tmp_path / "h.png")
+    pixels = pixels_of(tmp_path / "h.png")
     assert pixels.shape[:2] == (drawn.height, drawn.width) == (600, 1000)
     assert drawn.box is not None
     left, top, right, bottom = drawn.box
     x = round(left + (13.5 / 20) * (right - left))
     y = round(top + (7.5 / 12) * (bottom - top))
-    assert numpy.abs(pixels[y, x] - _top_colour()).sum() < 10  # viridis' brightest
+    assert numpy.abs(pixels[y, x] - viridis(1.0)).sum() < 10  # viridis' brightest
     x_other = round(left + (2.5 / 20) * (right - left))
-    assert numpy.abs(pixels[y, x_other] - _top_colour()).sum() > 100  # its neighbours not
+    assert numpy.abs(pixels[y, x_other] - viridis(1.0)).sum() > 100  # its neighbours not
 
 
 def test_the_title_is_drawn(tmp_path: Path) -> None:
@@ -54,7 +42,7 @@ def test_the_title_is_drawn(tmp_path: Path) -> None:
     values = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
     heatmap(values, tmp_path / "titled.png", "the title of this picture")
     heatmap(values, tmp_path / "bare.png", "")
-    titled, bare = _pixels(tmp_path / "titled.png"), _pixels(tmp_path / "bare.png")
+    titled, bare = pixels_of(tmp_path / "titled.png"), pixels_of(tmp_path / "bare.png")
     assert (titled[:40] != bare[:40]).any(axis=2).sum() > 100
 
 
@@ -78,4 +66,4 @@ def test_text_rows_are_named_by_their_tokens_and_heads_are_drawn(
     shown = invoke("show", str(out), "h.0.attn:pattern", "-o", str(tmp_path / "heads.png"))
     assert shown.exit_code == 0, shown.stderr
     assert "pattern per head" in shown.stdout
-    assert _pixels(tmp_path / "heads.png").shape == (600, 1000, 3)
+    assert pixels_of(tmp_path / "heads.png").shape == (600, 1000, 3)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy
 import pytest
 from clitools import assert_usage_error, invoke
-from PIL import Image
+from picturetools import pixels_of
 
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
@@ -22,12 +22,6 @@ def _run(out: Path, *args: str) -> Path:
     result = invoke("run", *args, "-q", "-o", str(out))
     assert result.exit_code == 0, result.stderr
     return out
-
-
-def _pixels(path: Path) -> numpy.ndarray:
-    image = Image.open(path)
-    image.load()
-    return numpy.asarray(image.convert("RGB")).astype(int)
 
 
 def _red_columns(pixels: numpy.ndarray) -> set[int]:
@@ -41,7 +35,7 @@ def test_depth_marks_where_nan_starts(tmp_path: Path) -> None:
     result = invoke("show", str(dump), "--depth", "-o", str(png))
     assert result.exit_code == 0, result.stderr
     assert "statistics along the forward order of 3 keys; marked 'log'" in result.stdout
-    pixels = _pixels(png)
+    pixels = pixels_of(png)
     assert pixels.shape == (600, 1200, 3)
     assert _red_columns(pixels)  # the NaN keys' lines
 
@@ -53,7 +47,7 @@ def test_the_title_is_drawn(tmp_path: Path) -> None:
     keys = inspect_dump(_run(tmp_path / "d", "tiny_models:TwoLinear", "-n", "4")).keys
     depth_plot(keys, tmp_path / "titled.png", "a title that is drawn")
     depth_plot(keys, tmp_path / "bare.png", "")
-    titled, bare = _pixels(tmp_path / "titled.png"), _pixels(tmp_path / "bare.png")
+    titled, bare = pixels_of(tmp_path / "titled.png"), pixels_of(tmp_path / "bare.png")
     assert titled.shape == bare.shape
     top = (titled[:40] != bare[:40]).any(axis=2)
     assert top.sum() > 100  # the title's pixels, in the band above the plot
@@ -66,7 +60,7 @@ def test_diff_plot_marks_the_first_diverging_key(tmp_path: Path) -> None:
     result = invoke("diff", str(a), str(b), "--plot", str(png))
     assert result.exit_code == 1  # the check still fails, picture or not
     assert "relative error of 4 keys; marked 'linear_1'" in result.stderr
-    pixels = _pixels(png)
+    pixels = pixels_of(png)
     assert pixels.shape == (600, 1200, 3)
     assert _red_columns(pixels)
     same = invoke("diff", str(a), str(a), "--plot", str(tmp_path / "same.svg"))

@@ -10,6 +10,7 @@ import numpy
 import pytest
 import torch
 from clitools import assert_usage_error, invoke
+from picturetools import pixels_of, viridis
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -37,18 +38,6 @@ def _lone(tmp_path: Path, sample: torch.Tensor, name: str = "maps") -> Path:
     return path
 
 
-def _pixels(path: Path) -> numpy.ndarray:
-    image = Image.open(path)
-    image.load()
-    return numpy.asarray(image.convert("RGB")).astype(int)
-
-
-def _colour(fraction: float) -> numpy.ndarray:
-    import matplotlib
-
-    return (numpy.array(matplotlib.colormaps["viridis"](fraction)[:3]) * 255).round()
-
-
 def _close(pixel: numpy.ndarray, colour: numpy.ndarray | tuple[int, ...]) -> bool:
     return bool(numpy.abs(pixel - numpy.asarray(colour)).sum() < 12)
 
@@ -73,13 +62,13 @@ def test_the_largest_value_is_the_brightest_cell_of_its_tile(tmp_path: Path) -> 
     out = tmp_path / "grid.png"
     drawn = render(_lone(tmp_path, values), "maps", out)
     assert (drawn.rows, drawn.cols, drawn.tiles) == (2, 3, 6)
-    pixels = _pixels(out)
+    pixels = pixels_of(out)
     assert pixels.shape[:2] == (drawn.height, drawn.width) == (900, 1000)
-    assert _close(pixels[_cell(drawn, 4, 2, 5, 8, 8)], _colour(1.0))
-    assert not _close(pixels[_cell(drawn, 4, 2, 4, 8, 8)], _colour(1.0))
+    assert _close(pixels[_cell(drawn, 4, 2, 5, 8, 8)], viridis(1.0))
+    assert not _close(pixels[_cell(drawn, 4, 2, 4, 8, 8)], viridis(1.0))
     assert _close(pixels[_cell(drawn, 1, 6, 1, 8, 8)], maps.NAN_COLOUR[:3])
     # everything else is near the bottom of a scale from -1 to 9
-    assert _close(pixels[_cell(drawn, 0, 4, 4, 8, 8)], _colour(float((values[0, 4, 4] + 1) / 10)))
+    assert _close(pixels[_cell(drawn, 0, 4, 4, 8, 8)], viridis(float((values[0, 4, 4] + 1) / 10)))
 
 
 def test_per_channel_stretches_every_tile_over_the_whole_scale(tmp_path: Path) -> None:
@@ -88,13 +77,13 @@ def test_per_channel_stretches_every_tile_over_the_whole_scale(tmp_path: Path) -
         values[channel, channel, 5 - channel] = 10.0**channel
     out = tmp_path / "each.png"
     drawn = render(_lone(tmp_path, values), "maps", out, tiling=maps.Tiling(scale="per-channel"))
-    pixels = _pixels(out)
+    pixels = pixels_of(out)
     for channel in range(4):
-        assert _close(pixels[_cell(drawn, channel, channel, 5 - channel, 6, 6)], _colour(1.0))
-        assert _close(pixels[_cell(drawn, channel, 5 - channel, channel, 6, 6)], _colour(0.0))
+        assert _close(pixels[_cell(drawn, channel, channel, 5 - channel, 6, 6)], viridis(1.0))
+        assert _close(pixels[_cell(drawn, channel, 5 - channel, channel, 6, 6)], viridis(0.0))
     shared = render(_lone(tmp_path, values), "maps", tmp_path / "shared.png")
-    dim = _pixels(tmp_path / "shared.png")[_cell(shared, 2, 2, 3, 6, 6)]  # 100 of 1000
-    assert _close(dim, _colour(0.1))
+    dim = pixels_of(tmp_path / "shared.png")[_cell(shared, 2, 2, 3, 6, 6)]  # 100 of 1000
+    assert _close(dim, viridis(0.1))
 
 
 def test_top_k_draws_the_channels_of_highest_mean_first(tmp_path: Path) -> None:
@@ -106,10 +95,10 @@ def test_top_k_draws_the_channels_of_highest_mean_first(tmp_path: Path) -> None:
     assert "the 3 of 5 channels with the highest mean, highest first" in result.stdout
     drawn = render(_lone(tmp_path, values), "maps", tmp_path / "top.png",
                    tiling=maps.Tiling(top=3))  # fmt: skip
-    pixels = _pixels(tmp_path / "top.png")
+    pixels = pixels_of(tmp_path / "top.png")
     # channels 3, 1, 4 in that order, on a scale from 5 to 9
     for tile, fraction in enumerate((1.0, 0.5, 0.0)):
-        assert _close(pixels[_cell(drawn, tile, 2, 2, 4, 4)], _colour(fraction)), tile
+        assert _close(pixels[_cell(drawn, tile, 2, 2, 4, 4)], viridis(fraction)), tile
 
 
 def test_channels_picks_tiles_in_the_order_given(tmp_path: Path) -> None:
@@ -117,9 +106,9 @@ def test_channels_picks_tiles_in_the_order_given(tmp_path: Path) -> None:
     out = tmp_path / "picked.png"
     drawn = render(_lone(tmp_path, values), "maps", out, tiling=maps.Tiling(channels="6-7,0"))
     assert drawn.tiles == 3 and drawn.which == "3 picked channels of 8"
-    pixels = _pixels(out)
+    pixels = pixels_of(out)
     for tile, fraction in enumerate((6 / 7, 1.0, 0.0)):
-        assert _close(pixels[_cell(drawn, tile, 2, 2, 4, 4)], _colour(fraction)), tile
+        assert _close(pixels[_cell(drawn, tile, 2, 2, 4, 4)], viridis(fraction)), tile
 
 
 def test_tiles_are_numbered_and_a_colour_bar_and_title_are_drawn(
@@ -128,10 +117,10 @@ def test_tiles_are_numbered_and_a_colour_bar_and_title_are_drawn(
     values = torch.randn(9, 5, 5, generator=torch.Generator().manual_seed(0))
     path = _lone(tmp_path, values)
     drawn = render(path, "maps", tmp_path / "full.png")
-    full = _pixels(tmp_path / "full.png")
+    full = pixels_of(tmp_path / "full.png")
     monkeypatch.setattr(maps, "MIN_LABEL_PX", 10**6)  # tiles too small to number
     render(path, "maps", tmp_path / "bare.png")
-    bare = _pixels(tmp_path / "bare.png")
+    bare = pixels_of(tmp_path / "bare.png")
     assert drawn.box is not None
     left, top, right, bottom = (round(v) for v in drawn.box)
     tile = (right - left) // 3
@@ -140,11 +129,11 @@ def test_tiles_are_numbered_and_a_colour_bar_and_title_are_drawn(
     # the colour bar: viridis from its top to its bottom, right of the grid
     strip = full[top:bottom, right + 10 :].reshape(-1, 3)
     for fraction in (0.0, 0.5, 1.0):
-        assert (numpy.abs(strip - _colour(fraction)).sum(axis=1) < 12).sum() > 50, fraction
+        assert (numpy.abs(strip - viridis(fraction)).sum(axis=1) < 12).sum() > 50, fraction
     # the title: the same picture titled by another key differs above the grid
     save_file({"other.key": values[None]}, tmp_path / "other.safetensors")
     render(tmp_path / "other.safetensors", "other.key", tmp_path / "other.png")
-    other = _pixels(tmp_path / "other.png")
+    other = pixels_of(tmp_path / "other.png")
     assert (other[:top] != bare[:top]).any(axis=2).sum() > 50
 
 
@@ -172,7 +161,7 @@ def test_a_short_vector_becomes_bars(convdump: Path, tmp_path: Path) -> None:
     result = invoke("show", str(convdump), "head", "-o", str(png))
     assert result.exit_code == 0, result.stderr
     assert "bars of head sample 0" in result.stdout
-    assert _pixels(png).shape == (600, 1000, 3)
+    assert pixels_of(png).shape == (600, 1000, 3)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +192,7 @@ def test_a_histogram_counts_what_is_not_finite(tmp_path: Path) -> None:
     render(_lone(tmp_path, values, "nan"), "maps", tmp_path / "nan.png")
     red = numpy.array([214, 39, 40])  # tab:red, the NaN/Inf count's colour
     for name, expected in (("clean", False), ("nan", True)):
-        pixels = _pixels(tmp_path / f"{name}.png")
+        pixels = pixels_of(tmp_path / f"{name}.png")
         assert ((numpy.abs(pixels - red).sum(axis=2) < 12).sum() > 30) == expected
     assert clean.chart == "histogram"
 
