@@ -202,7 +202,10 @@ def test_a_histogram_counts_what_is_not_finite(tmp_path: Path) -> None:
     [
         (["features.9"], "KEY 'features.9' is not in"),
         (["features.0", "--sample", "3"], "--sample 3 is out of range"),
-        (["features.0", "--channels", "0-9"], "--channels '0-9': there are 4 (0 to 3), no 9"),
+        (
+            ["features.0", "--channels", "0-9"],
+            "--channels '0-9': there are 4 channels (0 to 3), no 9",
+        ),
         (["features.0", "--channels", "2-1"], "--channels '2-1': '2-1' is not a range"),
         (["features.0", "--channels", "a"], "'a' is not a number or a range; say e.g. 0-15,32"),
         (["features.0", "--top", "0"], "--top 0 must be from 1 to 1024"),

@@ -53,7 +53,7 @@ class Tiling:
                 "to draw, those of highest mean"
             )
         if self.channels is not None:
-            _numbers(self.channels, None)
+            _numbers(self.channels, None, "channel")
 
     @property
     def asked(self) -> bool:
@@ -63,7 +63,7 @@ class Tiling:
 def choose(values: torch.Tensor, tiling: Tiling, most: int, unit: str) -> tuple[list[int], str]:
     """The tiles of `values` (`[C, ...]`) to draw and a phrase saying which they are."""
     total = values.shape[0]
-    chosen = _numbers(tiling.channels, total) if tiling.channels is not None else None
+    chosen = _numbers(tiling.channels, total, unit) if tiling.channels is not None else None
     pool = chosen if chosen is not None else range(total)
     if tiling.top is not None:
         subset = values if chosen is None else values[torch.tensor(chosen, dtype=torch.long)]
@@ -162,8 +162,8 @@ def heads(values: torch.Tensor, out: Path, title: str, what: str, tiling: Tiling
         plt.close(figure)
 
 
-def _numbers(spec: str, total: int | None) -> list[int]:
-    """`0-15,32` as the numbers it names, in its order, each once; checked against `total`
+def _numbers(spec: str, total: int | None, unit: str) -> list[int]:
+    """`0-15,32` as the numbers it names, in its order, each once; checked against `total` `unit`s
     when given."""
     picked: list[int] = []
     for part in spec.split(","):
@@ -183,7 +183,8 @@ def _numbers(spec: str, total: int | None) -> list[int]:
             )
         if total is not None and high >= total:
             raise HookdumpError(
-                f"{opt('channels')} {spec!r}: there are {total} (0 to {total - 1}), no {high}"
+                f"{opt('channels')} {spec!r}: there are {total} {unit}s (0 to {total - 1}), "
+                f"no {high}"
             )
         if total is None:
             high = min(high, low + MAX_TILES)  # only the syntax is checked: no range built
