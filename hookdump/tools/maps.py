@@ -163,8 +163,8 @@ def heads(values: torch.Tensor, out: Path, title: str, what: str, tiling: Tiling
 
 
 def _numbers(spec: str, total: int | None, unit: str) -> list[int]:
-    """`0-15,32` as the numbers it names, in its order, each once; checked against `total` `unit`s
-    when given."""
+    """`0-15,32` as the numbers it names, in its order, each once; checked against the
+    `total` `unit`s there are, when given."""
     picked: list[int] = []
     for part in spec.split(","):
         first, dash, last = part.strip().partition("-")
