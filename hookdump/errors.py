@@ -66,6 +66,11 @@ class HookdumpError(Exception):
         return render(super().__str__(), name)
 
 
+class ArgumentTypeError(HookdumpError, TypeError):
+    """A Python argument of the wrong type: a TypeError, as Python callers expect, and a
+    HookdumpError, as hookdump's errors are."""
+
+
 class InvalidDump(HookdumpError):
     """A dump on disk that cannot be trusted: a malformed manifest, a shard that is missing,
     not a regular file, outside the dump folder, or unlike what the manifest says; exit 2."""
@@ -77,13 +82,22 @@ class CheckFailed(HookdumpError):
     exit_code = 1
 
 
-class Interrupted(HookdumpError):
-    """Ctrl-C (exit code 130) or SIGTERM (143) during a run: the message says what was kept
-    and how to go on."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (exit code 130) or SIGTERM (143) during a run, raised once the finished shards
+    are committed: the message says what was kept and how to go on. A KeyboardInterrupt,
+    not an Exception, so a loop's `except Exception` does not swallow the user's Ctrl-C or
+    a scheduler's SIGTERM."""
 
     def __init__(self, message: str, exit_code: int = 130) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return self.render(library_name)
+
+    def render(self, name: Callable[[str, str | None], str]) -> str:
+        """The message with each option named by `name(option, value)`."""
+        return render(super().__str__(), name)
 
 
 def nearest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

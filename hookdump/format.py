@@ -10,12 +10,15 @@ No torch at import time: the CLI's `--help` imports this.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
-from hookdump.errors import InvalidDump
+from hookdump.errors import HookdumpError, InvalidDump
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +101,7 @@ class Rows:
     first_sample: int
     end_sample: int
     tokens: bool = False
-    ids: tuple[Any, ...] = ()
+    ids: Sequence[Any] = ()  # a range where the ids are row numbers
     skipped: tuple[dict[str, str], ...] = ()
 
     @classmethod
@@ -117,9 +120,19 @@ class Rows:
     def joined(spans: list[Rows]) -> Rows:
         """The rows of consecutive `spans` (one shard gathering several batches) as one."""
         first, last = spans[0], spans[-1]
+        ranges = [span.ids for span in spans if isinstance(span.ids, range)]
+        ids: Sequence[Any]
+        if (  # row numbers stay a range
+            len(ranges) == len(spans)
+            and all(r.step == 1 for r in ranges)
+            and all(r.stop == after.start for r, after in itertools.pairwise(ranges))
+        ):
+            ids = range(ranges[0].start, ranges[-1].stop)
+        else:
+            ids = tuple(i for span in spans for i in span.ids)
         return Rows(
             first.start, last.stop, first.first_sample, last.end_sample, first.tokens,
-            tuple(i for span in spans for i in span.ids),
+            ids,
             tuple(s for span in spans for s in span.skipped),
         )  # fmt: skip
 
@@ -130,6 +143,109 @@ class Rows:
         if self.tokens:
             entry["sequences"] = self.end_sample
         return entry
+
+
+# what a manifest may list of sample ids, so that what a run writes its readers read
+# (`store.reader.MAX_MANIFEST_VALUES`, `MAX_MANIFEST_BYTES`) with room to spare
+MAX_LISTED_IDS = 8_000_000
+MAX_IDS_BYTES = 256 << 20
+MAX_ID_CHARS = 4096
+
+
+class SampleIds(Sequence[Any]):
+    """Sample ids in row order. Ids that are their own row numbers (random input, a tensor
+    file, `hookdump.dump`'s default, packed windows) are a count, not a list, and the
+    manifest says `null` for them; other ids are listed, within `MAX_LISTED_IDS` ids and
+    `MAX_IDS_BYTES` of JSON, each at most `MAX_ID_CHARS` long (else a HookdumpError)."""
+
+    def __init__(self, ids: Iterable[Any] = ()) -> None:
+        self._numbered = 0  # ids 0..n-1, while no other id has come
+        self._listed: list[Any] | None = None
+        self.json_bytes = 0  # of the listed ids
+        self.extend(ids)
+
+    def extend(self, ids: Iterable[Any]) -> None:
+        """Add `ids`, all or none (ids the manifest could not hold raise first)."""
+        if self._listed is None:
+            if isinstance(ids, range) and (
+                not len(ids) or (ids.step == 1 and ids.start == self._numbered)
+            ):
+                self._numbered += len(ids)
+                return
+            values = list(ids)
+            lead = 0  # the ids that go on counting rows
+            while lead < len(values) and values[lead] == self._numbered + lead:
+                if type(values[lead]) is not int:
+                    break
+                lead += 1
+            if lead == len(values):
+                self._numbered += lead
+                return
+            _check_listed(self._numbered + len(values), 0)
+            listed = list(range(self._numbered + lead))
+            nbytes = sum(len(str(i)) + 4 for i in listed)
+            values = values[lead:]
+        else:
+            listed, nbytes, values = self._listed, self.json_bytes, list(ids)
+        added = sum(_id_bytes(value) for value in values)
+        _check_listed(len(listed) + len(values), nbytes + added)
+        listed.extend(values)
+        self._listed, self.json_bytes = listed, nbytes + added
+
+    def truncate(self, count: int) -> None:
+        """Keep the first `count` ids."""
+        if self._listed is None:
+            self._numbered = min(self._numbered, count)
+        else:
+            gone = self._listed[count:]
+            del self._listed[count:]
+            self.json_bytes -= sum(_id_bytes(value) for value in gone)
+
+    def manifest_value(self) -> list[Any] | None:
+        """What the manifest's `sample_ids` holds: None for row numbers, else the list."""
+        return None if self._listed is None else self._listed
+
+    def __len__(self) -> int:
+        return self._numbered if self._listed is None else len(self._listed)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if self._listed is not None:
+            return self._listed[index]
+        return range(self._numbered)[index]
+
+
+def _id_bytes(value: Any) -> int:
+    """The bytes `value` takes in the manifest's JSON list (with its comma and indent)."""
+    if isinstance(value, str):
+        if len(value) > MAX_ID_CHARS:
+            raise HookdumpError(
+                f"a sample id of {len(value):,} characters ({value[:40]!r}...); ids are at most "
+                f"{MAX_ID_CHARS:,} characters: give shorter ids"
+            )
+        if value.isascii() and value.isprintable():
+            return len(value) + 4 + value.count('"') + value.count("\\")
+        return len(json.dumps(value)) + 4
+    return len(json.dumps(value)) + 4
+
+
+def _check_listed(count: int, nbytes: int) -> None:
+    if count > MAX_LISTED_IDS or nbytes > MAX_IDS_BYTES:
+        raise HookdumpError(
+            f"the sample ids listed reach {count:,} ids in {format_bytes(nbytes)}, more than a "
+            f"manifest holds ({MAX_LISTED_IDS:,} ids, {format_bytes(MAX_IDS_BYTES)}); "
+            "split the input into several dumps, or use row numbers as ids"
+        )
+
+
+def ids_for_manifest(ids: Sequence[Any]) -> list[Any] | None:
+    """The manifest's `sample_ids` for `ids` (None where they are the row numbers)."""
+    if isinstance(ids, SampleIds):
+        return ids.manifest_value()
+    return SampleIds(ids).manifest_value()
 
 
 def samples_fed(manifest: dict[str, Any]) -> int:
@@ -203,6 +319,8 @@ def validate_manifest(data: Any, where: str) -> dict[str, Any]:
 def _check_optional(data: dict[str, Any], bad: Any) -> None:
     for name, kind in _OPTIONAL.items():
         if name in data and not isinstance(data[name], kind):
+            if name == "sample_ids" and data[name] is None:  # the ids are the row numbers
+                continue
             raise bad(f"{name!r} is {_kind(data[name])}, not a {kind.__name__}")
     for name in ("skipped", "skipped_inputs"):
         if not all(isinstance(item, dict) for item in data.get(name, [])):

@@ -482,7 +482,7 @@ def test_the_sink_refuses_two_tensors_of_one_batch_under_one_key(tmp_path: Path)
     sink = BatchSink(DumpWriter(out), None, total=4)
     info = KeyInfo("x", "x", "Linear", "output", 0, None, (2, 3), torch.float32)
     for batch in range(2):
-        sink.begin(Rows.of_samples(2 * batch, 2 * batch + 2), 1)
+        sink.begin(Rows.of_samples(2 * batch, 2 * batch + 2), ["x"])
         sink.keep("x", torch.zeros(2, 3), info, fresh=True)
         if batch:  # a planned shard gathers this batch: the key must not be written twice
             sink.keep("x", torch.ones(2, 3), info, fresh=True)

@@ -89,7 +89,7 @@ def test_a_signal_commits_the_finished_shards_and_resume_finishes_the_dump(
     assert result.exit_code == 0, result.stderr
     assert invoke(*RUN, "-o", str(whole)).exit_code == 0
     a, b = hookdump.load(whole), hookdump.load(out)
-    assert b.complete and b.manifest["sample_ids"] == a.manifest["sample_ids"] == list(range(10))
+    assert b.complete and b.sample_ids == a.sample_ids == list(range(10))
     for key in sorted(a.keys()):
         assert torch.equal(a[key], b[key]), key
 

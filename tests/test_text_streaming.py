@@ -125,7 +125,7 @@ def test_one_huge_line_is_read_in_bounded_memory(
     code, _, stderr = memory_limited(*args, "-o", str(out), headroom=600 << 20)
     assert code == 0, stderr
     dump = hookdump.load(out)
-    assert dump.manifest["sample_ids"][:1] in ([0], [f"{path}:1"])
+    assert dump.sample_ids[:1] in ([0], [f"{path}:1"])
 
 
 @pytest.mark.slow

@@ -57,7 +57,9 @@ class Destination:
         """The ids of the samples already in the dump (resuming), in order."""
         if self.previous is None:
             return []
-        return list(self.previous["sample_ids"][: samples_fed(self.previous)])
+        listed = self.previous.get("sample_ids")
+        fed = samples_fed(self.previous)
+        return list(range(fed)) if listed is None else list(listed[:fed])
 
     @property
     def done_rows(self) -> int:

@@ -6,6 +6,7 @@ removes the ranks' manifests."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import SampleIds
 from hookdump.store.stats import KeySummary
 from hookdump.store.writer import FileNames
 
@@ -95,7 +97,7 @@ class RankShare:
     shards: list[dict[str, Any]]
     tensors: dict[str, dict[str, Any]]
     summaries: dict[str, KeySummary]
-    ids: list[Any]
+    ids: Sequence[Any]
     skipped: list[dict[str, str]]
     skipped_inputs: list[dict[str, str]]
 
@@ -130,7 +132,7 @@ def merge_ranks(ranks: Ranks, mine: RankShare) -> RankShare | None:
         shards=shards,
         tensors=with_rows[0].tensors if with_rows else {},
         summaries=summaries,
-        ids=[i for p in everyone for i in p.ids],
+        ids=_joined_ids([p.ids for p in everyone]),
         skipped=mine.skipped + [s for p in everyone[1:] for s in p.skipped if s["key"] not in seen],
         skipped_inputs=[s for p in everyone for s in p.skipped_inputs],
     )
@@ -148,3 +150,11 @@ def drop_rank_manifests(out: Path) -> None:
     """Once `manifest.json` lists every rank's shards, the ranks' own are not needed."""
     for path in out.glob(RANK_MANIFESTS):
         path.unlink(missing_ok=True)
+
+
+def _joined_ids(parts: list[Sequence[Any]]) -> SampleIds:
+    """Every rank's sample ids, in rank order (row numbers stay a count)."""
+    ids = SampleIds()
+    for part in parts:
+        ids.extend(part)
+    return ids

@@ -19,7 +19,7 @@ from hookdump.engine.options import RunOptions, parse_size
 from hookdump.engine.progress import Progress
 from hookdump.engine.runner import PYTHON, Given, run
 from hookdump.engine.tokens import TokenOptions, parse_positions
-from hookdump.errors import HookdumpError, opt
+from hookdump.errors import ArgumentTypeError, HookdumpError, opt
 from hookdump.hooks.capture import parse_capture
 from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.options import CaptureOptions
@@ -108,8 +108,9 @@ def dump(
     Raises:
         HookdumpError: a bad option or batch (naming it), a forward that raised (naming the
             module it was in); the hooks are gone and `out` is as it was, or, past the first
-            shard, resumable. `Interrupted` (one) after Ctrl-C, once the finished shards
-            are committed.
+            shard, resumable.
+        Interrupted: (a KeyboardInterrupt, not an Exception) after Ctrl-C or SIGTERM,
+            once the finished shards are committed.
 
     Example:
         >>> loader = DataLoader(dataset, batch_size=64)          # (image, label) pairs
@@ -122,6 +123,20 @@ def dump(
     if live is None and not isinstance(model, str):
         raise HookdumpError(
             f"model must be a torch.nn.Module or a MODEL string, not {type(model).__name__}"
+        )
+    _check_types({
+        "layers": layers, "exclude": exclude, "types": types, "capture": capture, "ops": ops,
+    }, {
+        "per_token": per_token, "skip_special_tokens": skip_special_tokens,
+        "overwrite": overwrite, "resume": resume, "early_stop": early_stop,
+        "progress": progress, "train": train,
+    }, {"num_samples": num_samples, "seed": seed})  # fmt: skip
+    if num_samples is not None and num_samples < 1:
+        raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
+    if live is not None and any(t.is_meta for t in [*live.parameters(), *live.buffers()]):
+        raise HookdumpError(
+            "the model's parameters are on the meta device, with no values: load its weights "
+            "first (model.to_empty(device=...) and load_state_dict)"
         )
     special = _special_ids(tokenizer, skip_special_tokens, str(model) if live is None else "")
     kinds = parse_capture(capture)
@@ -147,6 +162,29 @@ def dump(
         with Progress(progress, _stderr_console() if progress else None) as on_batch:
             run(options, on_batch, given=given)
     return Dump(Path(out))
+
+
+def _check_types(
+    globs: dict[str, object], flags: dict[str, object], counts: dict[str, object]
+) -> None:
+    """Arguments of the wrong type, named as Python names them (None: the default)."""
+    for name, value in globs.items():
+        if not isinstance(value, str) and not (
+            isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        ):
+            raise ArgumentTypeError(
+                f"{name} must be a string or a list of strings, not {_typename(value)}"
+            )
+    for name, value in flags.items():
+        if not isinstance(value, bool) and not (name == "train" and value is None):
+            raise ArgumentTypeError(f"{name} must be True or False, not {_typename(value)}")
+    for name, value in counts.items():
+        if isinstance(value, bool) or (not isinstance(value, int) and value is not None):
+            raise ArgumentTypeError(f"{name} must be an integer, not {_typename(value)}")
+
+
+def _typename(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]
 
 
 @contextmanager

@@ -70,7 +70,7 @@ class BatchLoop:
                 for batch in batches:
                     # what the manifest records of these samples, as it is now (the feed's
                     # lists grow on this thread while the commit thread writes manifests)
-                    fed = tuple(feed.ids[batch.start : batch.stop]), tuple(feed.skipped[seen:])
+                    fed = feed.ids[batch.start : batch.stop], tuple(feed.skipped[seen:])
                     seen += len(fed[1])
                     rows = self._one(batch, rows, fed)
                     self.sequences = batch.stop
@@ -101,7 +101,7 @@ class BatchLoop:
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)
             rows = Rows(first_row, first_row + count, batch.start, batch.stop, True, *fed)
-        self.sink.begin(rows, cap.keys_expected + len(stored))
+        self.sink.begin(rows, cap.keys_expected + list(stored))
         for key, tensor in stored.items():  # the input itself: token ids, the mask
             shape, first = tuple(tensor.shape[1:]), tensor.shape[0]
             info = KeyInfo(key, key, "-", "tokens", 0, None, shape, tensor.dtype, first)

@@ -147,7 +147,8 @@ def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, 
     _check_recipe(options, manifest, out)  # whatever it holds: it must be this run's dump
     if not manifest["shards"]:  # nothing was finished (by this rank): it starts anew
         return None if ranks is None else {**_NOTHING, "run_id": manifest.get("run_id")}
-    if len(manifest.get("sample_ids") or []) < samples_fed(manifest):
+    listed = manifest.get("sample_ids")
+    if listed is not None and len(listed) < samples_fed(manifest):
         raise HookdumpError(
             f"{RESUME}: the manifest in {out} does not list its samples' ids, so the dump "
             f"cannot be carried on; start anew with {opt('overwrite', True)}"

@@ -444,7 +444,7 @@ def _part(
         shards=list(writer.shards) if writer else [],
         tensors=dict(writer.tensors) if writer else {},
         summaries=dict(sink.summaries),
-        ids=list(feed.ids[:fed]) if feed.input_type == "random" else list(feed.ids)[:fed],
+        ids=feed.ids[:fed],  # a range where they are row numbers
         skipped=skipped,
         skipped_inputs=destination.skipped_inputs_before + list(feed.skipped),
     )

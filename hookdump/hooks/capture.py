@@ -262,11 +262,19 @@ class Capture:
         )
 
     @property
-    def keys_expected(self) -> int:
+    def keys_expected(self) -> list[str]:
         """The keys one forward makes: those seen so far, or before any forward an estimate
-        from the selection (each module called twice per kind), which sizes a shard's
-        header room."""
-        return len(self.info) or 2 * len(self.modules) * len(self.kinds)
+        from the selection's names (each module called twice per kind, with a part; 16 ops
+        each), which sizes a shard's header room."""
+        if self.info:
+            return list(self.info)
+        per_kind = {kind: 32 if kind == "ops" else 2 for kind in self.kinds}
+        return [
+            f"{name}:{kind}.part_{n:02d}@{n}"
+            for name in self.modules
+            for kind, count in per_kind.items()
+            for n in range(count)
+        ]
 
     @contextlib.contextmanager
     def counting_only(self) -> Iterator[None]:

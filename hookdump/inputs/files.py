@@ -235,7 +235,7 @@ def tensor_input(
             else:
                 yield Batch((), parts, start, stop)
 
-    ids = list(range(offset, offset + total))
+    ids = range(offset, offset + total)
     return Feed("tensors", total, ids, batches, files=[path])
 
 

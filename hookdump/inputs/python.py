@@ -11,13 +11,15 @@ too), whose real tokens become rows as `--text ... --per-token` makes them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import SampleIds
 from hookdump.inputs.samples import Batch, Feed
 
 
@@ -54,7 +56,7 @@ def python_feed(
             f"data must be an iterable of batches (a DataLoader, a list) or one Tensor, not "
             f"{type(data).__name__}; wrap a single batch in a list"
         )
-    feed_ids: list[Any] = list(done_ids)
+    feed_ids = SampleIds(done_ids)
 
     def batches(_: int) -> Iterator[Batch]:
         return _batches(data, given, num_samples, done_ids, feed_ids)
@@ -70,7 +72,7 @@ def _batches(
     given: PythonData,
     stop: int | None,
     done_ids: list[Any],
-    feed_ids: list[Any],
+    feed_ids: SampleIds,
 ) -> Iterator[Batch]:
     """The batches of `data` up to row `stop`, after the `done_ids` (their ids appended to
     `feed_ids` as they go)."""
@@ -167,13 +169,13 @@ class _Ids:
         self._call = given if callable(given) else None
         self._iter = iter(given) if given is not None and not callable(given) else None
 
-    def of(self, item: Any, rows: int, start: int) -> list[Any]:
+    def of(self, item: Any, rows: int, start: int) -> Sequence[Any]:
         if self._call is not None:
             ids = [_plain(i) for i in self._call(item)]
         elif self._iter is not None:
             ids = [_plain(i) for i in itertools.islice(self._iter, rows)]
         else:
-            return list(range(start, start + rows))
+            return range(start, start + rows)
         if len(ids) < rows:
             raise HookdumpError(
                 f"{opt('ids')} gave {len(ids)} ids for the batch at row {start}, which has "
@@ -186,12 +188,14 @@ def _plain(value: Any) -> Any:
     """An id as the manifest (JSON) can hold it."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN or Infinity: 'nan', 'inf'
     return value if isinstance(value, str | int | float) else str(value)
 
 
-def _check_done(ids: list[Any], done: list[Any], start: int, given: bool) -> None:
+def _check_done(ids: Sequence[Any], done: list[Any], start: int, given: bool) -> None:
     """Resuming: the batches skipped must be the samples the dump holds."""
-    if given and ids != done[: len(ids)]:
+    if given and list(ids) != done[: len(ids)]:
         first = next(i for i, (a, b) in enumerate(zip(ids, done, strict=False)) if a != b)
         raise HookdumpError(
             f"{opt('resume')}: sample {start + first} has id {ids[first]!r}, but the dump holds "

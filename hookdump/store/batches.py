@@ -51,6 +51,7 @@ MIXED = 16  # the fewest blocks a buffer holds: a small buffer takes smaller blo
 MAX_BLOCKS = 1 << 20  # the most blocks of a pass (16 MiB of row ranges): 8 TiB of 8 MiB
 ROW_OVERHEAD = 24  # bytes of the buffer's bookkeeping per row
 ROW = "__row__"  # with_index: each row's number in the dump
+MAX_SEED = 1 << 62  # a pass's seed, with room for Dump.dataset's epochs: torch takes 64 bits
 
 RowRange = tuple[int, int]
 
@@ -353,5 +354,16 @@ def check(dump: Dump, keys: list[str], options: PassOptions) -> None:
         "buffer_bytes": (options.buffer_bytes, 1), "block_bytes": (options.block_bytes, 1),
     }  # fmt: skip
     for name, (value, least) in numbers.items():
-        if not isinstance(value, int) or value < least:
-            raise HookdumpError(f"{opt(name)} {value} must be an integer of at least {least}")
+        if not _integer(value) or value < least:
+            raise HookdumpError(f"{opt(name)} {value!r} must be an integer of at least {least}")
+    if not _integer(options.seed) or not 0 <= options.seed < MAX_SEED:
+        raise HookdumpError(f"{opt('seed')} {options.seed!r} must be an integer from 0 to 2**62")
+    if options.with_index and ROW in keys:
+        raise HookdumpError(
+            f"{opt('with_index', True)} names each row's number {ROW!r}, which is a key of "
+            f"{dump.path}: read that key without {opt('with_index', True)}"
+        )
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hookdump.errors import HookdumpError, opt
 from hookdump.store.batches import PassOptions, check, iter_batches
 
 if TYPE_CHECKING:
@@ -41,12 +42,25 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         world_size: int | None = None,
     ) -> None:
         check(dump, keys, options)
+        if rank is not None or world_size is not None:
+            _check_ranks(
+                rank if rank is not None else 0, world_size if world_size is not None else 1
+            )
         self.dump, self.keys, self.options = dump, list(keys), options
         self.rank, self.world_size = rank, world_size
-        self.epoch = 0
+        # in shared memory: DataLoader workers that persist across epochs see it change
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        """Draw pass `epoch`'s order, in this process and in its DataLoader's workers, those
+        started already (`persistent_workers=True`) included."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 1 << 62:
+            raise HookdumpError(f"set_epoch takes an integer of at least 0, not {epoch!r}")
+        self._epoch[0] = epoch
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
@@ -71,4 +85,16 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         world = self.world_size if self.world_size is not None else (
             torch.distributed.get_world_size() if distributed else 1
         )  # fmt: skip
+        _check_ranks(rank, world)
         return rank, world
+
+
+def _check_ranks(rank: object, world: object) -> None:
+    """Every rank reads its own blocks: `0 <= rank < world_size`."""
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise HookdumpError(f"{opt('world_size')} {world!r} must be an integer of at least 1")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
+        raise HookdumpError(
+            f"{opt('rank')} {rank!r} must be an integer from 0 to {world - 1} "
+            f"({opt('world_size')} {world})"
+        )

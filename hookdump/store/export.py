@@ -19,8 +19,10 @@ bfloat16 (arrow, numpy) gets float32, and the result says so.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -35,6 +37,8 @@ import numpy as np
 import torch
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.format import printable
+from hookdump.store.direct_io import allocate, pwrite_all
 from hookdump.store.folder import inside
 
 if TYPE_CHECKING:
@@ -42,10 +46,13 @@ if TYPE_CHECKING:
 
 FORMATS = ("hf", "saelens", "npy")
 MARKER = "hookdump-export.json"  # in every export: what `overwrite` may replace
-CHUNK_BYTES = 64 << 20  # rows read and written at a time
+CHUNK_BYTES = 64 << 20  # rows read and written at a time, at most
+CHUNK_ROWS = 1 << 20
 ARROW_FILE_BYTES = 512 << 20  # a `datasets` folder's arrow files are about this large
 TOKEN_KEYS = ("__token_ids__", "__sample__", "__position__")
 SAMPLE_ID = "__sample_id__"
+MAX_CONTEXT = 1 << 17  # token rows of one saelens sequence, at most
+MAX_NAME = 200  # characters of a key kept in its file's name (with room for `-N.npy`)
 WIDENED = {"bfloat16": "float32"}  # dtypes arrow and numpy lack, and what they become
 
 
@@ -93,6 +100,7 @@ def export(
         (temp / MARKER).write_text(json.dumps({
             "format": to, "dump": str(dump.path), "run_id": dump.manifest.get("run_id"),
             "rows": result.rows, "keys": result.keys, "notes": result.notes,
+            "files": sorted(p.name for p in temp.iterdir()),  # what `overwrite` may remove
         }, indent=2) + "\n")  # fmt: skip
         _into_place(temp, target)
     except BaseException:
@@ -130,6 +138,33 @@ def _check_out(dump: Dump, out: Path, overwrite: bool) -> None:
                 f"{out} is not empty and holds no export of hookdump ({MARKER}); "
                 f"{opt('overwrite', True)} replaces only an export: choose another folder"
             )
+        foreign = _foreign_files(out)
+        if foreign:
+            raise HookdumpError(
+                f"{out} holds {printable(foreign[0])!r}"
+                f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no "
+                f"export wrote; {opt('overwrite', True)} replaces only an export's own files: "
+                "move them, or choose another folder"
+            )
+
+
+# what an export writes, for a marker that does not list its files (written before it did)
+_EXPORT_FILES = re.compile(
+    r"^(index\.json|sample_ids\.json|state\.json|dataset_info\.json|[^/]*\.npy|"
+    r"data-\d+-of-\d+\.arrow)$"
+)
+
+
+def _foreign_files(out: Path) -> list[str]:
+    """The entries of a previous export's folder that the export did not write."""
+    try:
+        listed = json.loads((out / MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    names = sorted(entry.name for entry in out.iterdir() if entry.name != MARKER)
+    if isinstance(listed, list):
+        return [name for name in names if name not in listed]
+    return [name for name in names if not _EXPORT_FILES.match(name)]
 
 
 def _into_place(temp: Path, out: Path) -> None:
@@ -143,7 +178,7 @@ def _into_place(temp: Path, out: Path) -> None:
 
 
 def _chunks(dump: Dump, keys: list[str]) -> Iterator[dict[str, torch.Tensor]]:
-    rows = max(1, CHUNK_BYTES // max(1, dump.row_bytes(keys)))
+    rows = max(1, min(CHUNK_ROWS, CHUNK_BYTES // max(1, dump.row_bytes(keys))))
     yield from dump.batches(keys, rows)
 
 
@@ -164,31 +199,55 @@ def _numpy(tensor: torch.Tensor, dtype: str) -> np.ndarray[Any, Any]:
 
 
 def _npy(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> ExportResult:
+    """Each key's file gets its header and all its disk blocks first (a full disk fails
+    there, as an OSError), then its rows with `pwrite`: no file is mapped, so no write into
+    a page the disk cannot supply kills the process."""
     notes: list[str] = []
     index: dict[str, dict[str, Any]] = {}
-    arrays = {}
+    files: dict[str, tuple[int, int]] = {}  # key -> (fd, where the rows start)
     names = _file_names(keys)
-    for key in keys:
-        meta = dump.tensors[key]
-        dtype = _widened(meta["dtype"], key, notes)
-        file = f"{names[key]}.npy"
-        arrays[key] = np.lib.format.open_memmap(
-            temp / file, mode="w+", dtype=np.dtype(dtype), shape=(dump.num_samples, *meta["shape"])
-        )
-        index[key] = {"file": file, "dtype": dtype, "shape": meta["shape"]}
-    row = 0
-    for chunk in _chunks(dump, keys) if dump.num_samples else ():
-        size = len(chunk[keys[0]])
+    try:
         for key in keys:
-            arrays[key][row : row + size] = _numpy(chunk[key], index[key]["dtype"])
-        row += size
-    for array in arrays.values():
-        array.flush()
-    del arrays
+            meta = dump.tensors[key]
+            dtype = _widened(meta["dtype"], key, notes)
+            file = f"{names[key]}.npy"
+            index[key] = {"file": file, "dtype": dtype, "shape": meta["shape"]}
+            files[key] = _npy_file(temp / file, np.dtype(dtype), [dump.num_samples, *meta["shape"]])
+        row = 0
+        for chunk in _chunks(dump, keys) if dump.num_samples else ():
+            size = len(chunk[keys[0]])
+            for key in keys:
+                fd, start = files[key]
+                data = np.ascontiguousarray(_numpy(chunk[key], index[key]["dtype"]))
+                row_bytes = data.nbytes // size if size else 0
+                pwrite_all(fd, data.reshape(-1).view(np.uint8).data, start + row * row_bytes)
+            row += size
+        for fd, _ in files.values():
+            os.fsync(fd)
+    finally:
+        for fd, _ in files.values():
+            os.close(fd)
     (temp / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     # the manifest's ids (null: the ids are the row numbers, never spelled out here)
     (temp / "sample_ids.json").write_text(json.dumps(dump.manifest.get("sample_ids")) + "\n")
     return ExportResult(temp, "npy", dump.num_samples, keys, notes)
+
+
+def _npy_file(path: Path, dtype: np.dtype[Any], shape: list[int]) -> tuple[int, int]:
+    """A new `.npy` file of `shape`: its header written, its data's blocks allocated; the
+    open descriptor and the offset where the data starts."""
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": tuple(shape)}  # fmt: skip
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as handle:
+            np.lib.format.write_array_header_2_0(handle, header)
+            start = handle.tell()
+        allocate(fd, start, math.prod(shape) * dtype.itemsize)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, start
 
 
 def _file_names(keys: list[str]) -> dict[str, str]:
@@ -199,6 +258,9 @@ def _file_names(keys: list[str]) -> dict[str, str]:
     for key in keys:
         base = re.sub(r"[^A-Za-z0-9.@_-]", "_", key)
         base = "_" + base[1:] if base.startswith(".") else base
+        if len(base) > MAX_NAME:  # a file name has at most 255 bytes: cut, and keep it unique
+            digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            base = f"{base[: MAX_NAME - 17]}-{digest}"
         name, n = base, 1
         while name.lower() in taken:
             name, n = f"{base}-{n}", n + 1
@@ -288,6 +350,7 @@ def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expor
     datasets = _datasets()
     notes: list[str] = []
     dtypes = {key: _widened(dump.tensors[key]["dtype"], key, notes) for key in keys}
+    _refuse_clash(keys, SAMPLE_ID, "the column of sample ids", "keys")
     features = datasets.Features({
         **{key: _feature(datasets, dump.tensors[key]["shape"], dtypes[key]) for key in keys},
         SAMPLE_ID: datasets.Value("string"),
@@ -336,6 +399,7 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
         raise HookdumpError(f"{dump.path} holds no token row to export")
     context = first[1].shape[1]
     name = hook_name or key
+    _refuse_clash([name], "token_ids", "the column of token ids", "hook_name")
     folder = _ArrowFolder(temp, datasets.Features({
         name: datasets.Array2D(shape=(context, shape[0]), dtype=dtype),
         "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
@@ -349,6 +413,15 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
     notes.append(f"{count} sequences of {context} tokens: SAELens' context_size is {context}, "
                  f"d_in {shape[0]}, hook_name {name!r}")  # fmt: skip
     return ExportResult(temp, "saelens", count, [key], notes)
+
+
+def _refuse_clash(names: list[str], reserved: str, what: str, option: str) -> None:
+    """A name the format keeps for itself never replaces data."""
+    if reserved in names:
+        raise HookdumpError(
+            f"{opt(option)} {reserved!r} is the name of {what} in this format; "
+            f"{'export the other keys' if option == 'keys' else 'give another name'}"
+        )
 
 
 def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -373,6 +446,8 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
             yield (chunk[key][:whole].reshape(-1, context, *chunk[key].shape[1:]),
                    chunk["__token_ids__"][:whole].reshape(-1, context))  # fmt: skip
         held = {k: v[whole:] for k, v in chunk.items()}
+        if len(held[key]) > (context or MAX_CONTEXT):  # never a sequence held whole
+            _check_sequence(dump, held, 0, len(held[key]), context or MAX_CONTEXT)
     if held is not None and len(held[key]):
         size = len(held[key])
         context = context or size
@@ -386,6 +461,11 @@ def _check_sequence(
 ) -> None:
     positions = rows["__position__"][lo:hi]
     steps = positions[1:] - positions[:-1]
+    if hi - lo > MAX_CONTEXT and context == MAX_CONTEXT:
+        raise HookdumpError(
+            f"{opt('to')} saelens: sample {int(rows['__sample__'][lo])} of {dump.path} has more "
+            f"than {MAX_CONTEXT:,} token rows, longer than any context SAELens trains on"
+        )
     if hi - lo != context or bool((steps != 1).any()):
         sample = int(rows["__sample__"][lo])
         raise HookdumpError(

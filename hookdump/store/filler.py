@@ -27,7 +27,7 @@ class Shards(Protocol):
 
     @property
     def estimated_bytes(self) -> int | None: ...
-    def begin(self, rows: Rows, keys_expected: int) -> None: ...
+    def begin(self, rows: Rows, keys_expected: list[str]) -> None: ...
     def write(
         self, key: str, tensor: torch.Tensor, info: KeyInfo, start: int, lend: Lend
     ) -> None: ...
@@ -45,7 +45,7 @@ class NoShards:
 
     estimated_bytes = None
 
-    def begin(self, rows: Rows, keys_expected: int) -> None:
+    def begin(self, rows: Rows, keys_expected: list[str]) -> None:
         pass
 
     def write(self, key: str, tensor: torch.Tensor, info: KeyInfo, start: int, lend: Lend) -> None:
@@ -84,7 +84,7 @@ class ShardFiller:
         self._pending: list[Rows] = []
         self._room_checked = False
 
-    def begin(self, rows: Rows, keys_expected: int) -> None:
+    def begin(self, rows: Rows, keys_expected: list[str]) -> None:
         """Rows `rows` come next: a shard of their own, or room in the planned shard."""
         self._committer.raise_if_failed()  # no more batches once a commit has failed
         planned = self._planned

@@ -25,6 +25,7 @@ from hookdump.format import (
     KeyInfo,
     format_bytes,
     parse_key,
+    samples_fed,
     validate_manifest,
 )
 from hookdump.store.batches import BUFFER_BYTES, PassOptions, iter_batches
@@ -178,7 +179,7 @@ class Dump(Mapping[str, torch.Tensor]):
         """The samples' ids in row order (with token rows: the sequences'): file paths,
         row numbers, or the ids given to `hookdump.dump`."""
         ids = self.manifest.get("sample_ids")
-        return list(ids) if ids is not None else list(range(self.num_samples))
+        return list(ids) if ids is not None else list(range(samples_fed(self.manifest)))
 
     def info(self, key: str) -> KeyInfo:
         """Where `key` came from (module, class, kind, call, part), its per-sample shape and

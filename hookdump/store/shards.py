@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,14 @@ from hookdump.errors import HookdumpError
 from hookdump.format import SAFETENSORS_DTYPES, dtype_name
 from hookdump.store.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
 from hookdump.store.folder import create_new, open_existing, remove_entry
+
+ENTRY_BYTES = 256  # a header entry's bytes besides its key: dtype, a dozen dims, offsets
+
+
+def header_room(keys: Iterable[str]) -> int:
+    """The bytes to keep for the header of a shard of `keys`, from their real lengths: the
+    header then never outgrows its room, and committing the shard needs no second copy."""
+    return round_up(4096 + sum(ENTRY_BYTES + len(json.dumps(key)) for key in keys))
 
 
 class ShardFile:
@@ -85,7 +93,7 @@ def _write_header(
 ) -> None:
     """Write the header into the `reserve` bytes before the data."""
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
-    if len(header) + 8 > reserve:  # more keys than reserved for: move the data along once
+    if len(header) + 8 > reserve:  # keys past the estimate (`header_room`): move the data once
         reserve = _move_data(tmp, reserve, round_up(len(header) + 8 + 4096))
     room = reserve - 8
     fd = open_existing(tmp, os.O_WRONLY)
@@ -138,7 +146,7 @@ class PlannedShard:
             row_bytes = math.prod(shape) * _element_size(dtype)
             self.layout[key] = (dtype, shape, offset, row_bytes)
             offset += row_bytes * rows
-        self.reserve = round_up(4096 + 256 * len(layout))
+        self.reserve = header_room(key for key, _, _ in layout)
         self.file = PositionalFile(self.tmp, self.reserve + offset)
 
     def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:

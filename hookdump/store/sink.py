@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, Rows, dtype_name
 from hookdump.store.filler import NoShards, ShardFiller, Shards
 from hookdump.store.memory import (
@@ -41,7 +41,7 @@ from hookdump.worker import Worker
 @dataclass(frozen=True)
 class _Begin:
     rows: Rows
-    keys_expected: int
+    keys_expected: list[str]
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,10 @@ class BatchSink:
 
     # --- the main thread's side ---------------------------------------------------------
 
-    def begin(self, rows: Rows, keys_expected: int = 0) -> None:
+    def begin(self, rows: Rows, keys_expected: list[str] | None = None) -> None:
         """`rows` come next; waits while `pending` batches are still in flight."""
         self._slots.acquire()
-        self._worker.submit(_Begin(rows, keys_expected))
+        self._worker.submit(_Begin(rows, keys_expected or []))
 
     def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
         """One captured tensor of the current batch, as a hook hands it over (a `Receiver`):
@@ -238,6 +238,8 @@ class BatchSink:
         if summary is None:
             summary = KeySummary(info, tuple(tensor.shape[1:]), dtype_name(tensor.dtype))
             self.summaries[key] = summary
+        elif dtype_name(tensor.dtype) != summary.dtype:
+            tensor = as_dtype(key, tensor, summary.dtype, rows.start)
         nbytes = summary.add(tensor)
         self._batch.keys.append(key)
         self._batch.nbytes += nbytes
@@ -254,3 +256,23 @@ class BatchSink:
             twice = next(k for i, k in enumerate(keys) if k in keys[:i])
             raise HookdumpError(f"two tensors of one batch came under the key {twice!r}")
         self._shards.end(self._batch.rows, keys, self._batch.nbytes, self._written)
+
+
+def as_dtype(key: str, tensor: torch.Tensor, dtype: str, start: int) -> torch.Tensor:
+    """`tensor` in the key's dtype (the first batch's), when no value changes on the way
+    (int32 ids beside int64 ones, float16 beside float32); else one line naming both dtypes:
+    a shard's rows of one dtype never hold another's bytes."""
+    target = getattr(torch, dtype)
+    cast = tensor.to(target)
+    back = cast.to(tensor.dtype)
+    if not bool(((back == tensor) | (back.isnan() & tensor.isnan())).all()):
+        fix = (
+            f"give {opt('save_dtype')} {dtype}"
+            if tensor.is_floating_point() and cast.is_floating_point()
+            else f"give every batch as {dtype}"
+        )
+        raise HookdumpError(
+            f"{key!r} changed its dtype from {dtype} to {dtype_name(tensor.dtype)} at "
+            f"sample {start}, and its values do not fit {dtype}; {fix}"
+        )
+    return cast

@@ -21,8 +21,10 @@ from hookdump.format import (
     MANIFEST,
     KeyInfo,
     Rows,
+    SampleIds,
     dtype_name,
     format_bytes,
+    ids_for_manifest,
     recipe,
     samples_fed,
 )
@@ -36,7 +38,7 @@ from hookdump.store.folder import (
     remove_entry,
     write_durably,
 )
-from hookdump.store.shards import PlannedShard, ShardFile, fsync_file
+from hookdump.store.shards import PlannedShard, ShardFile, fsync_file, header_room
 
 DEFAULT_SHARD_BYTES = 1 << 30
 MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the last one's
@@ -168,7 +170,7 @@ class DumpWriter:
         self.tensors: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
         # the ids of the samples listed, and the inputs skipped before them (see `Rows`)
-        self.fed: tuple[list[Any], list[dict[str, str]]] = ([], [])
+        self.fed: tuple[SampleIds, list[dict[str, str]]] = (SampleIds(), [])
         self._named = 0  # shard files named so far (listed ones may lag behind: `Committer`)
         self._made: set[str] = set()  # temporary files of this writer's shards, in `out`
         self._keys_fixed = False  # the first shard is complete: its keys are the dump's
@@ -176,13 +178,13 @@ class DumpWriter:
         # in the manifest and every shard: a reader can tell a shard of another run
         self.run_id: str | None = uuid.uuid4().hex
 
-    def open_shard(self, keys_expected: int) -> ShardFile:
-        """A new shard file; `keys_expected` sizes the room kept for its header.
+    def open_shard(self, keys_expected: list[str]) -> ShardFile:
+        """A new shard file; `keys_expected` (names) size the room kept for its header.
 
         Its temporary file sits beside an old dump until the shard commits, so a run that
         fails in its first batch leaves the old dump as it was.
         """
-        reserve = 4096 + 256 * max(keys_expected, len(self.tensors))
+        reserve = header_room(dict.fromkeys([*self.tensors, *keys_expected]))
         name = self._next_name()
         self._made.add(name + ".tmp")  # before it exists: see `_OldDump._files`
         return ShardFile(self.out / name, reserve)
@@ -247,24 +249,27 @@ class DumpWriter:
                 remove_entry(self.out / entry["file"])
             del self.shards[listed:]
             ids, inputs = self.fed
-            del ids[self._samples_listed() :], inputs[skipped:]
+            ids.truncate(self._samples_listed())
+            del inputs[skipped:]
             raise
 
     def _move_in(self, shard: ShardFile | PlannedShard, rows: Rows) -> None:
         if rows.start != (self.shards[-1]["stop"] if self.shards else 0):
             shard.abort()
             raise ValueError(f"shards out of order: a shard starting at row {rows.start}")
+        ids, skipped = self.fed
+        before = len(ids)
         try:
+            ids.extend(rows.ids)  # first: ids that the manifest could not hold refuse it
             assert shard.sealed is not None  # finished (`finish_shard`)
             fsync_file(shard.sealed)
             self._old.clear(keep=shard.sealed.name)
             publish(shard.sealed, shard.path)
         except BaseException:
+            ids.truncate(before)
             shard.abort()
             raise
         self.shards.append(rows.shard_entry(shard.path.name))
-        ids, skipped = self.fed
-        ids.extend(rows.ids)
         skipped.extend(rows.skipped)
 
     def _samples_listed(self) -> int:
@@ -315,6 +320,13 @@ class DumpWriter:
                 f"{key!r} changed its per-sample shape from {self.tensors[key]['shape']} to "
                 f"{shape} at sample {start}; {opt('exclude')} that module"
             )
+        elif key in self.tensors and dtype_name(tensor.dtype) != self.tensors[key]["dtype"]:
+            # the sink casts where it can (`sink.as_dtype`): bytes of one dtype never go
+            # where a shard's rows of another are laid out
+            raise HookdumpError(
+                f"{key!r} changed its dtype from {self.tensors[key]['dtype']} to "
+                f"{dtype_name(tensor.dtype)} at sample {start}"
+            )
 
     def clear_old_dump(self, here: bool) -> None:
         """Under torchrun, before any rank writes: rank 0 (`here`) moves an old dump aside
@@ -334,6 +346,7 @@ class DumpWriter:
         ids, skipped = self.fed
         fields: dict[str, Any] = {**self.fields, "sample_ids": ids, "skipped_inputs": skipped}
         fields.update(extra or {})
+        fields["sample_ids"] = ids_for_manifest(fields["sample_ids"])
         if self.shards and "sequences" in self.shards[-1]:  # rows are tokens
             fields["num_sequences"] = self.shards[-1]["sequences"]
         return {
@@ -398,8 +411,13 @@ class DumpWriter:
         files. A torchrun rank (its own shard prefix and manifest) touches only its own files."""
         writer = cls(out, overwrite=True, shard_bytes=shard_bytes, names=names, fields=fields)
         writer.tensors, writer.shards = dict(manifest["tensors"]), list(manifest["shards"])
+        listed_ids = manifest.get("sample_ids")
         writer.fed = (
-            list(manifest["sample_ids"][: samples_fed(manifest)]),
+            SampleIds(
+                range(samples_fed(manifest))
+                if listed_ids is None
+                else listed_ids[: samples_fed(manifest)]
+            ),
             list(manifest.get("skipped_inputs", [])),
         )
         writer.run_id = manifest.get("run_id")  # one dump, one id: its shards carry it

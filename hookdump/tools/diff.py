@@ -1,7 +1,8 @@
 """Comparing two dumps key by key, sample rows aligned, one row segment at a time.
 
-Elements pass where `|a - b| <= atol + rtol * |b|` (as `torch.allclose`), or where both are
-the same non-finite value (NaN in both, or the same Inf): a dump always matches itself.
+Elements pass where both are finite and `|a - b| <= atol + rtol * |b|` (as
+`torch.allclose`), or where both are the same non-finite value (NaN in both, or the same
+Inf): a dump always matches itself, and an Inf matches nothing but the same Inf.
 """
 
 from __future__ import annotations
@@ -208,13 +209,18 @@ def _accumulate(
     x, y = ta.to(work).reshape(-1), tb.to(work).reshape(-1)
     delta = (x - y).abs_()
     scale = y.abs()
-    close = delta <= scale.mul(rtol).add_(atol)
+    finite = torch.isfinite(x) & torch.isfinite(y)
+    # an Inf in B makes the tolerance infinite: only finite pairs are judged by it
+    close = (delta <= scale.mul(rtol).add_(atol)) & finite
     close |= x == y  # the same Inf
     close |= torch.isnan(x) & torch.isnan(y)
     diff.mismatched += close.numel() - int(close.sum())
     diff.numel += x.numel()
-    del close
-    finite = torch.isfinite(x) & torch.isfinite(y)
+    odd = ~close & ~finite  # a non-finite pair that differs: the row names the first
+    if not diff.detail and bool(odd.any()):
+        first = int(odd.nonzero()[0])
+        diff.detail = f"{_value(x[first])} vs {_value(y[first])}"
+    del close, odd
     if not bool(finite.all()):
         x, y, delta, scale = x[finite], y[finite], delta[finite], scale[finite]
     if not x.numel():
@@ -225,3 +231,8 @@ def _accumulate(
     diff._dot += float((x * y).sum(dtype=torch.float64))
     diff._norm_a += float((x * x).sum(dtype=torch.float64))
     diff._norm_b += float((y * y).sum(dtype=torch.float64))
+
+
+def _value(v: torch.Tensor) -> str:
+    """One element as the row shows it: `inf`, `-inf`, `nan`, or the number."""
+    return f"{float(v):.4g}"
