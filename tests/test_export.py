@@ -142,7 +142,7 @@ def test_out_is_replaced_only_whole_and_only_an_export(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(export, "_WRITERS", {"npy": fails})
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(hookdump.HookdumpError, match=r"export to .* failed: No space left"):
         packed.export(out, "npy", overwrite=True)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "out"]  # no leftovers

@@ -186,9 +186,6 @@ def test_listed_ids_past_the_manifest_limit_are_refused(
     assert not d.complete and d.sample_ids == ["s0", "s1", "s2", "s3"]
 
 
-_ = assert_usage_error  # used by later sections
-
-
 # --- N9: Ctrl-C is not an Exception ---------------------------------------------------------
 
 
@@ -409,3 +406,57 @@ def test_python_arguments_of_the_wrong_type_are_named(
 def test_a_model_on_the_meta_device_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(HookdumpError, match="meta device"):
         hookdump.dump(nn.Linear(4, 2).to("meta"), [torch.randn(2, 4)], tmp_path / "o")
+
+
+# --- N11: a full disk or a name too long is one line, and leaves nothing --------------------
+
+
+@pytest.mark.parametrize("to", ["npy", "hf"])
+def test_an_export_that_runs_out_of_room_is_one_line_and_leaves_nothing(
+    tmp_path: Path, to: str
+) -> None:
+    from clitools import finish, hookdump_process
+
+    pytest.importorskip("datasets")
+    torch.manual_seed(0)
+    hookdump.dump(nn.Linear(64, 64), [torch.randn(2000, 64) for _ in range(3)], tmp_path / "d")
+    # a file-size limit stands in for a full disk: writes past it fail with an OSError
+    code, stdout, stderr = finish(hookdump_process(
+        "export", str(tmp_path / "d"), str(tmp_path / "ex"), "--to", to,
+        limit_bytes=256 << 10,
+    ))  # fmt: skip
+    assert code == 2, stderr
+    assert stdout == "" and stderr.startswith("Error: writing the export to")
+    assert len(stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no temporary folder left
+
+
+def test_keys_too_long_for_file_names_get_short_unique_ones(tmp_path: Path) -> None:
+    model = _Named("L" * 300, "L" * 299 + "M")
+    d = hookdump.dump(model, [torch.randn(3, 4)], tmp_path / "d")
+    d.export(tmp_path / "ex", to="npy")
+    index = json.loads((tmp_path / "ex" / "index.json").read_text())
+    files = [entry["file"] for entry in index.values()]
+    assert len(set(files)) == 2 and all(len(f) < 255 for f in files)
+    import numpy as np
+
+    for key, entry in index.items():
+        array = np.load(tmp_path / "ex" / entry["file"], mmap_mode="r")
+        assert torch.equal(torch.from_numpy(np.array(array)), d[key])
+
+
+@pytest.mark.parametrize("suffix", [".pdf", ".png", ".svg"])
+def test_a_picture_that_cannot_be_written_is_one_line(tmp_path: Path, suffix: str) -> None:
+    pytest.importorskip("matplotlib")
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    d = hookdump.dump(nn.Linear(4, 3), [torch.randn(2, 4)], tmp_path / "d")
+    full = tmp_path / f"full{suffix}"
+    full.symlink_to("/dev/full")  # every write fails: no space left on device
+    for args in (["show", str(d.path), d.keys()[0]], ["show", str(d.path), "--depth"]):
+        result = invoke(*args, "--out", str(full))
+        assert_usage_error(result, f"--out {full}: cannot write the picture")
+    result = invoke("diff", str(d.path), str(d.path), "--plot", str(full), "-q")
+    assert_usage_error(result, f"--plot {full}: cannot write the picture")
+    result = invoke("diff", str(d.path), str(d.path), "--plot", str(tmp_path / "x.gif"), "-q")
+    assert_usage_error(result, "--plot", ".gif is not a picture format")

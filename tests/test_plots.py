@@ -73,7 +73,7 @@ def test_diff_plot_marks_the_first_diverging_key(tmp_path: Path) -> None:
 def test_bad_picture_requests_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dump = _run(tmp_path / "d", "tiny_models:TwoLinear", "-n", "2")
     assert_usage_error(invoke("diff", str(dump), str(dump), "--plot", str(tmp_path / "x.jpg")),
-                       "--out", ".jpg is not a picture format", ".png, .svg, .pdf")  # fmt: skip
+                       "--plot", ".jpg is not a picture format", ".png, .svg, .pdf")  # fmt: skip
     assert_usage_error(invoke("show", str(dump), "--depth", "-o", str(tmp_path / "x")),
                        "no extension is not a picture format")  # fmt: skip
     assert_usage_error(invoke("show", str(dump), "linear_1", "--depth", "-o",

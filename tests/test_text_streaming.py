@@ -138,3 +138,71 @@ def test_standard_input_of_zeros_is_read_in_bounded_memory(gpt2: Path, tmp_path:
                                          headroom=600 << 20, stdin=zeros.fileno())  # fmt: skip
     assert code == 0, stderr
     assert hookdump.load(out).num_samples == 2
+
+
+def test_a_long_jsonl_or_table_document_reaches_the_tokenizer_in_pieces(tmp_path: Path) -> None:
+    """N8 (issue 32): a string already in memory is cut like a line read from a file, so the
+    tokenizer never takes it whole; the pieces join back into the document."""
+    import json
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    text = "the cat sat on the mat " * 60_000  # 1.4 MB
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    pq.write_table(pa.table({"text": [text]}), tmp_path / "c.parquet")
+    for name in ("c.jsonl", "c.parquet"):
+        (document,) = list(corpus_module.documents(str(tmp_path / name), "text"))
+        pieces = list(document.pieces)
+        assert len(pieces) > 2 and "".join(pieces) == text
+        assert max(map(len, pieces)) <= 2 * corpus_module.PIECE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_huge_jsonl_or_parquet_document_is_tokenized_in_bounded_memory(
+    bpe: Path, tmp_path: Path, kind: str
+) -> None:
+    """A 20 MB document in one .jsonl field or parquet string: about 3 GB in the tokenizer
+    when taken whole; now the child may grow by 600 MiB at most."""
+    import json
+
+    text = "the cat sat on the mat " * 900_000
+    path = tmp_path / f"big.{kind}"
+    if kind == "jsonl":
+        path.write_text(json.dumps({"text": text}) + "\n" + json.dumps({"text": "short"}) + "\n")
+    else:
+        pq = pytest.importorskip("pyarrow.parquet")
+        pa = pytest.importorskip("pyarrow")
+        pq.write_table(pa.table({"text": [text, "short"]}), path)
+    args = ["run", f"hf:{bpe}", "--text", str(path), "--context-size", "16", "-n", "2",
+            "-l", "h.0", "-q", "-o", str(tmp_path / "d")]  # fmt: skip
+    code, _, stderr = memory_limited(*args, headroom=600 << 20)
+    assert code == 0, stderr
+    assert hookdump.load(tmp_path / "d").num_samples == 2
+
+
+@pytest.mark.parametrize("damage", ["cut", "trailing", "not_gzip"])
+def test_a_damaged_gzip_corpus_is_one_error_line(gpt2: Path, tmp_path: Path, damage: str) -> None:
+    """N11 (issue 32): gzip's EOFError and BadGzipFile used to reach Click ("Aborted!",
+    exit 1) or print a traceback."""
+    import gzip
+
+    plain = ("\n".join(CORPUS * 20) + "\n").encode()
+    packed = gzip.compress(plain)
+    data = {"cut": packed[: len(packed) // 2], "trailing": packed + b"garbage trailing\n",
+            "not_gzip": plain}[damage]  # fmt: skip
+    path = tmp_path / "c.txt.gz"
+    path.write_bytes(data)
+    result = invoke("run", f"hf:{gpt2}", "--text", str(path), "--context-size", "8", "-q",
+                    "-l", "h.0")  # fmt: skip
+    assert_usage_error(result, "--text: cannot read", "c.txt.gz")
+
+
+def test_a_cut_gzip_file_does_not_inflate_the_size_estimate(tmp_path: Path) -> None:
+    import gzip
+
+    packed = gzip.compress(b"the quick brown fox jumps over the lazy dog\n" * 20_000)
+    path = tmp_path / "c.txt.gz"
+    for cut in range(len(packed) * 9 // 10, len(packed) * 9 // 10 + 40):
+        path.write_bytes(packed[:cut])  # the last 4 bytes are not a size: deflate data
+        assert corpus_module.content_bytes(path) <= 1032 * cut

@@ -43,7 +43,7 @@ def diff(
     if plot is not None:
         from hookdump.tools.plots import check_format
 
-        check_format(plot)  # before the comparison, which may take a while
+        check_format(plot, "plot")  # before the comparison, which may take a while
     result = diff_dumps(a, b, atol, rtol, list(keys or []))
     if plot is not None:
         from hookdump.tools.plots import diff_plot

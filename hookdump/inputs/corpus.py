@@ -22,16 +22,19 @@ import itertools
 import json
 import re
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import printable
 from hookdump.inputs.tables import TABLE_SUFFIXES, record_batches, table_files
 
 PIECE = 1 << 18  # bytes read at a time, and about the characters of a piece of text
 JSON_LINE_LIMIT = 64 << 20
+DEFLATE_RATIO = 1032
 _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
@@ -127,7 +130,9 @@ def content_bytes(path: Path) -> int:
         return size
     with path.open("rb") as handle:
         handle.seek(-4, 2)
-        return int.from_bytes(handle.read(4), "little") or size
+        recorded = int.from_bytes(handle.read(4), "little")
+    # deflate packs at most 1032 bytes into one: more is not a trailer (a cut file's bytes)
+    return recorded if 0 < recorded <= DEFLATE_RATIO * size else size
 
 
 def documents(source: str, text_field: str, progress: Progress | None = None) -> Iterator[Document]:
@@ -146,7 +151,7 @@ def documents(source: str, text_field: str, progress: Progress | None = None) ->
     if path.is_dir():
         for file in files:
             with _open(file) as handle:
-                reader = _Reader(handle, progress, whole=True)
+                reader = _Reader(handle, progress, whole=True, name=str(file))
                 for chunks in reader.lines():
                     yield Document(str(file), _cut(_decoded(chunks, str(file), strip=False)))
         return
@@ -164,7 +169,7 @@ def _table_documents(path: Path, field: str, progress: Progress) -> Iterator[Doc
         for value in batch.column(0).to_pylist():
             row += 1
             if isinstance(value, str):
-                yield Document(f"{path}#{row}", _cut(iter([value])))
+                yield Document(f"{path}#{row}", _cut(_split(value)))
 
 
 def _open(path: Path) -> BinaryIO:
@@ -180,12 +185,12 @@ def _open(path: Path) -> BinaryIO:
 def _lines(
     handle: BinaryIO, name: str, jsonl: bool, field: str, progress: Progress
 ) -> Iterator[Document]:
-    for number, chunks in enumerate(_Reader(handle, progress).lines(), start=1):
+    for number, chunks in enumerate(_Reader(handle, progress, name=name).lines(), start=1):
         where = f"{name}:{number}"
         if jsonl:
             text = _json_document(chunks, where, field)
             if text is not None:
-                yield Document(where, _cut(iter([text])))
+                yield Document(where, _cut(_split(text)))
             continue
         pieces = _unless_blank(_cut(_decoded(chunks, where, strip=True)))
         if pieces is not None:
@@ -196,9 +201,12 @@ class _Reader:
     """A binary stream as lines (`whole`: as one text), each line as chunks of at most
     `PIECE` bytes; a line's unread chunks are skipped when the next line is asked for."""
 
-    def __init__(self, handle: BinaryIO, progress: Progress, whole: bool = False) -> None:
+    def __init__(
+        self, handle: BinaryIO, progress: Progress, whole: bool = False, name: str = ""
+    ) -> None:
         self._handle, self._progress, self._whole = handle, progress, whole
         self._ended = False
+        self._name = name or getattr(handle, "name", "the corpus")
 
     def lines(self) -> Iterator[Iterator[bytes]]:
         while first := self._read():
@@ -218,7 +226,14 @@ class _Reader:
         if self._ended:
             return b""
         read = self._handle.read if self._whole else self._handle.readline
-        chunk = read(PIECE)
+        try:
+            chunk = read(PIECE)
+        except (EOFError, OSError, zlib.error) as exc:  # a cut or damaged gzip file, say
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise HookdumpError(
+                f"{opt('text')}: cannot read {printable(str(self._name))} ({reason}); "
+                "check the file (gzip -t tests a .gz)"
+            ) from None
         self._progress.read += len(chunk)
         self._ended = not chunk
         return chunk
@@ -263,6 +278,13 @@ def _cut(pieces: Iterator[str]) -> Iterator[str]:
         carry = text[at:]
     if carry:
         yield carry
+
+
+def _split(text: str) -> Iterator[str]:
+    """A text already in memory (a `.jsonl` field, a table's string) in pieces of `PIECE`
+    characters for `_cut`: the tokenizer never takes it whole."""
+    for at in range(0, len(text), PIECE):
+        yield text[at : at + PIECE]
 
 
 def _unless_blank(pieces: Iterator[str]) -> Iterator[str] | None:

@@ -91,10 +91,12 @@ def export(
             f"{dump.path}: its tensors have different numbers of rows; export needs rows aligned"
         )
     target = Path(out)
+    if target.is_symlink():  # the folder it names is the export's, as `run --out` takes it
+        target = Path(os.path.realpath(target))
     _check_out(dump, target, overwrite)
     temp = target.parent / f".{target.name}.export-{uuid.uuid4().hex[:8]}"
-    temp.mkdir(parents=True)
     try:
+        temp.mkdir(parents=True)
         result = _WRITERS[to](dump, chosen, temp, hook_name)
         result.out = target
         (temp / MARKER).write_text(json.dumps({
@@ -103,6 +105,12 @@ def export(
             "files": sorted(p.name for p in temp.iterdir()),  # what `overwrite` may remove
         }, indent=2) + "\n")  # fmt: skip
         _into_place(temp, target)
+    except OSError as exc:  # a full disk, a name the file system refuses: nothing is left
+        shutil.rmtree(temp, ignore_errors=True)
+        raise HookdumpError(
+            f"writing the export to {target} failed: {exc.strerror or exc}; make room or "
+            "choose another folder"
+        ) from None
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
@@ -126,7 +134,8 @@ def _check_out(dump: Dump, out: Path, overwrite: bool) -> None:
     real, source = os.path.realpath(out), os.path.realpath(dump.path)
     if real == source or inside(real, source) or inside(source, real):
         raise HookdumpError(
-            f"{opt('out')} {out} and the dump {dump.path} overlap; export to a folder of its own"
+            f"the export folder {out} and the dump {dump.path} overlap; export to a folder "
+            "of its own"
         )
     if out.exists() and not out.is_dir():
         raise HookdumpError(f"{out} is a file; export to a folder")

@@ -10,6 +10,7 @@ one readable figure.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import warnings
 from collections.abc import Iterator
@@ -52,11 +53,11 @@ def pyplot() -> Any:
     return plt
 
 
-def check_format(out: Path) -> None:
-    """A file name whose extension is a format the pictures are written in."""
+def check_format(out: Path, option: str = "out") -> None:
+    """A file name (given with `option`) whose extension is a format of the pictures."""
     if out.suffix.lower() not in FORMATS:
         raise HookdumpError(
-            f"{opt('out')} {out}: {out.suffix or 'no extension'} is not a picture format; "
+            f"{opt(option)} {out}: {out.suffix or 'no extension'} is not a picture format; "
             f"end the name in {', '.join(FORMATS)}"
         )
 
@@ -102,7 +103,7 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
 def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
     """The max relative error of every key compared, along the forward order, on a log
     scale; keys that differ in red, the first diverging one marked and named."""
-    check_format(out)
+    check_format(out, "plot")
     plt = pyplot()
     items = result.keys
     x = list(range(len(items)))
@@ -131,7 +132,7 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
         axes.set_title(plain(title))
         axes.legend(loc="best")
         axes.grid(True, alpha=0.3)
-        save(axes.figure, out)
+        save(axes.figure, out, "plot")
     return Drawn(out, len(items), items[failing[0]].key if failing else None)
 
 
@@ -174,13 +175,21 @@ def _short(name: str, most: int = 40) -> str:
     return name if len(name) <= most else "…" + name[-(most - 1) :]
 
 
-def save(figure: Any, out: Path) -> None:
-    """Write `figure` to `out` in the format its extension names, laid out to fit."""
+def save(figure: Any, out: Path, option: str = "out") -> None:
+    """Write `figure` to `out` (given with `option`) in the format its extension names,
+    laid out to fit. Drawn in memory first: the file is written in one go, and a write that
+    fails (a full disk) is one error, the partial file removed, whatever the backend."""
     if figure.get_layout_engine() is None:  # a constrained layout lays itself out
         with warnings.catch_warnings():  # a layout that cannot be tightened stays as it is
             warnings.simplefilter("ignore")
             figure.tight_layout()
+    drawn = io.BytesIO()
+    figure.savefig(drawn, format=out.suffix.lower().lstrip("."))
     try:
-        figure.savefig(out, format=out.suffix.lower().lstrip("."))
+        with out.open("wb") as file:
+            file.write(drawn.getbuffer())
     except OSError as exc:
-        raise HookdumpError(f"{opt('out')} {out}: cannot write the picture ({exc})") from None
+        if out.is_file() and not out.is_symlink():
+            out.unlink(missing_ok=True)
+        reason = exc.strerror or str(exc)
+        raise HookdumpError(f"{opt(option)} {out}: cannot write the picture ({reason})") from None
