@@ -15,6 +15,21 @@ from collections.abc import Callable, Iterable
 _OPTION = re.compile("\x00([A-Za-z_]+)(?:\x01([^\x00]*))?\x00")
 
 
+_UNPRINTABLE = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """`text` with each control character shown as an escape (`\x1b`, `\u202e`)."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def opt(name: str, value: object = None) -> str:
     """An option named in a message: `name` (or `name=value`) for the library's callers, the
     flag for the CLI's. `value` is what the library argument takes to mean the flag, as
@@ -62,8 +77,9 @@ class HookdumpError(Exception):
         return self.render(library_name)
 
     def render(self, name: Callable[[str, str | None], str]) -> str:
-        """The message with each option named by `name(option, value)`."""
-        return render(super().__str__(), name)
+        """The message with each option named by `name(option, value)`, its control
+        characters escaped (a name it quotes cannot retitle a terminal)."""
+        return printable(render(super().__str__(), name))
 
 
 class ArgumentTypeError(HookdumpError, TypeError):
@@ -96,8 +112,9 @@ class Interrupted(KeyboardInterrupt):
         return self.render(library_name)
 
     def render(self, name: Callable[[str, str | None], str]) -> str:
-        """The message with each option named by `name(option, value)`."""
-        return render(super().__str__(), name)
+        """The message with each option named by `name(option, value)`, its control
+        characters escaped (a name it quotes cannot retitle a terminal)."""
+        return printable(render(super().__str__(), name))
 
 
 def nearest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

@@ -400,18 +400,3 @@ def _kind(value: Any) -> str:
     if isinstance(value, bool | int | float):
         return f"{value!r}"[:40]
     return f"a {type(value).__name__}" if not isinstance(value, str) else f"{value[:40]!r}"
-
-
-_UNPRINTABLE = re.compile(
-    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
-)
-
-
-def printable(text: str) -> str:
-    """`text` with each control character shown as an escape (`\x1b`, `\u202e`)."""
-    return _UNPRINTABLE.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

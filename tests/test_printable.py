@@ -173,3 +173,43 @@ def test_a_terminal_sees_what_loads_before_the_first_batch(tmp_path: Path) -> No
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output)
     assert "loading tiny_models:TwoLinear, then the first batch" in text
     assert "64 samples in" in text  # the footer, after the transient lines
+
+
+def test_a_model_spec_cannot_retitle_the_terminal_from_the_status_line(
+    gpt2: Path, tmp_path: Path
+) -> None:
+    """Issue 32, N10: the status line printed the MODEL spec raw; an `hf:` folder's name
+    could retitle the terminal or clear it."""
+    import shutil
+
+    hostile = tmp_path / "gpt_\x1b]0;PWN\x07\x1b[2J"
+    shutil.copytree(gpt2, hostile)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\n" * 40)
+    code, output = _in_a_terminal("run", f"hf:{hostile}", "--text", str(corpus),
+                                  "--context-size", "8", "-n", "64", "-b", "1", "-l", "h.0",
+                                  "-o", str(tmp_path / "d"))  # fmt: skip
+    assert code == 0, output
+    assert "\x1b]0;PWN" not in output and "\x1b[2J" not in output
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output).replace("\r\n", "")
+    assert "gpt_\\x1b]0;PWN\\x07\\x1b[2J, then the first batch" in shown
+
+
+def test_python_reprs_and_messages_escape_the_names_they_quote(tmp_path: Path) -> None:
+    from torch import nn
+
+    import hookdump
+
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_module(f"m{HOSTILE}", nn.Linear(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return getattr(self, f"m{HOSTILE}")(x)
+
+    d = hookdump.dump(Odd(), [torch.randn(2, 4)], tmp_path / "d")
+    assert f"m{SHOWN}" in _clean(repr(d))
+    with pytest.raises(hookdump.HookdumpError) as caught:
+        hookdump.dump(Odd(), [torch.randn(2, 4)], tmp_path / "e", layers=["m"])
+    assert f"m{SHOWN}" in _clean(str(caught.value))  # the nearest name, as a hint

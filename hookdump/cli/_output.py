@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
-from hookdump.format import printable
+from hookdump.errors import printable
 
 if TYPE_CHECKING:
     from rich.console import Console

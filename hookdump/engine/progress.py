@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hookdump.errors import printable
+
 ProgressCallback = Callable[[int, int | None, int], None]
 
 
@@ -28,7 +30,11 @@ class Progress:
 
     def __enter__(self) -> ProgressCallback | None:
         if self.enabled and self.loading and self._shown():
-            self.status = self.console.status(f"{self.loading}, then the first batch")
+            from rich.text import Text
+
+            # as text, not markup, and escaped: a model's name cannot retitle the terminal
+            line = Text(printable(f"{self.loading}, then the first batch"))
+            self.status = self.console.status(line)
             self.status.start()
         return self.update if self.enabled else None
 

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from hookdump.errors import HookdumpError, opt
-from hookdump.format import printable
+from hookdump.errors import HookdumpError, opt, printable
 from hookdump.inputs.tables import TABLE_SUFFIXES, record_batches, table_files
 
 PIECE = 1 << 18  # bytes read at a time, and about the characters of a piece of text

@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hookdump.errors import HookdumpError, did_you_mean, opt
-from hookdump.format import printable
+from hookdump.errors import HookdumpError, did_you_mean, opt, printable
 from hookdump.store.direct_io import allocate, pwrite_all
 from hookdump.store.folder import inside
 

@@ -16,7 +16,7 @@ import safetensors
 import torch
 from safetensors import safe_open
 
-from hookdump.errors import HookdumpError, InvalidDump, did_you_mean
+from hookdump.errors import HookdumpError, InvalidDump, did_you_mean, printable
 from hookdump.format import (
     DTYPE_OF_SAFETENSORS,
     FORMAT,
@@ -467,9 +467,9 @@ class Dump(Mapping[str, torch.Tensor]):
         state = "" if self.complete else ", incomplete"
         head = f"Dump({str(self.path)!r}, {len(self)} keys, {self.num_samples} samples{state})"
         infos = [self.info(key) for key in self.keys()[:REPR_KEYS]]
-        width = max((len(i.key) for i in infos), default=0)
-        lines = [
-            f"  {i.key:<{width}}  {i.module_type:<12} {i.kind:<11} "
+        width = max((len(printable(i.key)) for i in infos), default=0)
+        lines = [  # names escaped: a key cannot retitle the terminal a repr is printed to
+            f"  {printable(i.key):<{width}}  {printable(i.module_type):<12} {i.kind:<11} "
             f"{list(i.shape)!s:<16} {str(i.dtype).removeprefix('torch.'):<8} "
             f"{format_bytes(i.nbytes or 0):>10}"
             for i in infos

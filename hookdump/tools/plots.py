@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hookdump.errors import HookdumpError, opt
-from hookdump.format import printable
+from hookdump.errors import HookdumpError, opt, printable
 from hookdump.store.stats import KeySummary
 from hookdump.tools.diff import DiffResult
 
