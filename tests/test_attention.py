@@ -178,3 +178,36 @@ def test_llamas_q_and_k_are_after_its_own_rotary_and_k_v_keep_the_key_value_head
     q, k = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
     for name, value in (("q", q), ("k", k), ("v", v)):
         torch.testing.assert_close(d[f"model.layers.0.self_attn:{name}"], value.transpose(1, 2))
+
+
+@pytest.mark.parametrize("how", ["mean", "max", "first", "last"])
+def test_reduce_takes_attention_kinds_over_their_query_tokens(tmp_path: Path, how: str) -> None:
+    """Issue 32, N6: the feature-map rule reduced a pattern [heads, T, T] to [heads] (always
+    1/T) and q [T, heads, head_dim] to [T]; both now reduce over the query tokens."""
+    model, batch = _gpt2(), _batch()
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    whole = hookdump.dump(model, [batch], tmp_path / "whole", layers=["transformer.h.0.attn"],
+                          capture=["pattern", "q"])  # fmt: skip
+    reduced = hookdump.dump(model, [batch], tmp_path / "r", layers=["transformer.h.0.attn"],
+                            capture=["pattern", "q"], reduce=how)  # fmt: skip
+    pattern, q = whole["transformer.h.0.attn:pattern"], whole["transformer.h.0.attn:q"]
+    take = {
+        "mean": lambda t, dim: t.mean(dim), "max": lambda t, dim: t.amax(dim),
+        "first": lambda t, dim: t.select(dim, 0), "last": lambda t, dim: t.select(dim, -1),
+    }[how]  # fmt: skip
+    torch.testing.assert_close(reduced["transformer.h.0.attn:pattern"], take(pattern, 2))
+    torch.testing.assert_close(reduced["transformer.h.0.attn:q"], take(q, 1))
+    assert reduced.info("transformer.h.0.attn:pattern").shape == (4, 7)  # [heads, keys]
+    assert reduced.info("transformer.h.0.attn:q").shape == (4, 8)  # [heads, head_dim]
+
+
+def test_reduce_of_attention_kinds_counts_real_queries_only() -> None:
+    from hookdump.hooks.reduce import reduce_attention
+
+    torch.manual_seed(0)
+    pattern, q = torch.rand(2, 3, 5, 5), torch.rand(2, 5, 3, 4)  # [B, heads, T, T], [B, T, h, d]
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    got = reduce_attention(pattern, "mean", "pattern", mask)
+    torch.testing.assert_close(got[1], pattern[1, :, :3].mean(1))  # three real queries
+    torch.testing.assert_close(reduce_attention(q, "last", "q", mask)[1], q[1, 2])
+    torch.testing.assert_close(reduce_attention(q, "max", "q", mask)[1], q[1, :3].amax(0))

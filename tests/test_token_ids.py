@@ -172,3 +172,23 @@ def test_left_padding_gives_the_same_token_rows(gpt2: Path, tmp_path: Path) -> N
         assert torch.equal(found[0][key], found[1][key]), key
     assert found[1]["__position__"].tolist() == [1, 2, 1]
     assert found[1]["__token_ids__"].tolist() == [6, 7, 9]
+
+
+@pytest.mark.parametrize(
+    ("column", "said"),
+    [([[1.5, 2.0]], ("column input_ids is list<", "double>, not lists of integers")),
+     ([[[1, 2]], [[3]]], ("column input_ids is list<", ": list<")),
+     ([["a", "b"]], ("column input_ids is list<", "string>")),
+     ([[1, 2], None, [3, None, 4]], ("row 2: input_ids holds a missing value (null)",))],
+)  # fmt: skip
+def test_table_ids_that_are_not_integers_are_refused_naming_why(
+    gpt2: Path, tmp_path: Path, column: list[object], said: tuple[str, ...]
+) -> None:
+    """Issue 32, N6 and N14: float ids were cut to integers (1.5 became 1), nested lists
+    blamed the mask, strings and nulls said "found list"."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"input_ids": column}), tmp_path / "ids.parquet")
+    result = invoke("run", f"hf:{gpt2}", "--input", str(tmp_path / "ids.parquet"), "-l", "h.0",
+                    "--per-token", "-q", "-o", str(tmp_path / "d"))  # fmt: skip
+    assert_usage_error(result, *said)  # arrow spells list items as item or element

@@ -26,7 +26,7 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format import KeyInfo, tensor_key
 from hookdump.hooks.attention import ATTENTION_KINDS, AttentionTap, check_selection
 from hookdump.hooks.ops import OpRecorder
-from hookdump.hooks.reduce import REDUCTIONS, channels_first, reduce_tensor
+from hookdump.hooks.reduce import REDUCTIONS, channels_first, reduce_attention, reduce_tensor
 from hookdump.hooks.selection import module_type_name, select_modules
 
 CAPTURE_KINDS = ("output", "input", "grad", "ops", *ATTENTION_KINDS)
@@ -428,12 +428,15 @@ class Capture:
         if not self._calls.storing:
             return
         value = tensor.detach()
-        reduced = reduce_tensor(
-            value,
-            self.reduce,
-            channels_first(self.modules[name]),
-            self.token_mask,
-        )
+        try:
+            if kind in ATTENTION_KINDS:
+                reduced = reduce_attention(value, self.reduce, kind, self.token_mask)
+            else:
+                reduced = reduce_tensor(
+                    value, self.reduce, channels_first(self.modules[name]), self.token_mask
+                )
+        except HookdumpError as exc:  # which key could not be reduced
+            raise HookdumpError(f"{key!r}: {exc.args[0]}") from None
         # a mean or max is a new tensor already; the rest (views included) must be copied
         # before an in-place op can change it
         fresh = reduced.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()

@@ -48,6 +48,23 @@ def reduce_tensor(
     return tensor.amax(dim=dims)
 
 
+def reduce_attention(
+    tensor: torch.Tensor, how: str, kind: str, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`reduce` of an attention kind, over its query tokens (the real ones, with `mask`):
+    `q`, `k`, `v`, `z` [B, T, heads, head_dim] become [B, heads, head_dim]; `pattern` and
+    `scores` [B, heads, T, T] become [B, heads, T] (per key: the mean, the max, the first or
+    the last real query's row). The shape rule of feature maps would reduce these over the
+    wrong axes (a pattern's mean is always 1/T)."""
+    if how in ("none", "flatten") or tensor.dim() != 4:
+        return reduce_tensor(tensor, how, mask=mask)
+    batch = tensor.shape[0]
+    rows = tensor.transpose(1, 2) if kind in ("pattern", "scores") else tensor  # [B, Tq, ...]
+    shape = rows.shape[2:]
+    reduced = reduce_tensor(rows.reshape(batch, rows.shape[1], -1), how, mask=mask)
+    return reduced.reshape(batch, *shape)
+
+
 def _reduce_real_tokens(tensor: torch.Tensor, how: str, real: torch.Tensor) -> torch.Tensor:
     """[B, T, D] over the real tokens of each sample (`real`: [B, T] booleans)."""
     if how == "first":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -125,6 +126,7 @@ def _table_rows(files: list[Path]) -> tuple[int, Callable[[int], Iterator[Row]]]
                 if passed + batch.num_rows <= start:  # resuming: whole batches passed over
                     passed += batch.num_rows
                     continue
+                _check_column_types(batch, file)
                 ids = batch.column(IDS).to_pylist()
                 masks = batch.column(MASK).to_pylist() if MASK in batch.schema.names else None
                 for index in range(max(0, start - passed), batch.num_rows):
@@ -134,8 +136,27 @@ def _table_rows(files: list[Path]) -> tuple[int, Callable[[int], Iterator[Row]]]
     return count, rows
 
 
+def _check_column_types(batch: Any, file: Path) -> None:
+    """Ids and masks are lists of integers (a list of floats is not cut to integers)."""
+    import pyarrow as pa
+
+    for name in (IDS, MASK):
+        if name not in batch.schema.names:
+            continue
+        kind = batch.schema.field(name).type
+        listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        if not (listed and pa.types.is_integer(kind.value_type)):
+            raise HookdumpError(
+                f"{opt('input')} {file}: column {name} is {kind}, not lists of integers; "
+                "save the token ids as integers"
+            )
+
+
 def _table_row(ids: object, mask: object, file: Path, row: int) -> Row:
     where = f"{opt('input')} {file} row {row}"
+    for name, values in ((IDS, ids), (MASK, mask)):
+        if isinstance(values, list) and any(v is None for v in values):
+            raise HookdumpError(f"{where}: {name} holds a missing value (null); fill or drop it")
     try:
         tokens = torch.tensor(ids if ids is not None else [], dtype=torch.int64)
         real = torch.ones_like(tokens) if mask is None else torch.tensor(mask, dtype=torch.int64)
