@@ -482,3 +482,35 @@ def test_diff_pairs_a_million_shards_in_one_walk() -> None:
     assert [(lo, hi, sa["file"], sb["file"]) for lo, hi, sa, sb in segments[:3]] == [
         (0, 1, "s0", "s0"), (1, 2, "s1", "s0"), (2, 3, "s2", "s1")
     ]  # fmt: skip
+
+
+_ROWS_CHILD = """
+import json, sys
+from itertools import islice
+import hookdump
+opened = hookdump.load(sys.argv[1])
+row = opened.row("x", 3)
+batch = next(iter(opened.batches(["x"], 4, buffer_bytes=1 << 26)))
+shuffled = next(iter(opened.batches(["x"], 4, shuffle=True, buffer_bytes=1 << 26)))
+print(json.dumps([list(row.shape), float(row.abs().sum()), list(batch["x"].shape),
+                  list(shuffled["x"].shape)]))
+"""
+
+
+@pytest.mark.slow
+def test_a_shard_larger_than_the_address_space_limit_is_read_row_by_row(tmp_path: Path) -> None:
+    """Issue 32 (D6): readers mapped whole shards, so under `ulimit -v` below a shard's size
+    (4 GB claimed here, 600 MiB allowed) no row could be read, whatever its size."""
+    from clitools import memory_limited
+
+    dump = _claiming(tmp_path / "a", 200, [5_000_000])  # 20 MB rows, sparse
+    code, stdout, stderr = memory_limited(str(dump), headroom=600 << 20, limit="AS",
+                                          code=_ROWS_CHILD, timeout=240)  # fmt: skip
+    assert code == 0, stderr[-3000:]
+    assert json.loads(stdout.splitlines()[-1]) == [[5_000_000], 0.0, [4, 5_000_000],
+                                                   [4, 5_000_000]]  # fmt: skip
+    picture = str(tmp_path / "x.png")
+    code, _, stderr = memory_limited(
+        "show", str(dump), "x", "--sample", "3", "-o", picture, headroom=600 << 20, limit="AS"
+    )
+    assert code == 0, stderr[-3000:]

@@ -460,3 +460,23 @@ def test_a_picture_that_cannot_be_written_is_one_line(tmp_path: Path, suffix: st
     assert_usage_error(result, f"--plot {full}: cannot write the picture")
     result = invoke("diff", str(d.path), str(d.path), "--plot", str(tmp_path / "x.gif"), "-q")
     assert_usage_error(result, "--plot", ".gif is not a picture format")
+
+
+# --- N8: inspect's table of very many keys is bounded -----------------------------------------
+
+
+def test_inspect_of_many_keys_lists_the_first_and_every_non_finite_one(tmp_path: Path) -> None:
+    from hookdump.cli.render import TABLE_KEYS
+
+    tensors = {f"k{i:05d}": torch.ones(1, 1) for i in range(TABLE_KEYS + 2000)}
+    tensors[f"k{TABLE_KEYS + 1500:05d}"] = torch.full((1, 1), float("nan"))
+    save_file(tensors, str(tmp_path / "many.safetensors"))
+    result = invoke("inspect", str(tmp_path / "many.safetensors"))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    shown = [line.split()[0] for line in lines if line.strip().startswith("k0")]
+    assert shown == [f"k{i:05d}" for i in range(TABLE_KEYS)] + [f"k{TABLE_KEYS + 1500:05d}"]
+    assert f"{TABLE_KEYS + 2000} tensors" in result.stdout  # the footer counts them all
+    assert "... 1,999 more keys not shown (--json lists every key)" in result.stdout
+    listed = json.loads(invoke("inspect", str(tmp_path / "many.safetensors"), "--json").stdout)
+    assert len(listed["tensors"]) == TABLE_KEYS + 2000

@@ -12,9 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import safetensors
 import torch
-from safetensors import safe_open
 
 from hookdump.errors import HookdumpError, InvalidDump, did_you_mean, printable
 from hookdump.format import (
@@ -32,6 +30,7 @@ from hookdump.store.batches import BUFFER_BYTES, PassOptions, iter_batches
 from hookdump.store.dataset import DumpDataset
 from hookdump.store.export import ExportResult, export
 from hookdump.store.folder import inside
+from hookdump.store.safetensors_file import SafetensorsFile
 
 MAX_MANIFEST_BYTES = 1 << 30
 # what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
@@ -378,12 +377,11 @@ class Dump(Mapping[str, torch.Tensor]):
 
     @contextlib.contextmanager
     def open_shard(self, shard: dict[str, Any], keys: list[str]) -> Iterator[Any]:
-        """A listed shard opened with safetensors (to read `keys`), its header checked
+        """A listed shard opened (`SafetensorsFile`, to read `keys`), its header checked
         first: every key of the manifest is there, with the shard's rows and the manifest's
         per-sample shape and dtype."""
         path = self.shard_path(shard)
-        handle = self._read(shard, lambda: safe_open(path, framework="pt"))
-        opened = self._read(shard, handle.__enter__)  # torch maps the file here
+        opened = self._read(shard, lambda: SafetensorsFile(path))  # read with pread, unmapped
         try:
             self._check_run(opened, shard)
             if self._headers_checked and shard["file"] not in self._checked:
@@ -394,7 +392,7 @@ class Dump(Mapping[str, torch.Tensor]):
                 raise KeyError(f"{unknown[0]!r} is not in {self.path}")
             yield opened
         finally:
-            handle.__exit__(None, None, None)
+            opened.close()
 
     def _check_run(self, opened: Any, shard: dict[str, Any]) -> None:
         """A shard of the run the manifest lists (another run's `--overwrite` may have
@@ -437,7 +435,7 @@ class Dump(Mapping[str, torch.Tensor]):
     ) -> torch.Tensor:
         """Rows `start:stop` (dump row numbers) of `key` from a shard `open_shard` opened
         (`inner`: only that part of each row's first dimension), as a tensor of its own:
-        safetensors' slice is a view that would keep the whole shard file mapped."""
+        read with pread, never a map of the shard."""
         rows = slice(start - shard["start"], stop - shard["start"])
         index = rows if inner is None else (rows, inner)
         return self._read(shard, lambda: opened.get_slice(key)[index].clone())
@@ -445,7 +443,7 @@ class Dump(Mapping[str, torch.Tensor]):
     def _read(self, shard: dict[str, Any], read: Any) -> Any:
         try:
             return read()
-        except (OSError, safetensors.SafetensorError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: rows asked in steps (never)
             raise self._unreadable(shard, exc) from None
         except (MemoryError, RuntimeError) as exc:
             if not _allocation_failed(exc):
@@ -501,10 +499,10 @@ def _manifest_of_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """A manifest for a lone safetensors file (keys parsed, rows from dim 0: the most any
     key has), and each key's rows."""
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with SafetensorsFile(str(path)) as f:
             shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
             dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
-    except (OSError, safetensors.SafetensorError) as exc:
+    except OSError as exc:
         raise HookdumpError(f"cannot read {path} as safetensors: {exc}") from None
     # its metadata's start/stop are another dump's row numbers: a lone file's rows start at 0
     rows = {key: shape[0] if shape else 0 for key, shape in shapes.items()}

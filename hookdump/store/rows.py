@@ -11,20 +11,17 @@ a replaced shard is an `InvalidDump`, never another run's rows.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hookdump.errors import InvalidDump
+from hookdump.store.safetensors_file import SafetensorsError, read_header
 
 if TYPE_CHECKING:
     from hookdump.store.reader import Dump
-
-MAX_HEADER = 100_000_000  # safetensors' own limit on a header's bytes
 
 
 @dataclass(frozen=True)
@@ -107,14 +104,10 @@ class ShardRows:
 
     def _offsets(self, shard: dict[str, Any], fd: int, size: int) -> dict[str, int]:
         where = f"shard {self.dump.path / shard['file']}"
-        head = os.pread(fd, 8, 0)
-        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 0 < length <= min(MAX_HEADER, size - 8):
-            raise InvalidDump(f"{where}: its header length {length} does not fit the file")
         try:
-            header = json.loads(os.pread(fd, length, 8))
-        except ValueError:
-            raise InvalidDump(f"{where}: its header is not JSON") from None
+            header, data = read_header(fd, size)
+        except SafetensorsError as exc:
+            raise InvalidDump(f"{where}: {exc}") from None
         rows = shard["stop"] - shard["start"]
         offsets = {}
         for key in self.keys:
@@ -124,10 +117,10 @@ class ShardRows:
                     and all(type(v) is int for v in span)):  # fmt: skip
                 raise InvalidDump(f"{where}: no byte offsets for {key!r} in its header")
             begin, end = span
-            if end - begin != rows * self._row_bytes[key] or begin < 0 or 8 + length + end > size:
+            if end - begin != rows * self._row_bytes[key] or begin < 0 or data + end > size:
                 raise InvalidDump(
                     f"{where}: {key!r}'s bytes {begin}:{end} are not its {rows} rows inside the "
                     "file"
                 )
-            offsets[key] = 8 + length + begin
+            offsets[key] = data + begin
         return offsets

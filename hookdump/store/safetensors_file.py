@@ -1,0 +1,175 @@
+"""A safetensors file read with `pread`: its header parsed and checked against the file, and
+rows read straight into tensors of their own. No memory map, so a reader never needs address
+space for more than the rows it asked for (a shard larger than `ulimit -v` reads as well as
+a small one), and a header's claims cost nothing until rows are read.
+
+The interface is the part of `safetensors.safe_open` the readers use: `keys`, `metadata`,
+`get_slice(key)` (`get_shape`, `get_dtype`, `[rows]` or `[rows, inner]`) and `get_tensor`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from typing import Any
+
+import torch
+
+from hookdump.format import DTYPE_OF_SAFETENSORS, ITEMSIZE
+
+MAX_HEADER = 100_000_000  # safetensors' own limit on a header's bytes
+
+
+class SafetensorsError(OSError):
+    """A file that is not a readable safetensors file (its header, or its rows)."""
+
+
+def read_header(fd: int, size: int) -> tuple[dict[str, Any], int]:
+    """The parsed header of the file open as `fd` (`size` bytes) and where its data starts."""
+    head = os.pread(fd, 8, 0)
+    length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+    if not 0 < length <= min(MAX_HEADER, size - 8):
+        raise SafetensorsError(f"its header length {length} does not fit the file")
+    try:
+        header = json.loads(os.pread(fd, length, 8))
+    except (ValueError, RecursionError):
+        raise SafetensorsError("its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError("its header is not a JSON object")
+    return header, 8 + length
+
+
+class SafetensorsFile:
+    """An open safetensors file (a context manager; `close` releases it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(self._fd).st_size
+            header, self._data = read_header(self._fd, size)
+            self._metadata = header.pop("__metadata__", None)
+            self._entries = {key: _Entry.of(key, entry, size - self._data)
+                             for key, entry in header.items()}  # fmt: skip
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def metadata(self) -> dict[str, str] | None:
+        return self._metadata if isinstance(self._metadata, dict) else None
+
+    def get_slice(self, key: str) -> _Slice:
+        return _Slice(self, self._entries[key])
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self.get_slice(key)[:]
+
+    def read(self, into: torch.Tensor, offset: int) -> None:
+        """Fill `into` (contiguous) with the bytes at `offset` of the data."""
+        want = into.numel() * into.element_size()
+        if not want:
+            return
+        view = into.view(torch.uint8).numpy().data.cast("B") if into.dim() else None
+        if view is None:  # a 0-d tensor: its one element
+            into.copy_(_read_exact(self._fd, self._data + offset, want, into.dtype)[0])
+            return
+        got = os.preadv(self._fd, [view], self._data + offset)
+        if got != want:
+            raise SafetensorsError(f"the file ends inside its rows (read {got} of {want} bytes)")
+
+
+def _read_exact(fd: int, offset: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise SafetensorsError(f"the file ends inside its rows (read {len(data)} of {size} bytes)")
+    return torch.frombuffer(bytearray(data), dtype=dtype)
+
+
+class _Entry:
+    """One tensor's dtype, shape and place in the data, checked against the file."""
+
+    def __init__(self, key: str, dtype: str, shape: list[int], begin: int) -> None:
+        self.key, self.dtype_name, self.shape, self.begin = key, dtype, shape, begin
+
+    @classmethod
+    def of(cls, key: str, entry: Any, data_bytes: int) -> _Entry:
+        where = f"tensor {key[:80]!r}"
+        if not isinstance(entry, dict):
+            raise SafetensorsError(f"{where} is not an object")
+        dtype, shape, span = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise SafetensorsError(f"{where} has no dtype")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise SafetensorsError(f"{where} has no valid shape")
+        if not (isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)):
+            raise SafetensorsError(f"{where} has no valid data offsets")
+        itemsize = ITEMSIZE.get(DTYPE_OF_SAFETENSORS.get(dtype, ""))  # None: a dtype not read
+        begin, end = span
+        sized = itemsize is None or end - begin == math.prod(shape) * itemsize
+        if not 0 <= begin <= end <= data_bytes or not sized:
+            raise SafetensorsError(
+                f"{where}'s bytes {begin}:{end} are not its shape {shape} inside the file"
+            )
+        return cls(key, dtype, shape, begin)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        name = DTYPE_OF_SAFETENSORS.get(self.dtype_name)
+        if name is None:
+            raise SafetensorsError(f"tensor {self.key[:80]!r} has dtype {self.dtype_name[:20]!r}, "
+                                   "which hookdump does not read")  # fmt: skip
+        return getattr(torch, name)
+
+
+class _Slice:
+    """Rows of one tensor, read when indexed: `[lo:hi]` (rows), `[lo:hi, a:b]` (and only
+    `a:b` of each row's first dimension)."""
+
+    def __init__(self, file: SafetensorsFile, entry: _Entry) -> None:
+        self._file, self._entry = file, entry
+
+    def get_shape(self) -> list[int]:
+        return list(self._entry.shape)
+
+    def get_dtype(self) -> str:
+        return self._entry.dtype_name
+
+    def __getitem__(self, index: slice | tuple[slice, slice]) -> torch.Tensor:
+        rows, inner = index if isinstance(index, tuple) else (index, None)
+        shape, dtype = self._entry.shape, self._entry.torch_dtype
+        if not shape:  # a 0-d tensor
+            out = torch.empty((), dtype=dtype)
+            self._file.read(out, self._entry.begin)
+            return out
+        lo, hi, step = rows.indices(shape[0])
+        if step != 1:
+            raise ValueError("rows are read in steps of one")
+        count = max(0, hi - lo)
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        if inner is None:
+            out = torch.empty((count, *shape[1:]), dtype=dtype)
+            self._file.read(out, self._entry.begin + lo * row_bytes)
+            return out
+        a, b, _ = inner.indices(shape[1])
+        width = max(0, b - a)
+        part_bytes = math.prod(shape[2:]) * dtype.itemsize
+        out = torch.empty((count, width, *shape[2:]), dtype=dtype)
+        for n in range(count):  # rows this large are read a part at a time
+            self._file.read(out[n], self._entry.begin + (lo + n) * row_bytes + a * part_bytes)
+        return out
