@@ -40,6 +40,9 @@ ITEMSIZE = {
     "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 }  # fmt: skip
 DTYPE_OF_SAFETENSORS = {st: name for name, st in SAFETENSORS_DTYPES.items()}
+# keys the dump keeps for the input itself and for token rows: never a module's
+RESERVED_KEYS = ("__input_ids__", "__attention_mask__", "__token_ids__", "__sample__",
+                 "__position__")  # fmt: skip
 # set on a module to show this class name instead of its own (unflattened export modules)
 TYPE_ATTRIBUTE = "_hookdump_type"
 

@@ -480,3 +480,19 @@ def test_inspect_of_many_keys_lists_the_first_and_every_non_finite_one(tmp_path:
     assert "... 1,999 more keys not shown (--json lists every key)" in result.stdout
     listed = json.loads(invoke("inspect", str(tmp_path / "many.safetensors"), "--json").stdout)
     assert len(listed["tensors"]) == TABLE_KEYS + 2000
+
+
+# --- N13: messages that name the real cause ---------------------------------------------------
+
+
+def test_a_module_named_like_a_reserved_key_is_refused_naming_it(tmp_path: Path) -> None:
+    model = _Named("__sample__")
+    ids = torch.randint(0, 4, (2, 3), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def forward(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return m(b["input_ids"].float()[..., None].expand(-1, -1, 4))
+
+    with pytest.raises(HookdumpError, match="the module '__sample__' would be saved under"):
+        hookdump.dump(model, [batch], tmp_path / "o", per_token=True, forward=forward)
+    assert not (tmp_path / "o").exists()

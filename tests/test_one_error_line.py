@@ -50,6 +50,13 @@ SPOILT: dict[str, tuple[Callable[[Path], None], str]] = {
                                   "not a list of class names"),
     "a pickled .bin holding a module": (_pickled_module, "loading the weights failed"),
     "a huge n_positions": (_config(lambda c: c.update(n_positions=10**12)), "MODEL hf:"),
+    # issue 32: a config that makes no model was blamed on the weights files
+    "no attention heads": (_config(lambda c: c.update(n_head=0)),
+                           "its config.json does not make a"),
+    "flash attention asked for": (
+        _config(lambda c: c.update(_attn_implementation="flash_attention_2",
+                                   attn_implementation="flash_attention_2")),
+        "needs a package that is not installed"),
 }  # fmt: skip
 
 

@@ -140,3 +140,17 @@ def test_layers_lists_the_ops_each_modules_own_forward_calls() -> None:
     assert "ops" not in plain[0]
     table = invoke(*args[:-2], "-c", "output,ops").stdout
     assert "ops (its own forward's)" in table and "relu, relu@1" in table
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_an_ops_pattern_that_matches_no_op_is_one_line_naming_those_called(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: `--ops 'nosuchop*'` wrote a dump with no key and exited 0."""
+    out = tmp_path / "d"
+    result = invoke("run", "tiny_models:OpsBlock", "-l", "__root__", "-c", "ops", "--ops",
+                    "add*", "--ops", "sofmax", "-n", "2", "-o", str(out))  # fmt: skip
+    called = "(they call: add, add_, clone, mul, softmax"
+    assert_usage_error(result, "--ops 'sofmax' matches no op the selected modules call",
+                       called, "did you mean softmax")  # fmt: skip
+    assert not out.exists()  # refused after the first forward, before any shard is listed

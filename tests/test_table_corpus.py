@@ -80,3 +80,18 @@ def test_the_manifest_records_the_corpus_and_no_random_input(tmp_path: Path, gpt
         assert (manifest["input"]["kind"], manifest["input"]["field"]) == (kind, field)
         assert manifest["input"]["source"] == str(source)
         assert manifest["recipe"]["input"] is None and manifest["recipe"]["text"] == str(source)
+
+
+@pytest.mark.parametrize(
+    "column", [list(range(10)), [["a", "b"], ["c"]], [{"a": "x"}], [b"\xff\xfe", b"ok"]]
+)
+def test_a_text_column_that_is_not_strings_is_refused_naming_its_type(
+    gpt2: Path, tmp_path: Path, column: list[object]
+) -> None:
+    """Issue 32 (CO18): such a column used to be "no document" in the corpus."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": column}), tmp_path / "c.parquet")
+    result = invoke("run", f"hf:{gpt2}", "--text", str(tmp_path / "c.parquet"), "-l", "h.0",
+                    "--max-length", "8", "-q")  # fmt: skip
+    assert_usage_error(result, "column 'text' is", "not text", "--text-field")

@@ -192,3 +192,12 @@ def test_table_ids_that_are_not_integers_are_refused_naming_why(
     result = invoke("run", f"hf:{gpt2}", "--input", str(tmp_path / "ids.parquet"), "-l", "h.0",
                     "--per-token", "-q", "-o", str(tmp_path / "d"))  # fmt: skip
     assert_usage_error(result, *said)  # arrow spells list items as item or element
+
+
+def test_token_rows_longer_than_the_models_positions_are_named(gpt2: Path, tmp_path: Path) -> None:
+    """Issue 32 (CO57): 100 ids for 64 positions was an IndexError blamed on --input-shape."""
+    save_file({"input_ids": torch.zeros(2, 100, dtype=torch.int64)}, tmp_path / "long.safetensors")
+    result = invoke("run", f"hf:{gpt2}", "--input", str(tmp_path / "long.safetensors"), "-l",
+                    "h.0", "--per-token", "-q", "-o", str(tmp_path / "d"))  # fmt: skip
+    assert_usage_error(result, "row 0 has 100 token ids, more than the model takes in a sample "
+                       "(64 positions)")  # fmt: skip

@@ -49,6 +49,7 @@ class BatchLoop:
         self.early = early_stop and not self.grads
         # the selection ends the forward (nearly): count the calls in the first batch itself
         self.count_in_first = self.early and ends_late(cap, self.model)
+        self._checked = False  # the first forward's checks are done
 
     def run(
         self,
@@ -113,6 +114,9 @@ class BatchLoop:
         del output
         if self.tokens is not None and first_row == 0:
             self.tokens.check_modules()
+        if not self._checked:  # the first forward of this run: what it asked for was there
+            self._checked = True
+            cap.check_ops()
         if self.early and cap.stop_after is None:  # the first batch ran whole, counted
             cap.stop_early(dict(cap.calls))
         cap.clear()

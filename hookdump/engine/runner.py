@@ -412,6 +412,7 @@ def _token_feed(
     return token_input(
         options.input.source, vocab=loaded.vocab, limit=options.input.num_samples,
         done=destination.done_ids, share=share, special_ids=special, tokenizer_files=files,
+        positions=loaded.positions,
     )  # fmt: skip
 
 

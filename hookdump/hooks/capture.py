@@ -23,9 +23,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import KeyInfo, tensor_key
+from hookdump.format import RESERVED_KEYS, KeyInfo, tensor_key
 from hookdump.hooks.attention import ATTENTION_KINDS, AttentionTap, check_selection
-from hookdump.hooks.ops import OpRecorder
+from hookdump.hooks.ops import OpRecorder, check_patterns
 from hookdump.hooks.reduce import REDUCTIONS, channels_first, reduce_attention, reduce_tensor
 from hookdump.hooks.selection import module_type_name, select_modules
 
@@ -261,6 +261,12 @@ class Capture:
             "kept)"
         )
 
+    def check_ops(self) -> None:
+        """After the first forward: every `ops` pattern matched an op that was called."""
+        recorder = self._attached.recorder
+        if recorder is not None and self.ops:
+            check_patterns(self.ops, recorder.called)
+
     @property
     def keys_expected(self) -> list[str]:
         """The keys one forward makes: those seen so far, or before any forward an estimate
@@ -412,6 +418,11 @@ class Capture:
     ) -> None:
         """Note where `key` came from (once) and keep a copy of its value."""
         known = self.info.get(key)
+        if known is None and key in RESERVED_KEYS:
+            raise HookdumpError(
+                f"the module {name!r} would be saved under {key!r}, a key the dump keeps for "
+                f"its input and token rows; {opt('exclude')} it"
+            )
         if known is None:
             rows = tensor.shape[0] if tensor.dim() else None
             self.info[key] = KeyInfo(

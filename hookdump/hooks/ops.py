@@ -20,6 +20,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
+from hookdump.errors import HookdumpError, did_you_mean, opt
+
 # ops that only look at a tensor or view it (always excluded: they copy nothing new)
 SKIPPED_OPS = frozenset({"__get__", "__getitem__", "__setitem__", "__format__", "__repr__"})
 
@@ -29,6 +31,21 @@ OpSeen = Callable[[str, str, torch.Tensor], None]  # (module, op name, result)
 def op_name(func: Any) -> str:
     """torch's name for the op (`add`, `add_`, `softmax`, `matmul`)."""
     return str(getattr(func, "__name__", func))
+
+
+MAX_CALLED = 256  # op names remembered for the error of --ops matching none
+
+
+def check_patterns(patterns: Sequence[str], called: set[str]) -> None:
+    """After a forward: each `--ops` pattern names an op the selected modules called (a typo
+    is an error, as a `--layers` one is)."""
+    for pattern in patterns:
+        if not any(fnmatchcase(name, pattern) for name in called):
+            names = ", ".join(sorted(called)[:12]) or "no op"
+            raise HookdumpError(
+                f"{opt('ops')} {pattern!r} matches no op the selected modules call "
+                f"(they call: {names}){did_you_mean(pattern, called)}"
+            )
 
 
 class OpRecorder(TorchFunctionMode):
@@ -44,6 +61,7 @@ class OpRecorder(TorchFunctionMode):
         self._seen = seen
         self._running: list[str] = []  # every module of the model now in its forward
         self._paused = 0
+        self.called: set[str] = set()  # names of the ops the selected modules called
         self._handles = self._track(model)
 
     def _track(self, model: nn.Module) -> list[RemovableHandle]:
@@ -106,6 +124,8 @@ class OpRecorder(TorchFunctionMode):
         name = op_name(func)
         if name in SKIPPED_OPS or (result._is_view() and not name.endswith("_")):
             return result
+        if len(self.called) < MAX_CALLED:
+            self.called.add(name)
         if self._patterns and not any(fnmatchcase(name, p) for p in self._patterns):
             return result
         self._paused += 1  # what `seen` does (a copy) is not an op of the model

@@ -162,8 +162,17 @@ def _table_documents(path: Path, field: str, progress: Progress) -> Iterator[Doc
     """The documents in column `field` of a parquet file or an arrow stream (a `datasets`
     shard), a record batch at a time: each string as it is (an empty one too, as in a
     `.jsonl`); missing values are skipped."""
+    import pyarrow as pa
+
     row = 0
     for batch in record_batches(path, [field], "text"):
+        kind = batch.schema.field(0).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or str(kind) == "string_view"):  # fmt: skip
+            raise HookdumpError(
+                f"{opt('text')} {path}: column {field!r} is {kind}, not text; choose a column "
+                f"of strings with {opt('text_field')}"
+            )
         progress.read += batch.nbytes
         for value in batch.column(0).to_pylist():
             row += 1

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import SampleIds
 from hookdump.inputs.files import TENSOR_SUFFIXES, open_tensor_file
 from hookdump.inputs.samples import Batch, Feed, Padding, share_of
 from hookdump.inputs.tables import is_table, record_batches, table_files
@@ -49,11 +50,13 @@ def token_input(
     share: tuple[int, int] | None = None,
     special_ids: list[int] | None = None,
     tokenizer_files: list[Path] | None = None,
+    positions: int | None = None,
 ) -> Feed:
     """The rows of `source` (see the module's docstring) as a `Feed` of token batches;
     `vocab`: ids must be below it; `done`: rows already dumped (resuming: the feed goes on
     after them); `share` (rank, world): a torchrun rank's contiguous slice; `special_ids`
-    and `tokenizer_files`: of the model folder's tokenizer, where one was read."""
+    and `tokenizer_files`: of the model folder's tokenizer, where one was read; `positions`:
+    the most tokens the model takes in a sample (a longer row is refused, naming it)."""
     path = Path(source)
     if not path.exists():
         raise HookdumpError(f"{opt('input')} {source}: no such file or folder")
@@ -65,7 +68,7 @@ def token_input(
         count, rows = _tensor_rows(path)
     total = count if limit is None else min(limit, count)
     first, stop = share_of(total, share)
-    ids: list[int] = list(done or [])
+    ids = SampleIds(done or [])
     padding = Padding()
 
     def batches(batch_size: int) -> Iterator[Batch]:
@@ -73,6 +76,7 @@ def token_input(
         made = itertools.islice(rows(start), stop - start)
         row = len(ids)
         while chunk := list(itertools.islice(made, batch_size)):
+            _check_lengths(chunk, first + row, positions, source)
             batch = _batch(chunk, row, vocab, source, first)
             ids.extend(range(first + row, first + row + len(chunk)))
             padding.count(sum(int(m.sum()) for _, m in chunk), batch.kwargs[IDS].numel())
@@ -134,6 +138,19 @@ def _table_rows(files: list[Path]) -> tuple[int, Callable[[int], Iterator[Row]]]
                 passed += batch.num_rows
 
     return count, rows
+
+
+def _check_lengths(chunk: list[Row], first: int, positions: int | None, source: str) -> None:
+    """Rows no longer than the model's positions (else its embedding fails deep inside)."""
+    if positions is None:
+        return
+    for index, (tokens, _) in enumerate(chunk):
+        if len(tokens) > positions:
+            raise HookdumpError(
+                f"{opt('input')} {source}: row {first + index} has {len(tokens)} token ids, "
+                f"more than the model takes in a sample ({positions} positions); cut the rows "
+                f"to at most {positions} tokens"
+            )
 
 
 def _check_column_types(batch: Any, file: Path) -> None:

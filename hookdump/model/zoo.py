@@ -110,6 +110,32 @@ class TimmModel:
     input_shape: tuple[int, ...]
 
 
+def _load_error(cls: Any, config: Any, spec: str, exc: Exception) -> HookdumpError:
+    """What made `from_pretrained` fail, told apart: a missing package, a config.json that
+    makes no model (0 heads, say: the model is built again from the config alone, with no
+    memory), the arguments given, or else the weights files."""
+    reason = f"{type(exc).__name__}: {_short(exc)}"
+    if isinstance(exc, ImportError):
+        return HookdumpError(
+            f"{opt('model')} {spec}: building it needs a package that is not installed "
+            f"({reason}); install it, or change config.json"
+        )
+    try:
+        with _quiet(importlib.import_module("transformers")), torch.device("meta"):
+            cls(config)
+    except Exception:  # the config alone fails: not the weights
+        return HookdumpError(
+            f"{opt('model')} {spec}: its config.json does not make a {cls.__name__} "
+            f"({reason}); check config.json"
+        )
+    if isinstance(exc, TypeError | ValueError):
+        return HookdumpError(f"building {spec} failed: {_short(exc)}; check {opt('model_args')}")
+    return HookdumpError(
+        f"{opt('model')} {spec}: loading the weights failed ({reason}); check the folder's "
+        "weights files"
+    )
+
+
 def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> HFModel:
     """Build a transformers model through `from_pretrained` with the class its config names
     first in `architectures` (AutoModel when it names none), so a checkpoint loads as it was
@@ -129,15 +155,8 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> HFModel:
             module, info = cls.from_pretrained(
                 folder, output_loading_info=True, **_NO_CODE, **model_args
             )
-    except (TypeError, ValueError) as exc:
-        raise HookdumpError(
-            f"building {spec} failed: {_short(exc)}; check {opt('model_args')}"
-        ) from exc
-    except Exception as exc:  # a pickled .bin, a weights file of the wrong size...
-        raise HookdumpError(
-            f"{opt('model')} {spec}: loading the weights failed ({type(exc).__name__}: "
-            f"{_short(exc)}); check the folder's weights files"
-        ) from exc
+    except Exception as exc:  # a pickled .bin, a weights file of the wrong size, a config...
+        raise _load_error(cls, config, spec, exc) from exc
     problems = [
         f"{len(keys)} {kind.replace('_', ' ')} ({', '.join(list(keys)[:3])})"
         for kind, keys in info.items()
