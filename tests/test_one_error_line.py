@@ -175,3 +175,16 @@ def test_more_tokens_than_the_model_has_positions(
                                      "-o", str(tmp_path / "d")),
                               f"{option} 65 is more tokens than", "64 positions")  # fmt: skip
     assert "--input-shape" not in line
+
+
+def test_a_text_run_whose_forward_fails_blames_the_config_not_input_shape(
+    gpt2: Path, tmp_path: Path, corpus: Path
+) -> None:
+    """Issue 32 (AT18): a text run was told to check --input-shape, which it has not."""
+    folder = tmp_path / "m"
+    shutil.copytree(gpt2, folder)
+    _config(lambda c: c.update(n_head=-2))(folder)
+    result = invoke("run", f"hf:{folder}", "--text", str(corpus), "--context-size", "8",
+                    "-n", "2", "-q")  # fmt: skip
+    line = assert_usage_error(result, "raised", "check the model's config.json and --model-arg")
+    assert "--input-shape" not in line

@@ -39,8 +39,17 @@ def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> 
         )
         raise HookdumpError(
             f"the forward pass of {label} raised {type(exc).__name__}: {message} "
-            f"({inside}{ran}); check {opt('input_shape')} and {opt('model_args')}"
+            f"({inside}{ran}); {_advice(batch)}"
         ) from exc
+
+
+def _advice(batch: Batch) -> str:
+    """What to check after a forward that raised, for the input it was given."""
+    if batch.forward is not None:
+        return f"check {opt('forward')} and the batch it was given"
+    if "input_ids" in batch.kwargs:  # text or token ids: no --input-shape to blame
+        return f"check the model's config.json and {opt('model_args')}"
+    return f"check {opt('input_shape')} and {opt('model_args')}"
 
 
 LATE = 0.1  # a selection followed by less than this share of the parameters ends late
