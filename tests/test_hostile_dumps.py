@@ -9,8 +9,10 @@ string and the value 7777, and neither may ever show up in any output.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -514,3 +516,45 @@ def test_a_shard_larger_than_the_address_space_limit_is_read_row_by_row(tmp_path
         "show", str(dump), "x", "--sample", "3", "-o", picture, headroom=600 << 20, limit="AS"
     )
     assert code == 0, stderr[-3000:]
+
+
+def test_inspect_of_a_sparse_shard_reads_only_the_bytes_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 (D6): 4 GB of rows claimed and 20 MB on disk took 70 s in inspect; a hole
+    reads as zeros, so its statistics are known without reading it."""
+    from hookdump.store.reader import Dump
+    from hookdump.tools.inspect import inspect_dump
+
+    row = torch.linspace(-3, 5, 5_000_000)
+    dump = _claiming(tmp_path / "a", 200, [5_000_000])
+    shard = dump / "shard-00000.safetensors"
+    with shard.open("r+b") as handle:  # row 3 holds values; the rest is a hole
+        length = struct.unpack("<Q", handle.read(8))[0]
+        handle.seek(8 + length + 3 * row.numel() * 4)
+        handle.write(row.numpy().tobytes())
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        os.lseek(fd, 8 + length + 150 * row.numel() * 4, os.SEEK_DATA)
+        pytest.skip("this file system does not report holes")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    read: list[int] = []
+    original = Dump.read_rows
+
+    def counting(self: Dump, *args: Any, **kwargs: Any) -> torch.Tensor:
+        part = original(self, *args, **kwargs)
+        read.append(part.numel() * 4)
+        return part
+
+    monkeypatch.setattr(Dump, "read_rows", counting)
+    (summary,) = inspect_dump(dump).keys
+    assert sum(read) <= 128 << 20  # the slices holding row 3 (and its edge blocks), not 4 GB
+    count = 200 * row.numel()
+    assert summary.stats.count == count
+    assert summary.stats.mean == pytest.approx(float(row.double().sum()) / count, rel=1e-5)
+    assert (summary.stats.min, summary.stats.max) == (-3.0, 5.0)
+    expected_std = math.sqrt(float((row.double() ** 2).sum()) / count - summary.stats.mean**2)
+    assert summary.stats.std == pytest.approx(expected_std, rel=1e-4)

@@ -9,6 +9,7 @@ The interface is the part of `safetensors.safe_open` the readers use: `keys`, `m
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -79,6 +80,19 @@ class SafetensorsFile:
 
     def get_tensor(self, key: str) -> torch.Tensor:
         return self.get_slice(key)[:]
+
+    def holds_data(self, key: str, offset: int, nbytes: int) -> bool:
+        """Whether bytes `offset:offset + nbytes` of `key`'s data have any block on disk;
+        False for a hole of a sparse file, which reads as zeros (`SEEK_DATA`; True where the
+        system cannot tell)."""
+        start = self._data + self._entries[key].begin + offset
+        try:
+            found = os.lseek(self._fd, start, os.SEEK_DATA)
+        except AttributeError:  # no SEEK_DATA here
+            return True
+        except OSError as exc:  # ENXIO: no data from `start` to the end of the file
+            return exc.errno != errno.ENXIO
+        return found < start + nbytes
 
     def read(self, into: torch.Tensor, offset: int) -> None:
         """Fill `into` (contiguous) with the bytes at `offset` of the data."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hookdump.format import KeyInfo
+from hookdump.format import ITEMSIZE, KeyInfo
 from hookdump.store.reader import SLICE_BYTES
 
 if TYPE_CHECKING:
@@ -96,6 +96,21 @@ class TensorStats:
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
         self._histogram(flat, lo, hi)
+
+    def add_zeros(self, count: int) -> None:
+        """Fold in `count` zeros without reading them (a hole in a sparse shard)."""
+        if count <= 0:
+            return
+        zeros = TensorStats(count, 0.0, 0.0, 0.0, 0.0)
+        if self.hist is None:
+            self.hist_range, self.hist = (0.0, 1.0), [0] * HIST_BINS
+        first, last = self.hist_range
+        at = 0 if last <= first else min(HIST_BINS - 1, max(0, int(-first / (last - first)
+                                                                    * HIST_BINS)))  # fmt: skip
+        hist = list(self.hist)
+        hist[at] += min(count, HIST_SAMPLE)  # as a batch's strided sample counts
+        self.merge(zeros)
+        self.hist = hist
 
     def _histogram(self, flat: torch.Tensor, lo: float, hi: float) -> None:
         if self.hist is None:
@@ -191,20 +206,38 @@ def summarize(dump: Dump, shards: list[dict[str, Any]] | None = None) -> dict[st
             for key in keys:
                 own = {**shard, "stop": min(shard["stop"], dump.rows_of(key))}
                 for part in _parts(dump, opened, own, key):
-                    summaries[key].stats.update(part)
+                    if isinstance(part, int):
+                        summaries[key].stats.add_zeros(part)
+                    else:
+                        summaries[key].stats.update(part)
     return summaries
 
 
-def _parts(dump: Dump, opened: Any, shard: dict[str, Any], key: str) -> Iterator[torch.Tensor]:
-    """`key`'s values in a shard, in pieces of about `SLICE_BYTES` at most."""
+def _parts(
+    dump: Dump, opened: Any, shard: dict[str, Any], key: str
+) -> Iterator[torch.Tensor | int]:
+    """`key`'s values in a shard, in pieces of about `SLICE_BYTES` at most; a piece that is
+    a hole of a sparse file is the count of its zeros, never read, so the time follows the
+    bytes on disk rather than the rows a header claims."""
     per_row, shape = dump.row_bytes([key]), dump.tensors[key]["shape"]
+    per_element = ITEMSIZE.get(dump.tensors[key]["dtype"], 8)
     if per_row <= SLICE_BYTES or not shape or shape[0] < 2:
         for lo, hi in dump.slices(shard, [key]):
+            first = (lo - shard["start"]) * per_row
+            if not opened.holds_data(key, first, (hi - lo) * per_row):
+                yield (hi - lo) * per_row // per_element
+                continue
             yield dump.read_rows(opened, shard, key, lo, hi)
         return
     step = max(1, SLICE_BYTES * shape[0] // per_row)  # of the row's first dimension
+    part = per_row // shape[0]
     for row in range(shard["start"], shard["stop"]):
         for lo in range(0, shape[0], step):
+            first = (row - shard["start"]) * per_row + lo * part
+            size = (min(lo + step, shape[0]) - lo) * part
+            if not opened.holds_data(key, first, size):
+                yield size // per_element
+                continue
             yield dump.read_rows(opened, shard, key, row, row + 1, inner=slice(lo, lo + step))
 
 
