@@ -496,3 +496,19 @@ def test_a_module_named_like_a_reserved_key_is_refused_naming_it(tmp_path: Path)
     with pytest.raises(HookdumpError, match="the module '__sample__' would be saved under"):
         hookdump.dump(model, [batch], tmp_path / "o", per_token=True, forward=forward)
     assert not (tmp_path / "o").exists()
+
+
+def test_an_export_to_a_symlink_writes_where_the_link_points(tmp_path: Path) -> None:
+    """Issue 32 (EX5): the link was renamed aside and a real folder made beside it."""
+    d = hookdump.dump(nn.Linear(4, 3), [torch.randn(5, 4)], tmp_path / "d")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "lnk").symlink_to(elsewhere)
+    result = invoke("export", str(d.path), str(tmp_path / "lnk"), "--to", "npy")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "lnk").is_symlink()
+    assert (elsewhere / "index.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "elsewhere", "lnk"]
+    overlap = invoke("export", str(d.path), str(d.path / "sub"), "--to", "npy")
+    line = assert_usage_error(overlap, "the export folder", "overlap")
+    assert "--out" not in line
