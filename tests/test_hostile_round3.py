@@ -512,3 +512,24 @@ def test_an_export_to_a_symlink_writes_where_the_link_points(tmp_path: Path) -> 
     overlap = invoke("export", str(d.path), str(d.path / "sub"), "--to", "npy")
     line = assert_usage_error(overlap, "the export folder", "overlap")
     assert "--out" not in line
+
+
+def test_an_export_of_zero_width_rows_is_refused_before_any_walk(tmp_path: Path) -> None:
+    """Issue 32 (N8): 10^12 rows of shape [0] built 7 GB of ids (hf) or never ended (npy)."""
+    import struct
+
+    folder = tmp_path / "z"
+    folder.mkdir()
+    rows = 10**12
+    header = json.dumps({"k": {"dtype": "F32", "shape": [rows, 0], "data_offsets": [0, 0]},
+                         "__metadata__": {"run_id": "r"}}).encode()  # fmt: skip
+    header += b" " * (-len(header) % 8)
+    (folder / "shard-00000.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": "hookdump/1", "complete": True, "num_samples": rows, "run_id": "r",
+        "tensors": {"k": {"module": "k", "kind": "output", "shape": [0], "dtype": "float32"}},
+        "shards": [{"file": "shard-00000.safetensors", "start": 0, "stop": rows}],
+    }))  # fmt: skip
+    for to in ("npy", "hf"):
+        result = invoke("export", str(folder), str(tmp_path / to), "--to", to)
+        assert_usage_error(result, "'k' has no value in a row (shape [0])", "--keys")

@@ -357,7 +357,9 @@ def check(dump: Dump, keys: list[str], options: PassOptions) -> None:
         if not _integer(value) or value < least:
             raise HookdumpError(f"{opt(name)} {value!r} must be an integer of at least {least}")
     if not _integer(options.seed) or not 0 <= options.seed < MAX_SEED:
-        raise HookdumpError(f"{opt('seed')} {options.seed!r} must be an integer from 0 to 2**62")
+        raise HookdumpError(
+            f"{opt('seed')} {options.seed!r} must be an integer, at least 0 and below 2**62"
+        )
     if options.with_index and ROW in keys:
         raise HookdumpError(
             f"{opt('with_index', True)} names each row's number {ROW!r}, which is a key of "

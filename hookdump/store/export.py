@@ -89,6 +89,12 @@ def export(
         raise HookdumpError(
             f"{dump.path}: its tensors have different numbers of rows; export needs rows aligned"
         )
+    empty = [key for key in chosen if not dump.row_bytes([key])]
+    if empty:  # no value to write, however many rows the dump claims
+        raise HookdumpError(
+            f"{empty[0]!r} has no value in a row (shape {dump.tensors[empty[0]]['shape']}); "
+            f"nothing to export: choose other keys with {opt('keys')}"
+        )
     target = Path(out)
     if target.is_symlink():  # the folder it names is the export's, as `run --out` takes it
         target = Path(os.path.realpath(target))

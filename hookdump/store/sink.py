@@ -267,7 +267,7 @@ def as_dtype(key: str, tensor: torch.Tensor, dtype: str, start: int) -> torch.Te
     back = cast.to(tensor.dtype)
     if not bool(((back == tensor) | (back.isnan() & tensor.isnan())).all()):
         fix = (
-            f"give {opt('save_dtype')} {dtype}"
+            f"give {opt('save_dtype', 'torch.' + dtype)}"
             if tensor.is_floating_point() and cast.is_floating_point()
             else f"give every batch as {dtype}"
         )
