@@ -51,8 +51,9 @@ def hookdump_process(
     def limit() -> None:
         if limit_bytes is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-        if ignore_sigint:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # as a terminal starts it, whatever the suite's own disposition: a suite started as
+        # a background job (`&`, nohup) has SIGINT ignored, and its children would inherit it
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.SIG_DFL)
 
     return subprocess.Popen(
         [sys.executable, "-m", "hookdump", *args],

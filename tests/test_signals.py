@@ -45,7 +45,9 @@ def signal_until_gone(process: subprocess.Popen[str], first: int, then: int | No
     """Send `first`, then keep sending `then` until the process has ended (a second signal
     lands wherever the first one's handling is, again and again)."""
     process.send_signal(first)
+    deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
     while then is not None and process.poll() is None:
+        assert time.monotonic() < deadline, "the run outlived its signals"
         process.send_signal(then)
         time.sleep(0.001)
 
@@ -121,3 +123,22 @@ def test_the_library_puts_the_callers_signal_handlers_back() -> None:
         )
     )
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_the_signal_tests_finish_when_the_suite_runs_as_a_background_job() -> None:
+    """`python -m pytest &` or nohup: the suite starts with SIGINT ignored, which its
+    children inherit and hookdump rightly keeps; a test that stops a run with Ctrl-C must
+    start that run as a terminal would, or it waits for ever."""
+    import os
+    import sys
+
+    tests = Path(__file__).parent
+    process = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+         "ctrl_c_twice_and_more", str(tests / "test_signals.py")],
+        cwd=tests.parent, capture_output=True, text=True, timeout=600, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        env={**os.environ, "PYTEST_ADDOPTS": ""},
+    )  # fmt: skip
+    assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-2000:]
+    assert "1 passed" in process.stdout

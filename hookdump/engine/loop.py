@@ -49,7 +49,6 @@ class BatchLoop:
         self.early = early_stop and not self.grads
         # the selection ends the forward (nearly): count the calls in the first batch itself
         self.count_in_first = self.early and ends_late(cap, self.model)
-        self._checked = False  # the first forward's checks are done
 
     def run(
         self,
@@ -112,11 +111,10 @@ class BatchLoop:
         if self.grads:
             backward(self.model, output, self.grad_target, inputs)
         del output
-        if self.tokens is not None and first_row == 0:
-            self.tokens.check_modules()
-        if not self._checked:  # the first forward of this run: what it asked for was there
-            self._checked = True
+        if first_row == 0:  # the first forward: what it asked for was there
             cap.check_ops()
+            if self.tokens is not None:
+                self.tokens.check_modules()
         if self.early and cap.stop_after is None:  # the first batch ran whole, counted
             cap.stop_early(dict(cap.calls))
         cap.clear()
