@@ -1,20 +1,43 @@
 """hookdump: dump what happens inside a PyTorch model.
 
-Everything but `dump` is imported lazily (see `__getattr__`) so that `import hookdump` (and
-the CLI's `--help`) never pays for importing torch.
+The four verbs:
+
+- `dump(model, data, out, *, layers=..., ...)`: stream what the selected modules of a live
+  `nn.Module` (or a MODEL string, as the CLI takes it) produce for your batches into a dump
+  folder, and return it opened;
+- `load(path)`: open a dump (a `Dump`, a read-only mapping of key -> every row);
+- `capture(model, layers=...)`: a `with` block whose hooks keep the values in memory;
+- `export(dump, out, *, to="hf" | "saelens" | "npy")`: write a dump in another format.
+
+Example:
+    >>> import hookdump
+    >>> d = hookdump.dump(model, loader, "acts/", layers=["layer4"], reduce="mean",
+    ...                   forward=lambda m, batch: m(batch[0]))
+    >>> hookdump.load("acts/")["layer4"].shape
+    torch.Size([10000, 2048])
+
+Errors are `HookdumpError` (one line naming the argument and the fix; `InvalidDump` for a
+dump that cannot be trusted); Ctrl-C or SIGTERM during `dump` raises `Interrupted` (a
+`KeyboardInterrupt`) once the finished shards are safe. `run(RunOptions(...))` is the
+engine the CLI drives, with its option groups.
+
+Every name is imported on first use (`__getattr__`), so `import hookdump` (and the CLI's
+`--help`) never pays for importing torch.
 """
 
 from __future__ import annotations
 
-import os
+import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from hookdump._version import __version__
+
 __all__ = [
     "Capture",
     "CaptureOptions",
     "Dump",
     "DumpOptions",
+    "ExportResult",
     "HookdumpError",
     "InputOptions",
     "Interrupted",
@@ -28,11 +51,13 @@ __all__ = [
     "__version__",
     "capture",
     "dump",
+    "export",
     "load",
     "run",
 ]
 
 if TYPE_CHECKING:
+    from hookdump.engine.live import dump
     from hookdump.engine.options import RunOptions, RunResult
     from hookdump.engine.runner import run
     from hookdump.engine.tokens import TokenOptions
@@ -45,54 +70,39 @@ if TYPE_CHECKING:
     from hookdump.model.prepare import ModelOptions
     from hookdump.store.reader import Dump, load
     from hookdump.store.writer import DumpOptions
+    from hookdump.tools.export import ExportResult, export
 
 _LAZY = {
-    "capture": "hookdump.hooks.capture",
-    "Capture": "hookdump.hooks.capture",
+    "dump": "hookdump.engine.live",
     "load": "hookdump.store.reader",
+    "capture": "hookdump.hooks.capture",
+    "export": "hookdump.tools.export",
+    "run": "hookdump.engine.runner",
+    "Capture": "hookdump.hooks.capture",
     "Dump": "hookdump.store.reader",
+    "ExportResult": "hookdump.tools.export",
     "KeyInfo": "hookdump.format",
     "HookdumpError": "hookdump.errors",
     "InvalidDump": "hookdump.errors",
     "Interrupted": "hookdump.errors",
     "RunOptions": "hookdump.engine.options",
+    "RunResult": "hookdump.engine.options",
     "ModelOptions": "hookdump.model.prepare",
     "CaptureOptions": "hookdump.hooks.options",
     "InputOptions": "hookdump.inputs.samples",
     "TextOptions": "hookdump.inputs.text",
     "TokenOptions": "hookdump.engine.tokens",
     "DumpOptions": "hookdump.store.writer",
-    "RunResult": "hookdump.engine.options",
-    "run": "hookdump.engine.runner",
 }
-
-
-def dump(model: Any, data: Any, out: str | os.PathLike[str], **options: Any) -> Dump:
-    """Stream what the selected modules of `model` (an `nn.Module`, or a MODEL string)
-    produce for `data` (an iterable of batches, or one Tensor) into a dump in `out`, and
-    return it opened. Options: `layers`, `exclude`, `types`, `capture`, `reduce`, `forward`,
-    `ids`, `per_token`, `positions`, `skip_special_tokens`, `tokenizer`, `num_samples`,
-    `save_dtype`, `dtype`, `device`, `train`, `shard_size`, `overwrite`, `resume`,
-    `early_stop`, `grad_target`, `progress` (each explained in `hookdump.engine.live.dump`).
-
-    Example:
-        >>> d = hookdump.dump(model, loader, "acts/", layers=["layer4"], reduce="mean",
-        ...                   forward=lambda m, batch: m(batch[0]))
-        >>> d["layer4"].shape
-        torch.Size([10000, 2048])
-    """
-    from hookdump.engine.live import dump as dump_live
-
-    return dump_live(model, data, out, **options)
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # the next lookup is a plain attribute
+        return value
     raise AttributeError(f"module 'hookdump' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__} - {"_LAZY"})
+    return sorted(__all__)

@@ -53,7 +53,7 @@ def test_hf_rows_equal_the_dump(packed: Dump, tmp_path: Path) -> None:
 
 
 def test_npy_files_map_the_dump(packed: Dump, tmp_path: Path) -> None:
-    result = packed.export(tmp_path / "npy", "npy", keys=["h.1", "__token_ids__"])
+    result = hookdump.export(packed, tmp_path / "npy", to="npy", keys=["h.1", "__token_ids__"])
     assert result.rows == packed.num_samples and result.notes == []
     index = json.loads((tmp_path / "npy" / "index.json").read_text())
     assert sorted(index) == ["__token_ids__", "h.1"]
@@ -83,7 +83,7 @@ def test_bfloat16_is_written_as_float32_and_said(gpt2: Path, corpus: Path, tmp_p
 
 
 def test_saelens_layout_is_a_row_per_sequence(packed: Dump, tmp_path: Path) -> None:
-    result = packed.export(tmp_path / "sae", "saelens", keys="h.1",
+    result = hookdump.export(packed, tmp_path / "sae", to="saelens", keys="h.1",
                            hook_name="blocks.1.hook_resid_post")  # fmt: skip
     sequences = packed.manifest["num_sequences"]
     assert result.rows == sequences
@@ -120,7 +120,7 @@ def test_out_is_replaced_only_whole_and_only_an_export(
     packed: Dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "out"
-    assert packed.export(out, "npy", keys="h.0").rows == packed.num_samples
+    assert hookdump.export(packed, out, to="npy", keys="h.0").rows == packed.num_samples
     assert_usage_error(invoke("export", str(packed.path), str(out), "--to", "npy"),
                        "is not empty; give --overwrite")  # fmt: skip
     other = tmp_path / "mine"
@@ -136,14 +136,14 @@ def test_out_is_replaced_only_whole_and_only_an_export(
     assert_usage_error(invoke("export", str(packed.path), str(out), "--to", "npy", "-k", "h.9",
                               "--overwrite"), "--keys 'h.9' matches no key")  # fmt: skip
 
-    import hookdump.store.export as export
+    import hookdump.tools.export as export
 
     def fails(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(export, "_WRITERS", {"npy": fails})
     with pytest.raises(hookdump.HookdumpError, match=r"export to .* failed: No space left"):
-        packed.export(out, "npy", overwrite=True)
+        hookdump.export(packed, out, to="npy", overwrite=True)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "out"]  # no leftovers
     assert json.loads((out / "index.json").read_text()).keys() == {"h.0"}  # the old export
@@ -169,7 +169,7 @@ def test_saelens_trains_from_the_export(gpt2: Path, tmp_path: Path) -> None:
          "-o", str(tmp_path / "d"))  # fmt: skip
     dump = hookdump.load(tmp_path / "d")
     hook = "blocks.0.hook_resid_post"
-    dump.export(tmp_path / "sae", "saelens", keys="h.0", hook_name=hook)
+    hookdump.export(dump, tmp_path / "sae", to="saelens", keys="h.0", hook_name=hook)
     store = ActivationsStore(
         model=None, dataset=None, streaming=False, hook_name=hook, hook_head_index=None,  # type: ignore[arg-type]
         context_size=5, d_in=32, n_batches_in_buffer=2, total_training_tokens=400,

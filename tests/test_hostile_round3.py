@@ -252,7 +252,7 @@ def test_long_key_names_fit_the_header_room_without_copying_the_shard(
 
 def _npy_export(tmp_path: Path) -> tuple[Path, Path]:
     d = hookdump.dump(nn.Linear(4, 3), [torch.randn(5, 4)], tmp_path / "d")
-    d.export(tmp_path / "ex", to="npy")
+    hookdump.export(d, tmp_path / "ex", to="npy")
     return tmp_path / "d", tmp_path / "ex"
 
 
@@ -300,8 +300,8 @@ def test_a_key_named_like_the_hf_id_column_is_refused(tmp_path: Path) -> None:
     pytest.importorskip("datasets")
     d = hookdump.dump(_Named("__sample_id__", "b"), [torch.randn(3, 4)], tmp_path / "d")
     with pytest.raises(HookdumpError, match="'__sample_id__' is the name of the column"):
-        d.export(tmp_path / "ex", to="hf")
-    d.export(tmp_path / "ex", to="hf", keys="b")  # the other key alone: fine
+        hookdump.export(d, tmp_path / "ex", to="hf")
+    hookdump.export(d, tmp_path / "ex", to="hf", keys="b")  # the other key alone: fine
     assert not (tmp_path / "ex" / "notes.txt").exists()
 
 
@@ -321,7 +321,7 @@ def test_a_saelens_hook_name_like_the_token_column_is_refused(tmp_path: Path) ->
     pytest.importorskip("datasets")
     d = _token_dump(tmp_path / "d")
     with pytest.raises(HookdumpError, match="'token_ids' is the name of the column"):
-        d.export(tmp_path / "ex", to="saelens", keys="e", hook_name="token_ids")
+        hookdump.export(d, tmp_path / "ex", to="saelens", keys="e", hook_name="token_ids")
     assert not (tmp_path / "ex").exists()
 
 
@@ -434,7 +434,7 @@ def test_an_export_that_runs_out_of_room_is_one_line_and_leaves_nothing(
 def test_keys_too_long_for_file_names_get_short_unique_ones(tmp_path: Path) -> None:
     model = _Named("L" * 300, "L" * 299 + "M")
     d = hookdump.dump(model, [torch.randn(3, 4)], tmp_path / "d")
-    d.export(tmp_path / "ex", to="npy")
+    hookdump.export(d, tmp_path / "ex", to="npy")
     index = json.loads((tmp_path / "ex" / "index.json").read_text())
     files = [entry["file"] for entry in index.values()]
     assert len(set(files)) == 2 and all(len(f) < 255 for f in files)

@@ -221,6 +221,45 @@ def test_the_public_surface(tmp_path: Path) -> None:
     assert (result.exit_code, result.stdout) == (0, f"hookdump {hookdump.__version__}\n")
 
 
+def test_one_python_vocabulary_at_the_top_level() -> None:
+    """Issue 33 and the contract (2026-11-25): the verbs show their real, typed keywords;
+    `dir` is `__all__`; `help` opens with the verbs."""
+    import inspect
+    import typing
+
+    assert dir(hookdump) == sorted(hookdump.__all__)
+    assert {"dump", "load", "capture", "export", "Interrupted"} <= set(hookdump.__all__)
+    signature = inspect.signature(hookdump.dump)
+    keywords = [p for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY]
+    assert len(keywords) > 20 and {"layers", "reduce", "per_token", "shard_size"} <= {
+        p.name for p in keywords
+    }
+    hints = typing.get_type_hints(hookdump.dump)  # every annotation resolves
+    assert all(p.name in hints for p in keywords)
+    assert list(inspect.signature(hookdump.export).parameters)[:3] == ["dump", "out", "to"]
+    assert (
+        inspect.signature(hookdump.export).parameters["to"].kind is inspect.Parameter.KEYWORD_ONLY
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'layer'"):
+        hookdump.dump(nn.Linear(2, 2), [torch.randn(1, 2)], "never", layer=["x"])
+    assert hookdump.__doc__ is not None
+    opening = hookdump.__doc__.split("Example:")[0]
+    for verb in ("dump(", "load(", "capture(", "export("):
+        assert verb in opening
+    assert issubclass(hookdump.Interrupted, KeyboardInterrupt)
+    assert not issubclass(hookdump.Interrupted, Exception)
+
+
+def test_export_takes_a_dump_or_its_folder(tmp_path: Path) -> None:
+    d = hookdump.dump(_net(), [torch.randn(3, 4)], tmp_path / "d")
+    by_path = hookdump.export(tmp_path / "d", tmp_path / "a", to="npy")
+    by_dump = hookdump.export(d, tmp_path / "b", to="npy")
+    assert by_path.rows == by_dump.rows == 3
+    assert (tmp_path / "a" / "index.json").read_text() == (
+        tmp_path / "b" / "index.json"
+    ).read_text()
+
+
 def test_a_dump_is_a_mapping_with_info_and_a_short_summary(tmp_path: Path) -> None:
     from collections.abc import Mapping
 

@@ -14,7 +14,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-import hookdump
+from hookdump._version import __version__
 from hookdump.cli import diff, export, inspect, layers, models, run, show
 from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
 from hookdump.cli._output import printable
@@ -34,7 +34,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"hookdump {hookdump.__version__}")
+        typer.echo(f"hookdump {__version__}")
         raise typer.Exit()
 
 

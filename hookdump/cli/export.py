@@ -43,10 +43,10 @@ def export(
     quiet: QuietOpt = False,
 ) -> None:
     """Write a dump in another format, a chunk at a time, into a folder made whole first."""
-    import hookdump
+    from hookdump.tools.export import export as export_dump
 
-    result = hookdump.load(dump).export(out, to, keys=list(keys or []) or None,
-                                        hook_name=hook_name, overwrite=overwrite)  # fmt: skip
+    result = export_dump(dump, out, to=to, keys=list(keys or []) or None, hook_name=hook_name,
+                         overwrite=overwrite)  # fmt: skip
     if json_output:
         _output.print_json({"out": str(result.out), "to": result.to, "rows": result.rows,
                             "keys": result.keys, "notes": result.notes})  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-import hookdump
+from hookdump._version import __version__
 from hookdump.engine.options import RunOptions
 from hookdump.format import dtype_name
 from hookdump.inputs.corpus import corpus_kind
@@ -112,7 +112,7 @@ def _input(
 
 def _version(package: str) -> str | None:
     if package == "hookdump":
-        return hookdump.__version__
+        return __version__
     try:
         return version(package)
     except PackageNotFoundError:

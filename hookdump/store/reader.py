@@ -28,7 +28,6 @@ from hookdump.format import (
 )
 from hookdump.store.batches import BUFFER_BYTES, PassOptions, iter_batches
 from hookdump.store.dataset import DumpDataset
-from hookdump.store.export import ExportResult, export
 from hookdump.store.folder import inside
 from hookdump.store.safetensors_file import SafetensorsFile
 
@@ -324,31 +323,6 @@ class Dump(Mapping[str, torch.Tensor]):
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start,
                               buffer_bytes)  # fmt: skip
         return DumpDataset(self, keys, options, rank, world_size)
-
-    def export(
-        self,
-        out: str | Path,
-        to: str,
-        *,
-        keys: str | list[str] | None = None,
-        hook_name: str | None = None,
-        overwrite: bool = False,
-    ) -> ExportResult:
-        """Write this dump in another format, as `hookdump export` does.
-
-        Args:
-            out: the folder to write (made whole in a temporary folder, then renamed).
-            to: `hf` (a `datasets.load_from_disk` folder), `saelens` (SAELens' cached
-                activations: packed token dumps only) or `npy` (a `.npy` per key).
-            keys: globs of the keys to write (default: all; `saelens`: one key).
-            hook_name: `saelens`: the activations' column, SAELens' `hook_name` (default:
-                the key).
-            overwrite: replace `out` when it holds a previous export.
-
-        Returns:
-            An `ExportResult`: the rows written and notes (a dtype written as another).
-        """
-        return export(self, out, to, keys=keys, hook_name=hook_name, overwrite=overwrite)
 
     @property
     def shards(self) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""`hookdump export` and `Dump.export`: a dump rewritten in a format other tools read.
+"""`hookdump export` and `hookdump.export`: a dump rewritten in a format other tools read.
 
 - `hf`: a Hugging Face `datasets` folder (`datasets.load_from_disk` reads it): a row per
   dump row, a column per key (a fixed-shape array), and `__sample_id__`, the row's sample id
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,9 +39,7 @@ import torch
 from hookdump.errors import HookdumpError, did_you_mean, opt, printable
 from hookdump.store.direct_io import allocate, pwrite_all
 from hookdump.store.folder import inside
-
-if TYPE_CHECKING:
-    from hookdump.store.reader import Dump
+from hookdump.store.reader import Dump
 
 FORMATS = ("hf", "saelens", "npy")
 MARKER = "hookdump-export.json"  # in every export: what `overwrite` may replace
@@ -67,17 +65,35 @@ class ExportResult:
 
 
 def export(
-    dump: Dump,
-    out: str | Path,
-    to: str,
+    dump: Dump | str | os.PathLike[str],
+    out: str | os.PathLike[str],
     *,
+    to: str,
     keys: str | list[str] | None = None,
     hook_name: str | None = None,
     overwrite: bool = False,
 ) -> ExportResult:
-    """Write `dump` (its `keys`, globs; default every key) to `out` in format `to` (see the
-    module's docstring); a non-empty `out` only with `overwrite`, and only when it holds a
-    previous export."""
+    """Write a dump in another format, as `hookdump export` does.
+
+    Args:
+        dump: a `Dump`, or the folder (or .safetensors file) of one.
+        out: the folder to write, made whole in a temporary folder beside it and renamed
+            into place; a non-empty one only with `overwrite`, and only when it holds an
+            earlier export and nothing else.
+        to: `hf` (a `datasets.load_from_disk` folder), `saelens` (SAELens' cached
+            activations: packed token dumps only) or `npy` (a `.npy` per key).
+        keys: globs of the keys to write (default: all; `saelens`: one key).
+        hook_name: `saelens`: the activations' column, SAELens' `hook_name` (default: the
+            key).
+
+    Returns:
+        An `ExportResult`: the rows written and notes (a dtype written as another).
+
+    Example:
+        >>> hookdump.export("acts/", "acts-hf/", to="hf", keys="layer4")
+    """
+    if not isinstance(dump, Dump):
+        dump = Dump(Path(dump))
     if to not in FORMATS:
         raise HookdumpError(f"{opt('to')} {to!r} is not a format; give one of {', '.join(FORMATS)}")
     if not dump.complete:
