@@ -228,3 +228,27 @@ def test_no_class_holds_more_than_twelve_instance_attributes(tmp_path: Path) -> 
         f"    def __post_init__(self):\n{sets}"
     )
     assert _large_classes(planted) == {"pkg/big.py:Big": 13}
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    """Every module's imports (those under TYPE_CHECKING too) point one way: no module
+    reaches itself through others (the readers type against `store.view.DumpView`, not
+    the `Dump` that imports them)."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("hookdump")
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+
+    def walk(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if state.get(imported) == 1:
+                circle = [*path[path.index(imported) :], imported]
+                pytest.fail("an import circle: " + " -> ".join(circle))
+            if imported not in state:
+                walk(imported, [*path, imported])
+        state[module] = 2
+
+    for module in sorted(graph.modules):
+        if module not in state:
+            walk(module, [module])
+    assert len(state) > 50

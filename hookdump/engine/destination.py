@@ -27,7 +27,8 @@ from hookdump.errors import opt
 from hookdump.format import samples_fed
 from hookdump.store.folder import check_out_dir
 from hookdump.store.reader import Dump
-from hookdump.store.stats import KeySummary, summarize
+from hookdump.store.stats import KeySummary
+from hookdump.store.summary import summarize
 from hookdump.store.writer import DumpWriter
 
 

@@ -35,15 +35,13 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.store.rows import ShardRows
-
-if TYPE_CHECKING:
-    from hookdump.store.reader import Dump
+from hookdump.store.view import DumpView
 
 BLOCK_BYTES = 8 << 20  # contiguous bytes of the requested keys read at a time
 BUFFER_BYTES = 256 << 20  # the rows a shuffle mixes at once: its memory budget
@@ -82,7 +80,7 @@ class PassOptions:
 
 
 def iter_batches(
-    dump: Dump, keys: list[str], options: PassOptions
+    dump: DumpView, keys: list[str], options: PassOptions
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Batches of `keys` as dicts of aligned tensors (see the module's docstring)."""
     check(dump, keys, options)
@@ -333,7 +331,7 @@ def _batch(
     return batch
 
 
-def check(dump: Dump, keys: list[str], options: PassOptions) -> None:
+def check(dump: DumpView, keys: list[str], options: PassOptions) -> None:
     """The arguments of a pass, before anything is read."""
     if isinstance(keys, str) or not keys:
         raise HookdumpError(

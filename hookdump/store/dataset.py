@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.store.batches import PassOptions, check, iter_batches
-
-if TYPE_CHECKING:
-    from hookdump.store.reader import Dump
+from hookdump.store.view import DumpView
 
 
 class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
@@ -35,7 +32,7 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 
     def __init__(
         self,
-        dump: Dump,
+        dump: DumpView,
         keys: list[str],
         options: PassOptions,
         rank: int | None = None,

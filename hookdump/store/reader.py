@@ -30,16 +30,13 @@ from hookdump.store.batches import BUFFER_BYTES, PassOptions, iter_batches
 from hookdump.store.dataset import DumpDataset
 from hookdump.store.folder import inside
 from hookdump.store.safetensors_file import SafetensorsFile
+from hookdump.store.view import SLICE_BYTES, rows_per_slice
 
 MAX_MANIFEST_BYTES = 1 << 30
 # what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
 # times their text, so the values (commas) and containers are counted before the parse
 MAX_MANIFEST_VALUES = 32_000_000
 MAX_MANIFEST_CONTAINERS = 4_000_000
-# the most a reader holds of one shard at a time (rows read in slices), whatever its
-# header claims
-SLICE_BYTES = 64 << 20
-SLICE_ROWS = 1 << 20
 REPR_KEYS = 12  # the keys a Dump's repr lists
 
 
@@ -72,12 +69,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
         reason = "out of memory" if isinstance(exc, MemoryError) else str(exc)[:200]
         raise InvalidDump(f"{path} is not readable JSON: {reason}") from None
     return validate_manifest(parsed, str(path))
-
-
-def rows_per_slice(row_bytes: int, budget: int = SLICE_BYTES) -> int:
-    """How many rows of `row_bytes` each a slice of `budget` bytes holds (at least one,
-    at most `SLICE_ROWS`)."""
-    return max(1, min(SLICE_ROWS, budget // row_bytes if row_bytes else SLICE_ROWS))
 
 
 def _allocation_failed(exc: BaseException) -> bool:

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hookdump.errors import InvalidDump
 from hookdump.store.safetensors_file import SafetensorsError, read_header
-
-if TYPE_CHECKING:
-    from hookdump.store.reader import Dump
+from hookdump.store.view import DumpView
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,7 @@ class _Layout:
 class ShardRows:
     """Rows of `keys` of `dump`, read into buffers `allocate` makes."""
 
-    def __init__(self, dump: Dump, keys: list[str]) -> None:
+    def __init__(self, dump: DumpView, keys: list[str]) -> None:
         self.dump, self.keys = dump, list(keys)
         self._row_bytes = {key: dump.row_bytes([key]) for key in keys}
         self._layouts: dict[str, _Layout] = {}

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
-from hookdump.store.reader import SLICE_BYTES, Dump, rows_per_slice
+from hookdump.store.reader import Dump
+from hookdump.store.view import SLICE_BYTES, rows_per_slice
 
 
 @dataclass

@@ -11,7 +11,8 @@ from typing import Any
 from hookdump.errors import Message, library_name, opt, render_message
 from hookdump.store.folder import leftovers
 from hookdump.store.reader import Dump
-from hookdump.store.stats import KeySummary, summarize
+from hookdump.store.stats import KeySummary
+from hookdump.store.summary import summarize
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""Every key's size and statistics read back from a dump's shards (`inspect`, and a resumed
+run's table), in bounded slices; the holes of a sparse shard are counted, not read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hookdump.format import ITEMSIZE, KeyInfo
+from hookdump.store.reader import Dump
+from hookdump.store.stats import KeySummary
+from hookdump.store.view import SLICE_BYTES
+
+
+def summarize(dump: Dump, shards: list[dict[str, Any]] | None = None) -> dict[str, KeySummary]:
+    """Every key's size and statistics, read from `shards` (default: all) shard by shard, a
+    slice of rows at a time (a row larger than a slice is read a part of its first
+    dimension at a time): memory stays bounded whatever the shards' headers claim."""
+    summaries = {
+        key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
+        for key, meta in dump.tensors.items()
+    }
+    keys = [key for key in dump if dump.row_bytes([key])]  # zero-width: nothing to read
+    for shard in dump.shards if shards is None else shards:
+        with dump.open_shard(shard, keys) as opened:
+            for key in dump:
+                rows = min(shard["stop"], dump.rows_of(key)) - shard["start"]  # a ragged file
+                summaries[key].count_bytes(dump.row_bytes([key]) * rows)
+            for key in keys:
+                own = {**shard, "stop": min(shard["stop"], dump.rows_of(key))}
+                for part in _parts(dump, opened, own, key):
+                    if isinstance(part, int):
+                        summaries[key].stats.add_zeros(part)
+                    else:
+                        summaries[key].stats.update(part)
+    return summaries
+
+
+def _parts(
+    dump: Dump, opened: Any, shard: dict[str, Any], key: str
+) -> Iterator[torch.Tensor | int]:
+    """`key`'s values in a shard, in pieces of about `SLICE_BYTES` at most; a piece that is
+    a hole of a sparse file is the count of its zeros, never read, so the time follows the
+    bytes on disk rather than the rows a header claims."""
+    per_row, shape = dump.row_bytes([key]), dump.tensors[key]["shape"]
+    per_element = ITEMSIZE.get(dump.tensors[key]["dtype"], 8)
+    if per_row <= SLICE_BYTES or not shape or shape[0] < 2:
+        for lo, hi in dump.slices(shard, [key]):
+            first = (lo - shard["start"]) * per_row
+            if not opened.holds_data(key, first, (hi - lo) * per_row):
+                yield (hi - lo) * per_row // per_element
+                continue
+            yield dump.read_rows(opened, shard, key, lo, hi)
+        return
+    step = max(1, SLICE_BYTES * shape[0] // per_row)  # of the row's first dimension
+    part = per_row // shape[0]
+    for row in range(shard["start"], shard["stop"]):
+        for lo in range(0, shape[0], step):
+            first = (row - shard["start"]) * per_row + lo * part
+            size = (min(lo + step, shape[0]) - lo) * part
+            if not opened.holds_data(key, first, size):
+                yield size // per_element
+                continue
+            yield dump.read_rows(opened, shard, key, row, row + 1, inner=slice(lo, lo + step))
+
+
+def _key_info(key: str, meta: dict[str, Any]) -> KeyInfo:
+    dtype = getattr(torch, meta["dtype"], torch.float32)
+    return KeyInfo(
+        key,
+        meta["module"],
+        meta.get("module_type") or "-",
+        meta["kind"],
+        int(meta.get("call", 0)),
+        meta.get("part"),
+        tuple(meta["shape"]),
+        dtype,
+    )
