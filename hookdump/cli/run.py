@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -33,6 +33,9 @@ from hookdump.cli._options import (
 )
 from hookdump.cli._progress import GCPause, progress_bar
 from hookdump.errors import CheckFailed
+
+if TYPE_CHECKING:
+    from hookdump.engine.options import RunResult
 
 
 def run(
@@ -276,7 +279,6 @@ def run(
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
     pause = GCPause()  # first: the imports below bring torch in
     try:
-        from hookdump.cli.render import print_summary
         from hookdump.engine.options import RunOptions, parse_size
         from hookdump.engine.runner import run as run_dump
         from hookdump.engine.tokens import TokenOptions, parse_positions
@@ -329,24 +331,30 @@ def run(
         bar = progress_bar(show_progress, options.model.model)
         with bar as progress, _stdin_unless(reads_stdin):
             result = run_dump(options, on_batch=pause.chain(progress))
-        if not quiet:
-            for warning in result.warnings:
-                typer.echo(f"warning: {for_cli(warning)}", err=True)
-        if json_output:
-            _output.print_json(result.as_dict())
-        elif not quiet:
-            print_summary(result, _output.stdout())
-        bad = result.nonfinite()
-        if fail_on_nonfinite and bad:
-            first = bad[0]
-            raise CheckFailed(
-                f"non-finite values first appear in {first.info.key!r} ({first.info.module_type}): "
-                f"{first.stats.nan} NaN, {first.stats.inf} Inf; {len(bad)} of "
-                f"{len(result.keys)} tensors affected"
-            )
-
+        _report(result, quiet, json_output, fail_on_nonfinite)
     finally:
         pause.end()
+
+
+def _report(result: RunResult, quiet: bool, json_output: bool, fail_on_nonfinite: bool) -> None:
+    """Warnings on stderr, the table (or JSON) on stdout, then `--fail-on-nonfinite`."""
+    from hookdump.cli.render import print_summary
+
+    if not quiet:
+        for warning in result.warnings:
+            typer.echo(f"warning: {for_cli(warning)}", err=True)
+    if json_output:
+        _output.print_json(result.as_dict())
+    elif not quiet:
+        print_summary(result, _output.stdout())
+    bad = result.nonfinite()
+    if fail_on_nonfinite and bad:
+        first = bad[0]
+        raise CheckFailed(
+            f"non-finite values first appear in {first.info.key!r} ({first.info.module_type}): "
+            f"{first.stats.nan} NaN, {first.stats.inf} Inf; {len(bad)} of "
+            f"{len(result.keys)} tensors affected"
+        )
 
 
 def _stdin_unless(reads_stdin: bool) -> contextlib.AbstractContextManager[None]:

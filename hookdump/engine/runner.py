@@ -259,16 +259,7 @@ def _run(
     destination.check_sources(made_from)
 
     capture = options.capture
-    # what the manifest records of the run (the selection as the hooks will make it)
-    static = manifest_fields(
-        options, loaded=loaded, feed=feed, form=form, sources=made_from,
-        modules=list(select_modules(loaded.module, capture.layers, capture.exclude,
-                                    capture.types)),
-    )  # fmt: skip
-    if ranks is not None:  # --resume checks that it goes on with as many processes
-        static["processes"] = ranks.world
-    if options.tokens is not None:
-        static["rows"] = "tokens"
+    static = _fields(options, loaded, feed, form, made_from, ranks)
     destination.start(shard_bytes=options.dump.shard_bytes, fields=static)
     sink = BatchSink(
         destination.writer, options.dump.save_dtype,
@@ -302,6 +293,28 @@ def _run(
         "finish": time.perf_counter() - looped_at,
     }
     return _result(options, loaded, whole, manifest, timings, destination, feed, sink)
+
+
+def _fields(
+    options: RunOptions,
+    loaded: LoadedModel,
+    feed: Feed,
+    form: Callable[[], SampleForm],
+    made_from: dict[str, Any],
+    ranks: Ranks | None,
+) -> dict[str, Any]:
+    """What the manifest records of the run (the selection as the hooks will make it)."""
+    capture = options.capture
+    static = manifest_fields(
+        options, loaded=loaded, feed=feed, form=form, sources=made_from,
+        modules=list(select_modules(loaded.module, capture.layers, capture.exclude,
+                                    capture.types)),
+    )  # fmt: skip
+    if ranks is not None:  # --resume checks that it goes on with as many processes
+        static["processes"] = ranks.world
+    if options.tokens is not None:
+        static["rows"] = "tokens"
+    return static
 
 
 def _result(
