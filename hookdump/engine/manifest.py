@@ -13,6 +13,7 @@ import torch
 from hookdump._version import __version__
 from hookdump.engine.options import RunOptions
 from hookdump.format import dtype_name
+from hookdump.hooks.selection import select_modules
 from hookdump.inputs.corpus import corpus_kind
 from hookdump.inputs.samples import Feed, SampleForm
 from hookdump.model.loading import LoadedModel
@@ -27,12 +28,15 @@ def manifest_fields(
     feed: Feed,
     form: Callable[[], SampleForm],
     sources: dict[str, Any],
-    modules: list[str],
+    processes: int | None,
 ) -> dict[str, Any]:
     """Everything but the shards, the tensors and what grows as the run goes on (sample ids,
-    skipped inputs): the model, the command, the recipe, the sources, the input, versions."""
+    skipped inputs): the model, the command, the recipe, the sources, the input, versions,
+    the selection as the hooks will make it; `processes`: torchrun's (None: one), which
+    `--resume` checks it goes on with."""
     capture = options.capture
-    return {
+    modules = list(select_modules(loaded.module, capture.layers, capture.exclude, capture.types))
+    fields = {
         "model": loaded.manifest_entry(),
         "command": list(options.command),
         "recipe": options.recipe(),
@@ -60,6 +64,11 @@ def manifest_fields(
         | {"python": platform.python_version()},
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    if processes is not None:
+        fields["processes"] = processes
+    if options.tokens is not None:
+        fields["rows"] = "tokens"
+    return fields
 
 
 def _forward_dtype(options: RunOptions, loaded: LoadedModel) -> str:

@@ -38,7 +38,6 @@ from hookdump.engine.tokens import TokenOptions, TokenRows, positions_text
 from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import out_of_memory
-from hookdump.hooks.selection import select_modules
 from hookdump.inputs.feed import open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
 from hookdump.inputs.python import PythonData, python_feed
@@ -259,7 +258,10 @@ def _run(
     destination.check_sources(made_from)
 
     capture = options.capture
-    static = _fields(options, loaded, feed, form, made_from, ranks)
+    processes = ranks.world if ranks else None
+    static = manifest_fields(
+        options, loaded=loaded, feed=feed, form=form, sources=made_from, processes=processes
+    )
     destination.start(shard_bytes=options.dump.shard_bytes, fields=static)
     sink = BatchSink(
         destination.writer, options.dump.save_dtype,
@@ -293,28 +295,6 @@ def _run(
         "finish": time.perf_counter() - looped_at,
     }
     return _result(options, loaded, whole, manifest, timings, destination, feed, sink)
-
-
-def _fields(
-    options: RunOptions,
-    loaded: LoadedModel,
-    feed: Feed,
-    form: Callable[[], SampleForm],
-    made_from: dict[str, Any],
-    ranks: Ranks | None,
-) -> dict[str, Any]:
-    """What the manifest records of the run (the selection as the hooks will make it)."""
-    capture = options.capture
-    static = manifest_fields(
-        options, loaded=loaded, feed=feed, form=form, sources=made_from,
-        modules=list(select_modules(loaded.module, capture.layers, capture.exclude,
-                                    capture.types)),
-    )  # fmt: skip
-    if ranks is not None:  # --resume checks that it goes on with as many processes
-        static["processes"] = ranks.world
-    if options.tokens is not None:
-        static["rows"] = "tokens"
-    return static
 
 
 def _result(
