@@ -10,6 +10,7 @@ between the modes happens here, before the loop (`open`, `start`) or after it (`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,13 @@ class Destination:
         return cls(dump.out, ranks, previous, overwrite)
 
     @property
-    def done_ids(self) -> list[Any]:
+    def done_ids(self) -> Sequence[Any]:
         """The ids of the samples already in the dump (resuming), in order."""
         if self.previous is None:
             return []
         listed = self.previous.get("sample_ids")
         fed = samples_fed(self.previous)
-        return list(range(fed)) if listed is None else list(listed[:fed])
+        return range(fed) if listed is None else listed[:fed]  # row numbers: a range
 
     @property
     def done_rows(self) -> int:

@@ -5,7 +5,7 @@ A new source (text, say) is a module of its own in `inputs/` and one branch here
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hookdump.inputs.files import open_input
@@ -18,7 +18,7 @@ def open_feed(
     seed: int,
     form: Callable[[], SampleForm],
     transforms: Any = None,
-    done: list[Any] | None = None,
+    done: Sequence[Any] | None = None,
     share: tuple[int, int] | None = None,
 ) -> Feed:
     """The samples `options` name (`seed`: of random input). `form`: the model's input

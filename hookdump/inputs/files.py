@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import glob
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,7 @@ def image_input(
     *,
     skip_bad: bool,
     workers: int,
-    done: list[str] | None = None,
+    done: Sequence[str] | None = None,
     files: list[Path] | None = None,
 ) -> Feed:
     """Images decoded in `workers` processes; undecodable ones stop the run, or are skipped.
@@ -305,7 +305,7 @@ def open_input(
     *,
     form: Callable[[], SampleForm],
     transforms: Any,
-    done: list[Any],
+    done: Sequence[Any],
     share: tuple[int, int] | None,
 ) -> Feed:
     """The file input that `options.source` names (anything but `random`); `form`: the

@@ -45,7 +45,7 @@ def python_feed(
     given: PythonData,
     *,
     num_samples: int | None,
-    done_ids: list[Any],
+    done_ids: Sequence[Any],
     special_ids: list[int],
 ) -> Feed:
     """`given` as a feed of at most `num_samples` samples, going on after the `done_ids`
@@ -71,7 +71,7 @@ def _batches(
     data: Iterable[Any],
     given: PythonData,
     stop: int | None,
-    done_ids: list[Any],
+    done_ids: Sequence[Any],
     feed_ids: SampleIds,
 ) -> Iterator[Batch]:
     """The batches of `data` up to row `stop`, after the `done_ids` (their ids appended to
@@ -193,7 +193,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, str | int | float) else str(value)
 
 
-def _check_done(ids: Sequence[Any], done: list[Any], start: int, given: bool) -> None:
+def _check_done(ids: Sequence[Any], done: Sequence[Any], start: int, given: bool) -> None:
     """Resuming: the batches skipped must be the samples the dump holds."""
     if given and list(ids) != done[: len(ids)]:
         first = next(i for i, (a, b) in enumerate(zip(ids, done, strict=False)) if a != b)

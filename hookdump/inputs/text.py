@@ -22,7 +22,7 @@ Two ways to make samples:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import recipe
+from hookdump.format import SampleIds, recipe
 from hookdump.inputs.corpus import PIECE, Progress, content_bytes, documents, text_files
 from hookdump.inputs.samples import Batch, Feed, Padding, share_of
 from hookdump.worker import prefetch
@@ -230,7 +230,7 @@ def text_feed(
     *,
     model_positions: int | None = None,
     num_samples: int | None = None,
-    done: list[Any] | None = None,
+    done: Sequence[Any] | None = None,
     tokenizer_files: list[Path] | None = None,
     share: tuple[int, int] | None = None,
     dynamic: bool = False,
@@ -241,7 +241,7 @@ def text_feed(
     already dumped (resuming: the feed goes on after them); `share` (rank, world): a torchrun
     rank's contiguous slice of the samples, counted first when no limit gives their number
     (`feed.first` is the slice's first sample)."""
-    ids: list[Any] = list(done or [])
+    ids = SampleIds(done or [])  # window numbers stay a count
     total = sample_limit(options, model_positions, num_samples)
     first, stop = 0, None
     if share is not None:

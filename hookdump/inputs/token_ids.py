@@ -16,7 +16,7 @@ is one line, not an index error deep in an embedding.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def token_input(
     *,
     vocab: int,
     limit: int | None = None,
-    done: list[int] | None = None,
+    done: Sequence[int] | None = None,
     share: tuple[int, int] | None = None,
     special_ids: list[int] | None = None,
     tokenizer_files: list[Path] | None = None,
