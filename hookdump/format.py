@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from hookdump.choices import TENSOR_KINDS
 from hookdump.errors import HookdumpError, InvalidDump
 
 if TYPE_CHECKING:
@@ -25,10 +26,7 @@ if TYPE_CHECKING:
 
 FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
-KINDS = (
-    "output", "input", "grad_output", "grad_input", "op", "tokens",
-    "pattern", "scores", "q", "k", "v", "z",
-)  # fmt: skip
+KINDS = TENSOR_KINDS  # a key's `kind` in the manifest
 # dtype names as the manifest writes them (torch's, less "torch.") -> safetensors' names
 SAFETENSORS_DTYPES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",

@@ -236,6 +236,11 @@ def test_one_python_vocabulary_at_the_top_level() -> None:
     }
     hints = typing.get_type_hints(hookdump.dump)  # every annotation resolves
     assert all(p.name in hints for p in keywords)
+    from hookdump.choices import EXPORT_TARGETS, REDUCTIONS, ExportTarget, Reduction
+
+    assert hints["reduce"] == Reduction and typing.get_args(Reduction) == REDUCTIONS
+    assert typing.get_type_hints(hookdump.export)["to"] == ExportTarget
+    assert EXPORT_TARGETS == ("hf", "saelens", "npy")
     assert list(inspect.signature(hookdump.export).parameters)[:3] == ["dump", "out", "to"]
     assert (
         inspect.signature(hookdump.export).parameters["to"].kind is inspect.Parameter.KEYWORD_ONLY

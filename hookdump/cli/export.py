@@ -43,10 +43,17 @@ def export(
     quiet: QuietOpt = False,
 ) -> None:
     """Write a dump in another format, a chunk at a time, into a folder made whole first."""
+    from hookdump.choices import parse_export_target
     from hookdump.tools.export import export as export_dump
 
-    result = export_dump(dump, out, to=to, keys=list(keys or []) or None, hook_name=hook_name,
-                         overwrite=overwrite)  # fmt: skip
+    result = export_dump(
+        dump,
+        out,
+        to=parse_export_target(to),
+        keys=list(keys or []) or None,
+        hook_name=hook_name,
+        overwrite=overwrite,
+    )
     if json_output:
         _output.print_json({"out": str(result.out), "to": result.to, "rows": result.rows,
                             "keys": result.keys, "notes": result.notes})  # fmt: skip

@@ -279,6 +279,7 @@ def run(
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
     pause = GCPause()  # first: the imports below bring torch in
     try:
+        from hookdump.choices import parse_reduction
         from hookdump.engine.options import RunOptions, parse_size
         from hookdump.engine.runner import run as run_dump
         from hookdump.engine.tokens import TokenOptions, parse_positions
@@ -301,7 +302,7 @@ def run(
             capture=CaptureOptions(
                 layers=tuple(as_list(layers)), exclude=tuple(as_list(exclude)),
                 types=tuple(as_list(types)), kinds=parse_capture(capture),
-                ops=tuple(as_list(ops)), reduce=reduce,
+                ops=tuple(as_list(ops)), reduce=parse_reduction(reduce),
                 grad_target=parse_grad_target(grad_target), early_stop=not no_early_stop,
             ),
             input=InputOptions(

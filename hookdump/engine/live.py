@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookdump.choices import Reduction
 from hookdump.engine.options import RunOptions, parse_size
 from hookdump.engine.progress import Progress
 from hookdump.engine.runner import PYTHON, Given, run
@@ -42,7 +43,7 @@ def dump(
     types: str | Sequence[str] = (),
     capture: str | Sequence[str] = ("output",),
     ops: str | Sequence[str] = (),
-    reduce: str = "none",
+    reduce: Reduction = "none",
     forward: Callable[[Any, Any], Any] | None = None,
     ids: Callable[[Any], Iterable[Any]] | Iterable[Any] | None = None,
     per_token: bool = False,

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookdump.choices import ATTENTION_KINDS
 from hookdump.errors import HookdumpError, nearest, opt
 
-ATTENTION_KINDS = ("pattern", "scores", "q", "k", "v", "z")
 NAME = "hookdump"
 AttentionSeen = Callable[[str, str, torch.Tensor], None]  # (module, kind, [B, ...] value)
 

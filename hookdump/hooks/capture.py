@@ -22,14 +22,19 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hookdump.choices import (
+    ATTENTION_KINDS,
+    CAPTURE_KINDS,
+    CaptureKind,
+    Reduction,
+    parse_reduction,
+)
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import RESERVED_KEYS, KeyInfo, tensor_key
-from hookdump.hooks.attention import ATTENTION_KINDS, AttentionTap, check_selection
+from hookdump.hooks.attention import AttentionTap, check_selection
 from hookdump.hooks.ops import OpRecorder, check_patterns
-from hookdump.hooks.reduce import REDUCTIONS, channels_first, reduce_attention, reduce_tensor
+from hookdump.hooks.reduce import channels_first, reduce_attention, reduce_tensor
 from hookdump.hooks.selection import module_type_name, select_modules
-
-CAPTURE_KINDS = ("output", "input", "grad", "ops", *ATTENTION_KINDS)
 
 
 @dataclass(frozen=True)
@@ -70,19 +75,23 @@ def _parts(value: Any) -> Iterator[tuple[object, Any]] | None:
     return None
 
 
-def parse_capture(capture: str | Sequence[str]) -> tuple[str, ...]:
+def parse_capture(capture: str | Sequence[str]) -> tuple[CaptureKind, ...]:
     """Validate `--capture` (a comma-separated string or a list) into a tuple of kinds."""
     items = capture.split(",") if isinstance(capture, str) else list(capture)
-    kinds = tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
-    for kind in kinds:
-        if kind not in CAPTURE_KINDS:
-            raise HookdumpError(
-                f"{opt('capture')} {kind!r} is not a capture kind; use any of "
-                f"{','.join(CAPTURE_KINDS)}"
-            )
+    named = dict.fromkeys(item.strip() for item in items if item.strip())
+    kinds = tuple(_kind(name) for name in named)
     if not kinds:
         raise HookdumpError(f"{opt('capture')} is empty; use any of {','.join(CAPTURE_KINDS)}")
     return kinds
+
+
+def _kind(name: str) -> CaptureKind:
+    for kind in CAPTURE_KINDS:
+        if name == kind:
+            return kind
+    raise HookdumpError(
+        f"{opt('capture')} {name!r} is not a capture kind; use any of {','.join(CAPTURE_KINDS)}"
+    )
 
 
 class Receiver(Protocol):
@@ -205,13 +214,11 @@ class Capture:
         capture: str | Sequence[str] = ("output",),
         *,
         train: bool | None = None,
-        reduce: str = "none",
+        reduce: Reduction = "none",
         receiver: Receiver | None = None,
         ops: Sequence[str] = (),
     ) -> None:
-        if reduce not in REDUCTIONS:
-            raise HookdumpError(f"{opt('reduce')} {reduce!r} is not one of {', '.join(REDUCTIONS)}")
-        self.reduce = reduce
+        self.reduce = parse_reduction(reduce)
         self.model = model
         self.modules = select_modules(model, _as_list(layers), _as_list(exclude), _as_list(types))
         self.kinds = parse_capture(capture)
@@ -499,7 +506,7 @@ def capture(
     capture: str | Sequence[str] = ("output",),
     *,
     train: bool | None = None,
-    reduce: str = "none",
+    reduce: Reduction = "none",
     ops: str | Sequence[str] | None = None,
 ) -> Capture:
     """Hook the selected modules of `model` for the `with` block; the hooks are removed on

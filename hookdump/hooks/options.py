@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hookdump.choices import CaptureKind, Reduction
 from hookdump.format import recipe
 
 
@@ -25,8 +26,8 @@ class CaptureOptions:
     layers: tuple[str, ...] = field(default=(), metadata=recipe())
     exclude: tuple[str, ...] = field(default=(), metadata=recipe())
     types: tuple[str, ...] = field(default=(), metadata=recipe())
-    kinds: tuple[str, ...] = field(default=("output",), metadata=recipe("capture"))
+    kinds: tuple[CaptureKind, ...] = field(default=("output",), metadata=recipe("capture"))
     ops: tuple[str, ...] = field(default=(), metadata=recipe())
-    reduce: str = field(default="none", metadata=recipe())
+    reduce: Reduction = field(default="none", metadata=recipe())
     grad_target: str | int = field(default="sum", metadata=recipe())
     early_stop: bool = True

@@ -8,7 +8,6 @@ from torch import nn
 
 from hookdump.errors import HookdumpError, opt
 
-REDUCTIONS = ("none", "mean", "max", "flatten", "first", "last")
 # 1-d layers whose [batch, channels, length] outputs reduce over length, not dim 1
 _CHANNELS_FIRST_1D = (
     nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hookdump.choices import DiffStatus
 from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.store.reader import Dump
 from hookdump.store.view import SLICE_BYTES, rows_per_slice
@@ -28,7 +29,7 @@ class KeyDiff:
 
     key: str
     module: str | None
-    status: str  # match, differ, only in A, only in B, shape, dtype
+    status: DiffStatus
     detail: str = ""
     max_abs: float = 0.0
     max_rel: float = 0.0

@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, opt, printable
 from hookdump.store.direct_io import allocate, pwrite_all
 from hookdump.store.folder import inside
 from hookdump.store.reader import Dump
 
-FORMATS = ("hf", "saelens", "npy")
 MARKER = "hookdump-export.json"  # in every export: what `overwrite` may replace
 CHUNK_BYTES = 64 << 20  # rows read and written at a time, at most
 CHUNK_ROWS = 1 << 20
@@ -58,7 +58,7 @@ class ExportResult:
     """What an export wrote."""
 
     out: Path
-    to: str
+    to: ExportTarget
     rows: int  # rows written: the dump's, or sequences for `saelens`
     keys: list[str]
     notes: list[str] = field(default_factory=list)  # e.g. a dtype written as another
@@ -68,7 +68,7 @@ def export(
     dump: Dump | str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    to: str,
+    to: ExportTarget,
     keys: str | list[str] | None = None,
     hook_name: str | None = None,
     overwrite: bool = False,
@@ -94,8 +94,7 @@ def export(
     """
     if not isinstance(dump, Dump):
         dump = Dump(Path(dump))
-    if to not in FORMATS:
-        raise HookdumpError(f"{opt('to')} {to!r} is not a format; give one of {', '.join(FORMATS)}")
+    to = parse_export_target(to)
     if not dump.complete:
         raise HookdumpError(
             f"{dump.path} is incomplete; finish it with {opt('resume', True)} before exporting"

@@ -1,0 +1,45 @@
+"""The domain's choices, named once: each a `Literal` that mypy follows through the CLI, the
+library and the manifest, with its values as a tuple for checks and messages, and a parser
+that turns a string from the command line (or a caller) into one, or one clear error."""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar, get_args
+
+from hookdump.errors import HookdumpError, opt
+
+Reduction = Literal["none", "mean", "max", "flatten", "first", "last"]
+AttentionKind = Literal["pattern", "scores", "q", "k", "v", "z"]
+CaptureKind = Literal["output", "input", "grad", "ops", AttentionKind]
+# what the manifest's `kind` says of a key
+TensorKind = Literal["output", "input", "grad_output", "grad_input", "op", "tokens", AttentionKind]
+ExportTarget = Literal["hf", "saelens", "npy"]
+DiffStatus = Literal["match", "differ", "only in A", "only in B", "shape", "dtype"]
+
+REDUCTIONS: tuple[Reduction, ...] = get_args(Reduction)
+ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
+CAPTURE_KINDS: tuple[CaptureKind, ...] = ("output", "input", "grad", "ops", *ATTENTION_KINDS)
+TENSOR_KINDS: tuple[TensorKind, ...] = (
+    "output", "input", "grad_output", "grad_input", "op", "tokens", *ATTENTION_KINDS
+)  # fmt: skip
+EXPORT_TARGETS: tuple[ExportTarget, ...] = get_args(ExportTarget)
+
+C = TypeVar("C", bound=str)
+
+
+def choose(value: object, choices: tuple[C, ...], option: str, what: str | None = None) -> C:
+    """`value` as one of `choices` (the same string, typed), else an error naming the
+    option and every choice."""
+    for choice in choices:
+        if value == choice:
+            return choice
+    said = f"is not {what}; give one of" if what else "is not one of"
+    raise HookdumpError(f"{opt(option)} {value!r} {said} {', '.join(choices)}")
+
+
+def parse_reduction(value: object) -> Reduction:
+    return choose(value, REDUCTIONS, "reduce")
+
+
+def parse_export_target(value: object) -> ExportTarget:
+    return choose(value, EXPORT_TARGETS, "to", "a format")
