@@ -20,8 +20,14 @@ REDUCTIONS: tuple[Reduction, ...] = get_args(Reduction)
 ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
 CAPTURE_KINDS: tuple[CaptureKind, ...] = ("output", "input", "grad", "ops", *ATTENTION_KINDS)
 TENSOR_KINDS: tuple[TensorKind, ...] = (
-    "output", "input", "grad_output", "grad_input", "op", "tokens", *ATTENTION_KINDS
-)  # fmt: skip
+    "output",
+    "input",
+    "grad_output",
+    "grad_input",
+    "op",
+    "tokens",
+    *ATTENTION_KINDS,
+)
 EXPORT_TARGETS: tuple[ExportTarget, ...] = get_args(ExportTarget)
 
 C = TypeVar("C", bound=str)

@@ -39,8 +39,13 @@ ITEMSIZE = {
 }  # fmt: skip
 DTYPE_OF_SAFETENSORS = {st: name for name, st in SAFETENSORS_DTYPES.items()}
 # keys the dump keeps for the input itself and for token rows: never a module's
-RESERVED_KEYS = ("__input_ids__", "__attention_mask__", "__token_ids__", "__sample__",
-                 "__position__")  # fmt: skip
+RESERVED_KEYS = (
+    "__input_ids__",
+    "__attention_mask__",
+    "__token_ids__",
+    "__sample__",
+    "__position__",
+)
 # set on a module to show this class name instead of its own (unflattened export modules)
 TYPE_ATTRIBUTE = "_hookdump_type"
 

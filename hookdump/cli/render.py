@@ -110,8 +110,11 @@ def _print_summary_table(keys: Sequence[KeySummary], console: Console) -> None:
     # crop=False: a table still wider than the console wraps there, never loses a number
     console.print(table, crop=False)
     if len(shown) < len(keys):
-        console.print(f"... {len(keys) - len(shown):,} more keys not shown (--json lists every "
-                      "key)", markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"... {len(keys) - len(shown):,} more keys not shown (--json lists every key)",
+            markup=False,
+            highlight=False,
+        )
 
 
 def _footers(table: Table, keys: Sequence[KeySummary]) -> None:

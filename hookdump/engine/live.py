@@ -125,13 +125,25 @@ def dump(
         raise HookdumpError(
             f"model must be a torch.nn.Module or a MODEL string, not {type(model).__name__}"
         )
-    _check_types({
-        "layers": layers, "exclude": exclude, "types": types, "capture": capture, "ops": ops,
-    }, {
-        "per_token": per_token, "skip_special_tokens": skip_special_tokens,
-        "overwrite": overwrite, "resume": resume, "early_stop": early_stop,
-        "progress": progress, "train": train,
-    }, {"num_samples": num_samples, "seed": seed})  # fmt: skip
+    _check_types(
+        {
+            "layers": layers,
+            "exclude": exclude,
+            "types": types,
+            "capture": capture,
+            "ops": ops,
+        },
+        {
+            "per_token": per_token,
+            "skip_special_tokens": skip_special_tokens,
+            "overwrite": overwrite,
+            "resume": resume,
+            "early_stop": early_stop,
+            "progress": progress,
+            "train": train,
+        },
+        {"num_samples": num_samples, "seed": seed},
+    )
     if num_samples is not None and num_samples < 1:
         raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
     if live is not None and any(t.is_meta for t in [*live.parameters(), *live.buffers()]):

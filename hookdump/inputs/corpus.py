@@ -167,8 +167,9 @@ def _table_documents(path: Path, field: str, progress: Progress) -> Iterator[Doc
     row = 0
     for batch in record_batches(path, [field], "text"):
         kind = batch.schema.field(0).type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-                or str(kind) == "string_view"):  # fmt: skip
+        if not (
+            pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
+        ):
             raise HookdumpError(
                 f"{opt('text')} {path}: column {field!r} is {kind}, not text; choose a column "
                 f"of strings with {opt('text_field')}"

@@ -52,8 +52,9 @@ class SafetensorsFile:
             size = os.fstat(self._fd).st_size
             header, self._data = read_header(self._fd, size)
             self._metadata = header.pop("__metadata__", None)
-            self._entries = {key: _Entry.of(key, entry, size - self._data)
-                             for key, entry in header.items()}  # fmt: skip
+            self._entries = {
+                key: _Entry.of(key, entry, size - self._data) for key, entry in header.items()
+            }
         except BaseException:
             os.close(self._fd)
             raise
@@ -146,8 +147,10 @@ class _Entry:
     def torch_dtype(self) -> torch.dtype:
         name = DTYPE_OF_SAFETENSORS.get(self.dtype_name)
         if name is None:
-            raise SafetensorsError(f"tensor {self.key[:80]!r} has dtype {self.dtype_name[:20]!r}, "
-                                   "which hookdump does not read")  # fmt: skip
+            raise SafetensorsError(
+                f"tensor {self.key[:80]!r} has dtype {self.dtype_name[:20]!r}, "
+                "which hookdump does not read"
+            )
         return getattr(torch, name)
 
 

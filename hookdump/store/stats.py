@@ -100,8 +100,11 @@ class TensorStats:
         if self.hist is None:
             self.hist_range, self.hist = (0.0, 1.0), [0] * HIST_BINS
         first, last = self.hist_range
-        at = 0 if last <= first else min(HIST_BINS - 1, max(0, int(-first / (last - first)
-                                                                    * HIST_BINS)))  # fmt: skip
+        at = (
+            0
+            if last <= first
+            else min(HIST_BINS - 1, max(0, int(-first / (last - first) * HIST_BINS)))
+        )
         hist = list(self.hist)
         hist[at] += min(count, HIST_SAMPLE)  # as a batch's strided sample counts
         self.merge(zeros)

@@ -265,8 +265,11 @@ def _npy(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expo
 def _npy_file(path: Path, dtype: np.dtype[Any], shape: list[int]) -> tuple[int, int]:
     """A new `.npy` file of `shape`: its header written, its data's blocks allocated; the
     open descriptor and the offset where the data starts."""
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-              "shape": tuple(shape)}  # fmt: skip
+    header = {
+        "descr": np.lib.format.dtype_to_descr(dtype),
+        "fortran_order": False,
+        "shape": tuple(shape),
+    }
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         with os.fdopen(os.dup(fd), "wb") as handle:
