@@ -42,14 +42,14 @@ def library_name(name: str, value: str | None) -> str:
     return name if value is None else f"{name}={value}"
 
 
-def render(message: str, name: Callable[[str, str | None], str] = library_name) -> str:
+def name_options(message: str, name: Callable[[str, str | None], str] = library_name) -> str:
     """`message` with each option marked by `opt` named by `name(option, value)`."""
     return _OPTION.sub(lambda m: name(m.group(1), m.group(2)), message)
 
 
 def render_message(message: str, name: Callable[[str, str | None], str] = library_name) -> str:
     """A library message (a `Message`, or any string) with its options named by `name`."""
-    return render(getattr(message, "raw", message), name)
+    return name_options(getattr(message, "raw", message), name)
 
 
 class Message(str):
@@ -59,7 +59,7 @@ class Message(str):
     raw: str
 
     def __new__(cls, raw: str) -> Message:
-        message = super().__new__(cls, render(raw))
+        message = super().__new__(cls, name_options(raw))
         message.raw = raw
         return message
 
@@ -79,7 +79,7 @@ class HookdumpError(Exception):
     def render(self, name: Callable[[str, str | None], str]) -> str:
         """The message with each option named by `name(option, value)`, its control
         characters escaped (a name it quotes cannot retitle a terminal)."""
-        return printable(render(super().__str__(), name))
+        return printable(name_options(super().__str__(), name))
 
 
 class ArgumentTypeError(HookdumpError, TypeError):
@@ -114,7 +114,7 @@ class Interrupted(KeyboardInterrupt):
     def render(self, name: Callable[[str, str | None], str]) -> str:
         """The message with each option named by `name(option, value)`, its control
         characters escaped (a name it quotes cannot retitle a terminal)."""
-        return printable(render(super().__str__(), name))
+        return printable(name_options(super().__str__(), name))
 
 
 def nearest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

@@ -54,14 +54,14 @@ def test_text_rows_are_named_by_their_tokens_and_heads_are_drawn(
                     "h.0", "-l", "h.0.attn", "--capture", "output,pattern", "-q",
                     "-o", str(out))  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    from hookdump.tools.draw import render
+    from hookdump.tools.draw import draw_sample
     from hookdump.tools.pictures import token_strings
 
     dump = hookdump.load(out)
     tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
     expected = tokenizer.convert_ids_to_tokens(dump["__input_ids__"][1].tolist())
     assert token_strings(dump, 1, 6) == expected
-    drawn = render(out, "h.0", tmp_path / "rows.png", 1)
+    drawn = draw_sample(out, "h.0", tmp_path / "rows.png", 1)
     assert drawn.describe("h.0", 1).endswith("heatmap of 6x32 of h.0 sample 1")
     shown = invoke("show", str(out), "h.0.attn:pattern", "-o", str(tmp_path / "heads.png"))
     assert shown.exit_code == 0, shown.stderr

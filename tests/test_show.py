@@ -15,7 +15,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from hookdump.tools import maps
-from hookdump.tools.draw import render
+from hookdump.tools.draw import draw_sample
 from hookdump.tools.pictures import Picture
 
 pytest.importorskip("matplotlib")
@@ -60,7 +60,7 @@ def test_the_largest_value_is_the_brightest_cell_of_its_tile(tmp_path: Path) -> 
     values[4, 2, 5] = 9.0  # far above the rest: the top of the shared scale
     values[1, 6, 1] = float("nan")
     out = tmp_path / "grid.png"
-    drawn = render(_lone(tmp_path, values), "maps", out)
+    drawn = draw_sample(_lone(tmp_path, values), "maps", out)
     assert (drawn.rows, drawn.cols, drawn.tiles) == (2, 3, 6)
     pixels = pixels_of(out)
     assert pixels.shape[:2] == (drawn.height, drawn.width) == (900, 1000)
@@ -76,12 +76,14 @@ def test_per_channel_stretches_every_tile_over_the_whole_scale(tmp_path: Path) -
     for channel in range(4):  # each tile's max at its own place, the ranges far apart
         values[channel, channel, 5 - channel] = 10.0**channel
     out = tmp_path / "each.png"
-    drawn = render(_lone(tmp_path, values), "maps", out, tiling=maps.Tiling(scale="per-channel"))
+    drawn = draw_sample(
+        _lone(tmp_path, values), "maps", out, tiling=maps.Tiling(scale="per-channel")
+    )
     pixels = pixels_of(out)
     for channel in range(4):
         assert _close(pixels[_cell(drawn, channel, channel, 5 - channel, 6, 6)], viridis(1.0))
         assert _close(pixels[_cell(drawn, channel, 5 - channel, channel, 6, 6)], viridis(0.0))
-    shared = render(_lone(tmp_path, values), "maps", tmp_path / "shared.png")
+    shared = draw_sample(_lone(tmp_path, values), "maps", tmp_path / "shared.png")
     dim = pixels_of(tmp_path / "shared.png")[_cell(shared, 2, 2, 3, 6, 6)]  # 100 of 1000
     assert _close(dim, viridis(0.1))
 
@@ -93,7 +95,7 @@ def test_top_k_draws_the_channels_of_highest_mean_first(tmp_path: Path) -> None:
                     str(tmp_path / "top.png"))  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert "the 3 of 5 channels with the highest mean, highest first" in result.stdout
-    drawn = render(_lone(tmp_path, values), "maps", tmp_path / "top.png",
+    drawn = draw_sample(_lone(tmp_path, values), "maps", tmp_path / "top.png",
                    tiling=maps.Tiling(top=3))  # fmt: skip
     pixels = pixels_of(tmp_path / "top.png")
     # channels 3, 1, 4 in that order, on a scale from 5 to 9
@@ -104,7 +106,7 @@ def test_top_k_draws_the_channels_of_highest_mean_first(tmp_path: Path) -> None:
 def test_channels_picks_tiles_in_the_order_given(tmp_path: Path) -> None:
     values = torch.arange(8.0)[:, None, None].expand(8, 4, 4).clone()
     out = tmp_path / "picked.png"
-    drawn = render(_lone(tmp_path, values), "maps", out, tiling=maps.Tiling(channels="6-7,0"))
+    drawn = draw_sample(_lone(tmp_path, values), "maps", out, tiling=maps.Tiling(channels="6-7,0"))
     assert drawn.tiles == 3 and drawn.which == "3 picked channels of 8"
     pixels = pixels_of(out)
     for tile, fraction in enumerate((6 / 7, 1.0, 0.0)):
@@ -116,10 +118,10 @@ def test_tiles_are_numbered_and_a_colour_bar_and_title_are_drawn(
 ) -> None:
     values = torch.randn(9, 5, 5, generator=torch.Generator().manual_seed(0))
     path = _lone(tmp_path, values)
-    drawn = render(path, "maps", tmp_path / "full.png")
+    drawn = draw_sample(path, "maps", tmp_path / "full.png")
     full = pixels_of(tmp_path / "full.png")
     monkeypatch.setattr(maps, "MIN_LABEL_PX", 10**6)  # tiles too small to number
-    render(path, "maps", tmp_path / "bare.png")
+    draw_sample(path, "maps", tmp_path / "bare.png")
     bare = pixels_of(tmp_path / "bare.png")
     assert drawn.box is not None
     left, top, right, bottom = (round(v) for v in drawn.box)
@@ -132,7 +134,7 @@ def test_tiles_are_numbered_and_a_colour_bar_and_title_are_drawn(
         assert (numpy.abs(strip - viridis(fraction)).sum(axis=1) < 12).sum() > 50, fraction
     # the title: the same picture titled by another key differs above the grid
     save_file({"other.key": values[None]}, tmp_path / "other.safetensors")
-    render(tmp_path / "other.safetensors", "other.key", tmp_path / "other.png")
+    draw_sample(tmp_path / "other.safetensors", "other.key", tmp_path / "other.png")
     other = pixels_of(tmp_path / "other.png")
     assert (other[:top] != bare[:top]).any(axis=2).sum() > 50
 
@@ -187,9 +189,9 @@ def test_each_shape_gets_its_picture(tmp_path: Path, shape: list[int], chart: st
 
 def test_a_histogram_counts_what_is_not_finite(tmp_path: Path) -> None:
     values = torch.randn(2, 2, 3, 3, generator=torch.Generator().manual_seed(2))
-    clean = render(_lone(tmp_path, values, "clean"), "maps", tmp_path / "clean.png")
+    clean = draw_sample(_lone(tmp_path, values, "clean"), "maps", tmp_path / "clean.png")
     values[0, 0, 0, 0] = float("nan")
-    render(_lone(tmp_path, values, "nan"), "maps", tmp_path / "nan.png")
+    draw_sample(_lone(tmp_path, values, "nan"), "maps", tmp_path / "nan.png")
     red = numpy.array([214, 39, 40])  # tab:red, the NaN/Inf count's colour
     for name, expected in (("clean", False), ("nan", True)):
         pixels = pixels_of(tmp_path / f"{name}.png")

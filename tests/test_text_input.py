@@ -389,14 +389,14 @@ def test_the_corpus_estimate_counts_what_was_passed_over(
 ) -> None:
     """Resuming (or a rank's slice) passes samples over: they were read, so the estimate of
     the corpus's samples counts them, and is exact once the whole corpus is read."""
-    from hookdump.inputs.text import Progress, TextOptions, samples
+    from hookdump.inputs.text import ReadProgress, TextOptions, samples
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(CORPUS * 3) + "\n")
     tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
     options = TextOptions(str(corpus), context_size=5 if packed else None)
     whole = len(list(samples(options, tokenizer, None)))
-    progress = Progress(corpus.stat().st_size)
+    progress = ReadProgress(corpus.stat().st_size)
     rest = list(samples(options, tokenizer, None, first=6, progress=progress))
     assert len(rest) == whole - 6
     assert progress.estimate() == whole

@@ -99,6 +99,6 @@ def show(
         return
     if key is None:
         raise HookdumpError(f"give the KEY to draw, or {opt('depth', True)} for every key")
-    from hookdump.tools.draw import render
+    from hookdump.tools.draw import draw_sample
 
-    print(render(path, key, out, sample, tiling).describe(key, sample))
+    print(draw_sample(path, key, out, sample, tiling).describe(key, sample))

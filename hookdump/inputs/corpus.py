@@ -38,7 +38,7 @@ _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
 @dataclass
-class Progress:
+class ReadProgress:
     """How far the reading got, for an estimate of a corpus's samples before they are all
     made: the corpus's bytes, the bytes read so far, the samples made from them."""
 
@@ -134,10 +134,12 @@ def content_bytes(path: Path) -> int:
     return recorded if 0 < recorded <= DEFLATE_RATIO * size else size
 
 
-def documents(source: str, text_field: str, progress: Progress | None = None) -> Iterator[Document]:
+def documents(
+    source: str, text_field: str, progress: ReadProgress | None = None
+) -> Iterator[Document]:
     """The documents of `source` in corpus order, read as needed; `progress` counts the
     bytes read."""
-    progress = progress or Progress(None)
+    progress = progress or ReadProgress(None)
     if source == "-":
         yield from _lines(sys.stdin.buffer, "-", False, text_field, progress)
         return
@@ -158,7 +160,7 @@ def documents(source: str, text_field: str, progress: Progress | None = None) ->
         yield from _lines(handle, str(path), _kind(path) == ".jsonl", text_field, progress)
 
 
-def _table_documents(path: Path, field: str, progress: Progress) -> Iterator[Document]:
+def _table_documents(path: Path, field: str, progress: ReadProgress) -> Iterator[Document]:
     """The documents in column `field` of a parquet file or an arrow stream (a `datasets`
     shard), a record batch at a time: each string as it is (an empty one too, as in a
     `.jsonl`); missing values are skipped."""
@@ -192,7 +194,7 @@ def _open(path: Path) -> BinaryIO:
 
 
 def _lines(
-    handle: BinaryIO, name: str, jsonl: bool, field: str, progress: Progress
+    handle: BinaryIO, name: str, jsonl: bool, field: str, progress: ReadProgress
 ) -> Iterator[Document]:
     for number, chunks in enumerate(_Reader(handle, progress, name=name).lines(), start=1):
         where = f"{name}:{number}"
@@ -211,7 +213,7 @@ class _Reader:
     `PIECE` bytes; a line's unread chunks are skipped when the next line is asked for."""
 
     def __init__(
-        self, handle: BinaryIO, progress: Progress, whole: bool = False, name: str = ""
+        self, handle: BinaryIO, progress: ReadProgress, whole: bool = False, name: str = ""
     ) -> None:
         self._handle, self._progress, self._whole = handle, progress, whole
         self._ended = False

@@ -31,7 +31,7 @@ import torch
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format import SampleIds, recipe
-from hookdump.inputs.corpus import PIECE, Progress, content_bytes, documents, text_files
+from hookdump.inputs.corpus import PIECE, ReadProgress, content_bytes, documents, text_files
 from hookdump.inputs.samples import Batch, Feed, Padding, share_of
 from hookdump.worker import prefetch
 
@@ -102,7 +102,7 @@ def samples(
     *,
     first: int = 0,
     stop: int | None = None,
-    progress: Progress | None = None,
+    progress: ReadProgress | None = None,
     num_samples: int | None = None,
 ) -> Iterator[tuple[Any, list[int], int]]:
     """(sample id, token ids, real tokens) for samples `first:stop` of the corpus, in order,
@@ -111,7 +111,7 @@ def samples(
     limit = sample_limit(options, model_positions, num_samples)
     if limit is not None:
         stop = limit if stop is None else min(stop, limit)
-    progress = progress or Progress(None)
+    progress = progress or ReadProgress(None)
     if options.context_size is not None:
         made = _packed(options, tokenizer, progress)
     else:
@@ -128,13 +128,13 @@ def count_samples(
     if options.context_size is None:
         made: Iterator[Any] = documents(options.source, options.text_field)
     else:
-        made = _packed(options, tokenizer, Progress(None))
+        made = _packed(options, tokenizer, ReadProgress(None))
     limit = sample_limit(options, model_positions, num_samples)
     return sum(1 for _ in itertools.islice(made, limit))
 
 
 def _packed(
-    options: TextOptions, tokenizer: Any, progress: Progress
+    options: TextOptions, tokenizer: Any, progress: ReadProgress
 ) -> Iterator[tuple[Any, list[int], int]]:
     size = options.context_size or 0
     eos = tokenizer.eos_token_id
@@ -165,7 +165,7 @@ def _per_document(
     tokenizer: Any,
     model_positions: int | None,
     first: int,
-    progress: Progress,
+    progress: ReadProgress,
 ) -> Iterator[tuple[Any, list[int], int]]:
     length = sample_length(options, model_positions)
     bos = _bos(options, tokenizer)
@@ -257,7 +257,7 @@ def text_feed(
     corpus = text_files(options.source)
     progress = None
     if total is None and corpus:  # estimated from the corpus's size (none for stdin)
-        progress = Progress(sum(content_bytes(path) for path in corpus))
+        progress = ReadProgress(sum(content_bytes(path) for path in corpus))
     width = None if dynamic else sample_length(options, model_positions)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None and not options.packed:

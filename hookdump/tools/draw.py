@@ -25,7 +25,7 @@ from hookdump.tools.plots import check_format
 MAX_ROW_BYTES = 256 << 20
 
 
-def render(
+def draw_sample(
     dump_path: str | Path,
     key: str,
     out: Path,
