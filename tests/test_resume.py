@@ -58,7 +58,7 @@ def test_ctrl_c_then_resume_equals_an_uninterrupted_run(
     assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] is True
-    assert manifest["sample_ids"] is None  # row numbers
+    assert "sample_ids" not in manifest  # row numbers
     assert hookdump.load(out).sample_ids == list(range(10))
     assert [(s["start"], s["stop"]) for s in manifest["shards"]][:3] == [(0, 2), (2, 4), (4, 6)]
     assert not list(out.glob("*.tmp"))

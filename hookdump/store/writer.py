@@ -347,6 +347,8 @@ class DumpWriter:
         fields: dict[str, Any] = {**self.fields, "sample_ids": ids, "skipped_inputs": skipped}
         fields.update(extra or {})
         fields["sample_ids"] = ids_for_manifest(fields["sample_ids"])
+        if fields["sample_ids"] is None:  # row numbers: no list, which every reader reads so
+            del fields["sample_ids"]
         if self.shards and "sequences" in self.shards[-1]:  # rows are tokens
             fields["num_sequences"] = self.shards[-1]["sequences"]
         return {
