@@ -220,7 +220,7 @@ def test_an_interrupted_text_dump_resumes_to_the_same_dump(
     result = invoke(*args, "-o", str(out), "--resume")
     assert result.exit_code == 0, result.stderr
     assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
-    assert hookdump.load(out).manifest["sample_ids"] == hookdump.load(whole).manifest["sample_ids"]
+    assert hookdump.load(out).sample_ids == hookdump.load(whole).sample_ids
 
 
 def test_every_source_form_gives_the_same_ids(gpt2: Path, tmp_path: Path) -> None:
@@ -268,7 +268,7 @@ def test_an_interrupted_per_token_dump_resumes_to_the_same_dump(
     assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
     a, b = hookdump.load(whole), hookdump.load(out)
     assert (b.num_samples, b.manifest["num_sequences"]) == (a.num_samples, 4)
-    assert b.manifest["sample_ids"] == a.manifest["sample_ids"]
+    assert b.sample_ids == a.sample_ids
     assert torch.equal(b["__sample__"], a["__sample__"])
 
 

@@ -35,7 +35,7 @@ def same_dump(a: Path, b: Path) -> None:
     one, two = hookdump.load(a), hookdump.load(b)
     assert one.complete and two.complete
     assert one.keys() == two.keys()
-    assert one.manifest["sample_ids"] == two.manifest["sample_ids"]
+    assert one.sample_ids == two.sample_ids
     for key in one:
         assert (one[key] == two[key]).all(), key
 
