@@ -161,7 +161,7 @@ MAX_ID_CHARS = 4096
 class SampleIds(Sequence[Any]):
     """Sample ids in row order. Ids that are their own row numbers (random input, a tensor
     file, `hookdump.dump`'s default, packed windows) are a count, not a list, and the
-    manifest says `null` for them; other ids are listed, within `MAX_LISTED_IDS` ids and
+    manifest leaves `sample_ids` out for them; other ids are listed, within `MAX_LISTED_IDS` ids and
     `MAX_IDS_BYTES` of JSON, each at most `MAX_ID_CHARS` long (else a HookdumpError)."""
 
     def __init__(self, ids: Iterable[Any] = ()) -> None:
@@ -208,7 +208,8 @@ class SampleIds(Sequence[Any]):
             self.json_bytes -= sum(_id_bytes(value) for value in gone)
 
     def manifest_value(self) -> list[Any] | None:
-        """What the manifest's `sample_ids` holds: None for row numbers, else the list."""
+        """What the manifest's `sample_ids` holds: None for row numbers (left out), else the
+        list."""
         return None if self._listed is None else self._listed
 
     def __len__(self) -> int:

@@ -257,7 +257,7 @@ def _npy(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expo
         for fd, _ in files.values():
             os.close(fd)
     (temp / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-    # the manifest's ids (null: the ids are the row numbers, never spelled out here)
+    # the manifest's ids (null where it has none: the ids are the row numbers)
     (temp / "sample_ids.json").write_text(json.dumps(dump.manifest.get("sample_ids")) + "\n")
     return ExportResult(temp, "npy", dump.num_samples, keys, notes)
 
