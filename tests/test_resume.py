@@ -235,8 +235,13 @@ def test_shards_are_committed_together_every_interval(
     COMMIT_EVERY of the run's start or of the last commit go in one, every listed shard on
     disk before the manifest names it, and the end of the run commits at once rather than
     waiting. Over an old dump the first shard is committed at once: it moves the old dump
-    aside, and the disk should not hold both for longer."""
+    aside, and the disk should not hold both for longer. The second batch's forward waits
+    for that first commit (an event, not a guess at the machine's speed), so a loaded
+    machine cannot finish a second shard before the commit thread takes the first."""
+    import threading
     import time
+
+    from torch import nn
 
     from hookdump.store import commit
     from hookdump.store.writer import DumpWriter
@@ -246,18 +251,30 @@ def test_shards_are_committed_together_every_interval(
         assert invoke(*RUN, "-o", str(out)).exit_code == 0
     monkeypatch.setattr(commit, "COMMIT_EVERY", 60.0)
     listings: list[tuple[bool, list[str]]] = []
+    first_commit = threading.Event()
     real_write_manifest = DumpWriter.write_manifest
 
     def spy(self: DumpWriter, complete: bool, extra: Any = None) -> dict[str, Any]:
         files = [s["file"] for s in self.shards]
         assert all((self.out / f).is_file() for f in files)
         listings.append((complete, files))
-        return real_write_manifest(self, complete, extra)
+        written = real_write_manifest(self, complete, extra)
+        first_commit.set()
+        return written
 
     monkeypatch.setattr(DumpWriter, "write_manifest", spy)
+    model = nn.Sequential(nn.Linear(4, 4))
+    calls = [0]
+
+    def after_the_first_commit(_: nn.Module, __: Any) -> None:
+        calls[0] += 1
+        if old_dump and calls[0] == 2:
+            assert first_commit.wait(300), "the first shard was never committed"
+
+    model.register_forward_pre_hook(after_the_first_commit)
+    batches = [torch.randn(2, 4) for _ in range(5)]
     started = time.monotonic()
-    result = invoke(*RUN, "--overwrite", "-o", str(out))
-    assert result.exit_code == 0, result.stderr
+    hookdump.dump(model, batches, out, overwrite=True, shard_size=1, early_stop=False)
     assert time.monotonic() - started < 60  # did not wait out the interval at the end
     files = [f"shard-{i:05d}.safetensors" for i in range(5)]
     assert listings[-1] == (True, files)
