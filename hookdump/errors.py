@@ -64,14 +64,9 @@ class Message(str):
         return message
 
 
-class HookdumpError(Exception):
-    """Bad usage or bad input: the message names the value and the fix; exit code 2.
-
-    With HOOKDUMP_DEBUG=1 the CLI also prints the traceback of the error's cause (a model's
-    own exception, say), kept as `__cause__`.
-    """
-
-    exit_code = 2
+class _Explained(BaseException):
+    """An exception whose message marks its options with `opt`: `str()` names them as the
+    library does, `render` as the caller asks (the CLI: flags)."""
 
     def __str__(self) -> str:
         return self.render(library_name)
@@ -80,6 +75,16 @@ class HookdumpError(Exception):
         """The message with each option named by `name(option, value)`, its control
         characters escaped (a name it quotes cannot retitle a terminal)."""
         return printable(name_options(super().__str__(), name))
+
+
+class HookdumpError(_Explained, Exception):
+    """Bad usage or bad input: the message names the value and the fix; exit code 2.
+
+    With HOOKDUMP_DEBUG=1 the CLI also prints the traceback of the error's cause (a model's
+    own exception, say), kept as `__cause__`.
+    """
+
+    exit_code = 2
 
 
 class ArgumentTypeError(HookdumpError, TypeError):
@@ -98,7 +103,7 @@ class CheckFailed(HookdumpError):
     exit_code = 1
 
 
-class Interrupted(KeyboardInterrupt):
+class Interrupted(_Explained, KeyboardInterrupt):
     """Ctrl-C (exit code 130) or SIGTERM (143) during a run, raised once the finished shards
     are committed: the message says what was kept and how to go on. A KeyboardInterrupt,
     not an Exception, so a loop's `except Exception` does not swallow the user's Ctrl-C or
@@ -107,14 +112,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, message: str, exit_code: int = 130) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-    def __str__(self) -> str:
-        return self.render(library_name)
-
-    def render(self, name: Callable[[str, str | None], str]) -> str:
-        """The message with each option named by `name(option, value)`, its control
-        characters escaped (a name it quotes cannot retitle a terminal)."""
-        return printable(name_options(super().__str__(), name))
 
 
 def nearest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

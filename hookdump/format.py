@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeGuard, overload
 
 from hookdump.choices import TENSOR_KINDS
 from hookdump.errors import HookdumpError, InvalidDump
@@ -161,8 +161,9 @@ MAX_ID_CHARS = 4096
 class SampleIds(Sequence[Any]):
     """Sample ids in row order. Ids that are their own row numbers (random input, a tensor
     file, `hookdump.dump`'s default, packed windows) are a count, not a list, and the
-    manifest leaves `sample_ids` out for them; other ids are listed, within `MAX_LISTED_IDS` ids and
-    `MAX_IDS_BYTES` of JSON, each at most `MAX_ID_CHARS` long (else a HookdumpError)."""
+    manifest leaves `sample_ids` out for them; other ids are listed, within
+    `MAX_LISTED_IDS` ids and `MAX_IDS_BYTES` of JSON, each at most `MAX_ID_CHARS` long (else
+    a HookdumpError)."""
 
     def __init__(self, ids: Iterable[Any] = ()) -> None:
         self._numbered = 0  # ids 0..n-1, while no other id has come
@@ -235,7 +236,6 @@ def _id_bytes(value: Any) -> int:
             )
         if value.isascii() and value.isprintable():
             return len(value) + 4 + value.count('"') + value.count("\\")
-        return len(json.dumps(value)) + 4
     return len(json.dumps(value)) + 4
 
 
@@ -326,8 +326,6 @@ def validate_manifest(data: Any, where: str) -> dict[str, Any]:
 def _check_optional(data: dict[str, Any], bad: Any) -> None:
     for name, kind in _OPTIONAL.items():
         if name in data and not isinstance(data[name], kind):
-            if name == "sample_ids" and data[name] is None:  # the ids are the row numbers
-                continue
             raise bad(f"{name!r} is {_kind(data[name])}, not a {kind.__name__}")
     for name in ("skipped", "skipped_inputs"):
         if not all(isinstance(item, dict) for item in data.get(name, [])):
@@ -395,8 +393,13 @@ def _name_problem(name: Any, seen: set[str]) -> str:
     return "not a plain file name (letters, digits, '_', '.', '+', '-')"
 
 
+def is_integer(value: object) -> TypeGuard[int]:
+    """An `int` that is not a `bool` (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _count(value: Any, what: str, bad: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_integer(value) or value < 0:
         raise bad(f"{what} is {_kind(value)}, not a whole number of at least 0")
     return value
 

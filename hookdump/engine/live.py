@@ -21,6 +21,7 @@ from hookdump.engine.progress import Progress
 from hookdump.engine.runner import PYTHON, Given, run
 from hookdump.engine.tokens import TokenOptions, parse_positions
 from hookdump.errors import ArgumentTypeError, HookdumpError, opt
+from hookdump.format import is_integer
 from hookdump.hooks.capture import parse_capture
 from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.options import CaptureOptions
@@ -192,7 +193,7 @@ def _check_types(
         if not isinstance(value, bool) and not (name == "train" and value is None):
             raise ArgumentTypeError(f"{name} must be True or False, not {_typename(value)}")
     for name, value in counts.items():
-        if isinstance(value, bool) or (not isinstance(value, int) and value is not None):
+        if value is not None and not is_integer(value):
             raise ArgumentTypeError(f"{name} must be an integer, not {_typename(value)}")
 
 

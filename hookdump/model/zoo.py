@@ -110,7 +110,9 @@ class TimmModel:
     input_shape: tuple[int, ...]
 
 
-def _load_error(cls: Any, config: Any, spec: str, exc: Exception) -> HookdumpError:
+def _load_error(
+    transformers: Any, cls: Any, config: Any, spec: str, exc: Exception
+) -> HookdumpError:
     """What made `from_pretrained` fail, told apart: a missing package, a config.json that
     makes no model (0 heads, say: the model is built again from the config alone, with no
     memory), the arguments given, or else the weights files."""
@@ -121,7 +123,7 @@ def _load_error(cls: Any, config: Any, spec: str, exc: Exception) -> HookdumpErr
             f"({reason}); install it, or change config.json"
         )
     try:
-        with _quiet(importlib.import_module("transformers")), torch.device("meta"):
+        with _quiet(transformers), torch.device("meta"):
             cls(config)
     except Exception:  # the config alone fails: not the weights
         return HookdumpError(
@@ -156,7 +158,7 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> HFModel:
                 folder, output_loading_info=True, **_NO_CODE, **model_args
             )
     except Exception as exc:  # a pickled .bin, a weights file of the wrong size, a config...
-        raise _load_error(cls, config, spec, exc) from exc
+        raise _load_error(transformers, cls, config, spec, exc) from exc
     problems = [
         f"{len(keys)} {kind.replace('_', ' ')} ({', '.join(list(keys)[:3])})"
         for kind, keys in info.items()

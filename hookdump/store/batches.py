@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import torch
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.format import is_integer
 from hookdump.store.rows import ShardRows
 from hookdump.store.view import DumpView
 
@@ -352,9 +353,9 @@ def check(dump: DumpView, keys: list[str], options: PassOptions) -> None:
         "buffer_bytes": (options.buffer_bytes, 1), "block_bytes": (options.block_bytes, 1),
     }  # fmt: skip
     for name, (value, least) in numbers.items():
-        if not _integer(value) or value < least:
+        if not is_integer(value) or value < least:
             raise HookdumpError(f"{opt(name)} {value!r} must be an integer of at least {least}")
-    if not _integer(options.seed) or not 0 <= options.seed < MAX_SEED:
+    if not is_integer(options.seed) or not 0 <= options.seed < MAX_SEED:
         raise HookdumpError(
             f"{opt('seed')} {options.seed!r} must be an integer, at least 0 and below 2**62"
         )
@@ -363,7 +364,3 @@ def check(dump: DumpView, keys: list[str], options: PassOptions) -> None:
             f"{opt('with_index', True)} names each row's number {ROW!r}, which is a key of "
             f"{dump.path}: read that key without {opt('with_index', True)}"
         )
-
-
-def _integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

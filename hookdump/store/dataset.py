@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format import is_integer
 from hookdump.store.batches import PassOptions, check, iter_batches
 from hookdump.store.view import DumpView
 
@@ -55,7 +56,7 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
     def set_epoch(self, epoch: int) -> None:
         """Draw pass `epoch`'s order, in this process and in its DataLoader's workers, those
         started already (`persistent_workers=True`) included."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 1 << 62:
+        if not is_integer(epoch) or not 0 <= epoch < 1 << 62:
             raise HookdumpError(f"set_epoch takes an integer of at least 0, not {epoch!r}")
         self._epoch[0] = epoch
 
@@ -88,9 +89,9 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 
 def _check_ranks(rank: object, world: object) -> None:
     """Every rank reads its own blocks: `0 <= rank < world_size`."""
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+    if not is_integer(world) or world < 1:
         raise HookdumpError(f"{opt('world_size')} {world!r} must be an integer of at least 1")
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
+    if not is_integer(rank) or not 0 <= rank < world:
         raise HookdumpError(
             f"{opt('rank')} {rank!r} must be an integer from 0 to {world - 1} "
             f"({opt('world_size')} {world})"

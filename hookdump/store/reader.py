@@ -403,7 +403,7 @@ class Dump(Mapping[str, torch.Tensor]):
         read with pread, never a map of the shard."""
         rows = slice(start - shard["start"], stop - shard["start"])
         index = rows if inner is None else (rows, inner)
-        return self._read(shard, lambda: opened.get_slice(key)[index].clone())
+        return self._read(shard, lambda: opened.get_slice(key)[index])
 
     def _read(self, shard: dict[str, Any], read: Any) -> Any:
         try:

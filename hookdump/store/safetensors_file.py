@@ -100,20 +100,11 @@ class SafetensorsFile:
         want = into.numel() * into.element_size()
         if not want:
             return
-        view = into.view(torch.uint8).numpy().data.cast("B") if into.dim() else None
-        if view is None:  # a 0-d tensor: its one element
-            into.copy_(_read_exact(self._fd, self._data + offset, want, into.dtype)[0])
-            return
+        # as bytes; reshape makes a 0-d tensor one element of the same memory
+        view = into.reshape(-1).view(torch.uint8).numpy().data.cast("B")
         got = os.preadv(self._fd, [view], self._data + offset)
         if got != want:
             raise SafetensorsError(f"the file ends inside its rows (read {got} of {want} bytes)")
-
-
-def _read_exact(fd: int, offset: int, size: int, dtype: torch.dtype) -> torch.Tensor:
-    data = os.pread(fd, size, offset)
-    if len(data) != size:
-        raise SafetensorsError(f"the file ends inside its rows (read {len(data)} of {size} bytes)")
-    return torch.frombuffer(bytearray(data), dtype=dtype)
 
 
 class _Entry:
