@@ -13,6 +13,8 @@ import pytest
 from clitools import assert_usage_error, invoke
 from picturetools import pixels_of
 
+import hookdump
+
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
 RED = (214, 39, 40)  # matplotlib's tab:red
@@ -84,3 +86,19 @@ def test_bad_picture_requests_are_one_line(tmp_path: Path, monkeypatch: pytest.M
     assert_usage_error(invoke("show", str(dump), "--depth", "-o", str(tmp_path / "x.png")),
                        "pip install 'hookdump[plot]'")  # fmt: skip
     assert not list(tmp_path.glob("x*"))
+
+
+def test_pictures_make_their_missing_folders(tmp_path: Path) -> None:
+    """The contract (2026-11-25): every command that writes a file creates its parent
+    folders; `show` and `diff --plot` did not."""
+    dump = _run(tmp_path / "d", "tiny_models:TwoLinear", "-n", "2")
+    key = hookdump.load(dump).keys()[0]
+    for args, picture in (
+        (["show", str(dump), key], tmp_path / "a" / "b" / "key.png"),
+        (["show", str(dump), "--depth"], tmp_path / "c" / "depth.svg"),
+        (["diff", str(dump), str(dump), "-q", "--plot"], tmp_path / "e" / "f" / "diff.pdf"),
+    ):
+        flag = [] if args[-1] == "--plot" else ["--out"]
+        result = invoke(*args, *flag, str(picture))
+        assert result.exit_code == 0, result.stderr
+        assert picture.stat().st_size > 0

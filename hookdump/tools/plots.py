@@ -185,6 +185,7 @@ def save(figure: Any, out: Path, option: str = "out") -> None:
     drawn = io.BytesIO()
     figure.savefig(drawn, format=out.suffix.lower().lstrip("."))
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as run and export make theirs
         with out.open("wb") as file:
             file.write(drawn.getbuffer())
     except OSError as exc:
