@@ -41,11 +41,29 @@ def stopped_in_batch_3(
     return process
 
 
+def pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits, not yet taken by any of the process's threads (Linux's /proc;
+    elsewhere taken as delivered)."""
+    bit = 1 << (sig - 1)
+    try:
+        status = [Path(f"/proc/{pid}/status").read_text()]
+        status += [p.read_text() for p in Path(f"/proc/{pid}/task").glob("*/status")]
+    except OSError:
+        return False
+    lines = [line.split() for text in status for line in text.splitlines()]
+    return any(int(f[1], 16) & bit for f in lines if f[0] in ("ShdPnd:", "SigPnd:"))
+
+
 def signal_until_gone(process: subprocess.Popen[str], first: int, then: int | None) -> None:
     """Send `first`, then keep sending `then` until the process has ended (a second signal
     lands wherever the first one's handling is, again and again)."""
     process.send_signal(first)
     deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
+    while then is not None and pending(process.pid, first):
+        # Linux hands a process's signals to any of its threads; the second could run its
+        # handler first if the thread given the first is waiting for a core.
+        assert time.monotonic() < deadline, "the first signal was never taken"
+        time.sleep(0.001)
     while then is not None and process.poll() is None:
         assert time.monotonic() < deadline, "the run outlived its signals"
         process.send_signal(then)
