@@ -32,7 +32,7 @@ from hookdump.engine.runner import run
 from hookdump.hooks.options import CaptureOptions
 from hookdump.inputs.samples import InputOptions, random_batches, sample_form
 from hookdump.model.prepare import ModelOptions, prepare
-from hookdump.store.writer import DumpOptions
+from hookdump.store.write.writer import DumpOptions
 
 HERE = Path(__file__).resolve().parent
 LAYERS = ("layer1.*", "layer2.*")

@@ -51,7 +51,7 @@ if how != "load":
     assert rows == dump.num_samples, (rows, dump.num_samples)
 seconds = time.perf_counter() - start
 peak = peak_kib()
-print(json.dumps({"seconds": seconds, "rows": rows, "bytes": rows * dump.row_bytes(keys),
+print(json.dumps({"seconds": seconds, "rows": rows, "bytes": rows * dump.reader.row_bytes(keys),
                   "peak_kib": peak, "before_kib": before}))
 """
 
@@ -129,7 +129,7 @@ def bench_read(job: Job, reps: int) -> dict[str, Any]:
     }
     return {
         "rows": dump.num_samples,
-        "shards": len(dump.shards),
+        "shards": len(dump.manifest.shards),
         "dump_bytes": runs["dd"][0]["bytes"],
         "mb_per_s": {name: spread(values) for name, values in mb_s.items()},
         "rows_per_s": {name: spread(values) for name, values in rows_s.items()},

@@ -30,8 +30,8 @@ from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.selection import select_modules
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.prepare import ModelOptions
-from hookdump.store.direct_io import AppendFile
-from hookdump.store.writer import DumpOptions
+from hookdump.store.write.direct_io import AppendFile
+from hookdump.store.write.writer import DumpOptions
 
 MODEL, BATCH = "resnet50", 32
 

@@ -112,12 +112,12 @@ class Job:
     ) -> dict[str, float]:
         from hookdump.engine.options import RunOptions
         from hookdump.engine.runner import run
-        from hookdump.engine.tokens import TokenOptions
         from hookdump.hooks.options import CaptureOptions
+        from hookdump.hooks.tokens import TokenOptions
         from hookdump.inputs.samples import InputOptions
         from hookdump.inputs.text import TextOptions
         from hookdump.model.prepare import ModelOptions
-        from hookdump.store.writer import DumpOptions
+        from hookdump.store.write.writer import DumpOptions
 
         options = RunOptions(
             ModelOptions(f"hf:{self.folder}"), CaptureOptions(layers=tuple(LAYERS)),
@@ -243,7 +243,7 @@ def bench_reading(job: Job, reps: int) -> dict[str, Any]:
     ratios = [s / o for o, s in zip(runs["in_order"], runs["shuffled"], strict=True)]
     return {
         "rows": dump.num_samples,
-        "shards": len(dump.shards),
+        "shards": len(dump.manifest.shards),
         **{f"{name}_rows_per_s": spread(values) for name, values in runs.items()},
         "shuffled_vs_in_order": spread(ratios),
     }
@@ -252,12 +252,12 @@ def bench_reading(job: Job, reps: int) -> dict[str, Any]:
 def bench_padding(job: Job, reps: int) -> dict[str, Any]:
     import hookdump.engine.runner as runner
     from hookdump.engine.options import RunOptions
-    from hookdump.engine.tokens import TokenOptions
     from hookdump.hooks.options import CaptureOptions
+    from hookdump.hooks.tokens import TokenOptions
     from hookdump.inputs.samples import InputOptions
     from hookdump.inputs.text import TextOptions, text_feed
     from hookdump.model.prepare import ModelOptions
-    from hookdump.store.writer import DumpOptions
+    from hookdump.store.write.writer import DumpOptions
 
     rng = random.Random(1)
     words = job.corpus.read_text().split()

@@ -42,7 +42,7 @@ def instrument() -> None:
     from hookdump.engine import loop, runner
     from hookdump.hooks import forward
     from hookdump.model import prepare
-    from hookdump.store import direct_io, memory, shards, sink, stats, writer
+    from hookdump.store.write import direct_io, memory, shards, sink, stats, writer
 
     EVENTS.append(("MainThread", "import torch + hookdump", STARTED, time.perf_counter()))
     timed(runner, "prepare", "model: import + build")

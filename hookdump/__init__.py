@@ -19,7 +19,7 @@ Example:
 Errors are `HookdumpError` (one line naming the argument and the fix; `InvalidDump` for a
 dump that cannot be trusted); Ctrl-C or SIGTERM during `dump` raises `Interrupted` (a
 `KeyboardInterrupt`) once the finished shards are safe. `run(RunOptions(...))` is the
-engine the CLI drives, with its option groups.
+engine the CLI drives, with its option groups in `hookdump.options`.
 
 Every name is imported on first use (`__getattr__`), so `import hookdump` (and the CLI's
 `--help`) never pays for importing torch.
@@ -34,69 +34,67 @@ from hookdump._version import __version__
 
 __all__ = [
     "Capture",
-    "CaptureOptions",
     "Dump",
-    "DumpOptions",
     "ExportResult",
     "HookdumpError",
-    "InputOptions",
     "Interrupted",
     "InvalidDump",
     "KeyInfo",
-    "ModelOptions",
-    "RunOptions",
-    "RunResult",
-    "TextOptions",
-    "TokenOptions",
     "__version__",
     "capture",
     "dump",
     "export",
     "load",
+    "options",
     "run",
 ]
 
 if TYPE_CHECKING:
+    from hookdump import options
     from hookdump.engine.live import dump
-    from hookdump.engine.options import RunOptions, RunResult
+    from hookdump.engine.options import RunOptions as RunOptions
+    from hookdump.engine.options import RunResult as RunResult
     from hookdump.engine.runner import run
-    from hookdump.engine.tokens import TokenOptions
     from hookdump.errors import HookdumpError, Interrupted, InvalidDump
-    from hookdump.format import KeyInfo
+    from hookdump.format.keys import KeyInfo
     from hookdump.hooks.capture import Capture, capture
-    from hookdump.hooks.options import CaptureOptions
-    from hookdump.inputs.samples import InputOptions
-    from hookdump.inputs.text import TextOptions
-    from hookdump.model.prepare import ModelOptions
-    from hookdump.store.reader import Dump, load
-    from hookdump.store.writer import DumpOptions
+    from hookdump.hooks.options import CaptureOptions as CaptureOptions
+    from hookdump.hooks.tokens import TokenOptions as TokenOptions
+    from hookdump.inputs.samples import InputOptions as InputOptions
+    from hookdump.inputs.text import TextOptions as TextOptions
+    from hookdump.model.prepare import ModelOptions as ModelOptions
+    from hookdump.store.read.dump import Dump, load
+    from hookdump.store.write.writer import DumpOptions as DumpOptions
     from hookdump.tools.export import ExportResult, export
 
 _LAZY = {
     "dump": "hookdump.engine.live",
-    "load": "hookdump.store.reader",
+    "load": "hookdump.store.read.dump",
     "capture": "hookdump.hooks.capture",
     "export": "hookdump.tools.export",
     "run": "hookdump.engine.runner",
     "Capture": "hookdump.hooks.capture",
-    "Dump": "hookdump.store.reader",
+    "Dump": "hookdump.store.read.dump",
     "ExportResult": "hookdump.tools.export",
-    "KeyInfo": "hookdump.format",
+    "KeyInfo": "hookdump.format.keys",
     "HookdumpError": "hookdump.errors",
     "InvalidDump": "hookdump.errors",
     "Interrupted": "hookdump.errors",
+    # the option groups, reachable here for scripts written before `hookdump.options`
     "RunOptions": "hookdump.engine.options",
     "RunResult": "hookdump.engine.options",
     "ModelOptions": "hookdump.model.prepare",
     "CaptureOptions": "hookdump.hooks.options",
     "InputOptions": "hookdump.inputs.samples",
     "TextOptions": "hookdump.inputs.text",
-    "TokenOptions": "hookdump.engine.tokens",
-    "DumpOptions": "hookdump.store.writer",
+    "TokenOptions": "hookdump.hooks.tokens",
+    "DumpOptions": "hookdump.store.write.writer",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "options":
+        return importlib.import_module("hookdump.options")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # the next lookup is a plain attribute

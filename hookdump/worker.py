@@ -5,6 +5,7 @@ Every wait on either side is on a condition that the other side signals, never a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import threading
@@ -86,14 +87,15 @@ class Worker(Generic[J]):
                 self._hurry -= 1
         self.raise_if_failed()
 
-    def close(self, join: bool = True) -> None:
+    def close(self, join: bool = True, timeout: float | None = None) -> None:
         """Handle what is queued (or drop it, after an error), then end the thread; raises
-        nothing. Without `join`, returns at once (the thread ends on its own)."""
+        nothing. Without `join`, returns at once (the thread ends on its own); with
+        `timeout`, waits that long at most."""
         with self._changed:
             self._closing = True
             self._changed.notify_all()
         if join:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def raise_if_failed(self) -> None:
         """Raise the worker's first error, if it had one."""
@@ -195,10 +197,25 @@ class Channel(Generic[T]):
             yield item
 
 
-def prefetch(items: Iterator[T], depth: int, name: str) -> Iterator[T]:
+# each open prefetch's stop, run at exit: torch aborts a process that tears down while a
+# thread is inside it
+_open: dict[int, Callable[[], None]] = {}
+EXIT_JOIN = 30.0  # seconds a prefetch's thread is given to stop at exit
+
+
+@atexit.register
+def _stop_open() -> None:
+    for stop in list(_open.values()):
+        stop()
+
+
+def prefetch(
+    items: Iterator[T], depth: int, name: str, on_leave: Callable[[], None] = lambda: None
+) -> Iterator[T]:
     """`items`, made on a worker thread up to `depth` ahead (off the consumer's path); an
     error there is raised here once the items made before it are taken. A consumer that
-    stops early (an error, Ctrl-C) does not wait: the worker stops at its next item."""
+    stops early (an error, Ctrl-C, the interpreter ending) does not wait: the worker stops
+    at its next item, and `on_leave` (called then) may stop it sooner."""
     channel: Channel[T] = Channel(depth)
 
     def produce(_: None) -> None:
@@ -213,11 +230,19 @@ def prefetch(items: Iterator[T], depth: int, name: str) -> Iterator[T]:
 
     worker: Worker[None] = Worker(name, produce)
     worker.submit(None)
+
+    def stop(join: bool = True) -> None:
+        channel.leave()
+        on_leave()
+        worker.close(join=join, timeout=EXIT_JOIN)
+
+    registry = _open  # a local: at teardown the module's globals may be gone first
+    registry[id(channel)] = stop
     finished = False
     try:
         yield from channel
         finished = True
     finally:
-        channel.leave()
-        worker.close(join=finished)
+        registry.pop(id(channel), None)
+        stop(join=finished)
     worker.raise_if_failed()

@@ -19,7 +19,7 @@ from hookdump.engine.options import RunOptions
 from hookdump.engine.runner import run
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.prepare import ModelOptions
-from hookdump.store.writer import DumpOptions
+from hookdump.store.write.writer import DumpOptions
 
 ROOT = Path(__file__).parent.parent
 LINT_IMPORTS = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
@@ -41,11 +41,17 @@ def test_the_layers_contract_holds_and_catches_an_upward_import(tmp_path: Path) 
         ROOT / "hookdump", copy / "hookdump", ignore=shutil.ignore_patterns("__pycache__")
     )
     shutil.copy(ROOT / "pyproject.toml", copy)
-    writer = copy / "hookdump" / "store" / "writer.py"  # the store layer reaching up to run/
-    writer.write_text(writer.read_text() + "\nfrom hookdump.engine import runner  # noqa\n")
+    writer = copy / "hookdump" / "store" / "write" / "writer.py"
+    original = writer.read_text()
+    writer.write_text(original + "\nfrom hookdump.engine import runner  # noqa\n")  # up to run/
     result = _lint_imports(copy)
     assert result.returncode != 0
     assert "hookdump.store is not allowed to import hookdump.engine" in result.stdout
+    # the write wing reaching into the read wing
+    writer.write_text(original + "\nfrom hookdump.store.read import reader  # noqa\n")
+    result = _lint_imports(copy)
+    assert result.returncode != 0
+    assert "hookdump.store.write is not allowed to import hookdump.store.read" in result.stdout
 
 
 def test_library_errors_name_arguments_and_the_cli_names_flags(in_tests_dir: Path) -> None:
@@ -232,7 +238,7 @@ def test_no_class_holds_more_than_twelve_instance_attributes(tmp_path: Path) -> 
 
 def test_the_import_graph_has_no_circle() -> None:
     """Every module's imports (those under TYPE_CHECKING too) point one way: no module
-    reaches itself through others (the readers type against `store.view.DumpView`, not
+    reaches itself through others (the row readers take `store.read.reader.ShardReader`, not
     the `Dump` that imports them)."""
     grimp = pytest.importorskip("grimp")
     graph = grimp.build_graph("hookdump")
@@ -279,3 +285,25 @@ def test_no_function_body_runs_past_sixty_lines() -> None:
             if body and (body[-1].end_lineno or 0) - body[0].lineno + 1 > 60:
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert long == []
+
+
+def test_a_dump_shows_a_small_documented_face() -> None:
+    """`Dump` is a thin read-only Mapping over a ShardReader: tab completion in a notebook
+    shows what the README documents, not shard primitives."""
+    from hookdump.store.read.dump import Dump
+
+    own = {name for name in vars(Dump) if not name.startswith("_")}
+    assert own == {
+        "batches",
+        "complete",
+        "dataset",
+        "info",
+        "keys",
+        "num_samples",
+        "row",
+        "sample_ids",
+    }
+    public = {name for name in dir(Dump) if not name.startswith("_")}
+    assert public - own == {"get", "items", "values"}  # Mapping's
+    instance = set(Dump.__init__.__code__.co_names) & {"path", "manifest", "reader"}
+    assert instance == {"path", "manifest", "reader"}

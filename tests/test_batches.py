@@ -10,43 +10,40 @@ from typing import Any
 
 import pytest
 import torch
-from clitools import invoke
 
 import hookdump
-from hookdump.store.reader import Dump
+from hookdump.format.manifest import ShardEntry
+from hookdump.store.read.dump import Dump
+from hookdump.store.read.reader import ShardReader
 
 X, Y = "linear_1:input.0", "linear_1"
 
 
-def _two_linear(out: Path, *args: str) -> Dump:
-    """A dump of TwoLinear's first layer in shards of one batch each, run from tests/."""
-    import os
+def _two_linear(out: Path, rows: int, capture: tuple[str, ...] = ("output",)) -> Dump:
+    """A dump of TwoLinear's first layer for `rows` random rows, in shards of one batch of
+    4 each (made through hookdump.dump: the engine's Python door)."""
+    from tiny_models import TwoLinear
 
-    old = Path.cwd()
-    os.chdir(Path(__file__).parent)
-    try:
-        result = invoke("run", "tiny_models:TwoLinear", "-l", "linear_1", "-b", "4",
-                        "--shard-size", "1", "-q", "-o", str(out), *args)  # fmt: skip
-    finally:
-        os.chdir(old)
-    assert result.exit_code == 0, result.stderr
-    return hookdump.load(out)
+    torch.manual_seed(0)
+    data = list(torch.rand(rows, 2).split(4))
+    model = TwoLinear()
+    return hookdump.dump(model, data, out, layers="linear_1", capture=capture, shard_size=1)
 
 
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory: pytest.TempPathFactory) -> Dump:
     """37 random rows in 10 shards (nine of 4 rows, one of 1): TwoLinear's first layer,
     whose weights are all 1, so each output row is the sum of its input row plus 1."""
-    loaded = _two_linear(tmp_path_factory.mktemp("batches") / "d", "--capture",
-                         "input,output", "-n", "37")  # fmt: skip
-    assert len(loaded.shards) == 10
+    loaded = _two_linear(tmp_path_factory.mktemp("batches") / "d", 37, ("input", "output"))
+    assert len(loaded.manifest.shards) == 10
     return loaded
 
 
 def _shard_of(dump: Dump) -> dict[tuple[float, ...], int]:
     """Each input row (unique: random) -> the index of the shard holding it."""
     found = {}
-    for index, tensors in enumerate(dump.iter_shards([X])):
+    for index, shard in enumerate(dump.manifest.shards):
+        tensors = dump.reader.read_shard(shard, [X])
         for row in tensors[X]:
             found[tuple(row.tolist())] = index
     return found
@@ -84,26 +81,31 @@ def test_only_a_buffer_of_blocks_is_read_at_a_time(
 ) -> None:
     """A budget of 16 rows' bytes: two buffers of 8 one-row blocks, from shards all over the
     dump; every row is read once in the pass, and each shard's header checked once."""
-    from hookdump.store.batches import ROW_OVERHEAD
-    from hookdump.store.rows import ShardRows
+    from hookdump.store.read.batches import ROW_OVERHEAD
+    from hookdump.store.read.rows import ShardRows
 
     sums = dump[X].sum(1).tolist()  # each row's, read before the spies
     read: list[tuple[int, int]] = []
     opened: list[str] = []
-    real_read, real_open = ShardRows.read_into, Dump.open_shard
+    real_read, real_open = ShardRows.read_into, ShardReader.open
 
     def spy_read(self: ShardRows, lo: int, hi: int, out: dict) -> None:
         read.append((lo, hi))
         real_read(self, lo, hi, out)
 
-    def spy_open(self: Dump, shard: dict, keys: list[str]):  # type: ignore[no-untyped-def]
-        opened.append(shard["file"])
+    def spy_open(self: ShardReader, shard: ShardEntry, keys: list[str]):  # type: ignore[no-untyped-def]
+        opened.append(shard.file)
         return real_open(self, shard, keys)
 
     monkeypatch.setattr(ShardRows, "read_into", spy_read)
-    monkeypatch.setattr(Dump, "open_shard", spy_open)
-    batches = dump.batches([X, Y], 4, shuffle=True, seed=0,
-                           buffer_bytes=16 * (dump.row_bytes([X, Y]) + ROW_OVERHEAD))  # fmt: skip
+    monkeypatch.setattr(ShardReader, "open", spy_open)
+    batches = dump.batches(
+        [X, Y],
+        4,
+        shuffle=True,
+        seed=0,
+        buffer_bytes=16 * (dump.reader.row_bytes([X, Y]) + ROW_OVERHEAD),
+    )
     first = next(batches)
     # two buffers of 8 one-row blocks at most: the one given out, and the next read ahead
     assert 8 <= len(read) <= 16
@@ -111,7 +113,7 @@ def test_only_a_buffer_of_blocks_is_read_at_a_time(
     assert set(first[X].sum(1).tolist()) <= {sums[lo] for lo, _ in read[:8]}
     rest = list(batches)
     assert sorted(read) == [(i, i + 1) for i in range(37)] and rest
-    assert sorted(opened) == sorted(s["file"] for s in dump.shards)
+    assert sorted(opened) == sorted(s.file for s in dump.manifest.shards)
 
 
 def test_bad_arguments_are_one_error(dump: Dump) -> None:
@@ -153,7 +155,7 @@ class _Rows:
 
 
 def _pass(sizes: list[int], group: int = 2, log: list | None = None, **options: Any) -> list:
-    from hookdump.store.batches import PassOptions, pass_batches
+    from hookdump.store.read.batches import PassOptions, pass_batches
 
     chosen = PassOptions(**{"batch_size": 8, "seed": 3, **options})
     blocks = torch.tensor(_blocks(sizes), dtype=torch.int64).reshape(-1, 2)
@@ -219,8 +221,8 @@ def test_readers_split_the_blocks_and_together_read_every_row_once() -> None:
 @pytest.fixture(scope="module")
 def sixteen(tmp_path_factory: pytest.TempPathFactory) -> Dump:
     """64 rows of TwoLinear in 16 shards of 4."""
-    loaded = _two_linear(tmp_path_factory.mktemp("sixteen") / "d", "-n", "64")
-    assert len(loaded.shards) == 16
+    loaded = _two_linear(tmp_path_factory.mktemp("sixteen") / "d", 64)
+    assert len(loaded.manifest.shards) == 16
     return loaded
 
 
@@ -246,9 +248,16 @@ def test_workers_and_ranks_together_read_every_row_once(sixteen: Dump) -> None:
     """4 DataLoader workers x 2 simulated ranks: disjoint, and every row once."""
     seen: list[int] = []
     for rank in range(2):
-        dataset = sixteen.dataset([Y], 3, shuffle=True, seed=1, with_index=True, rank=rank,
-                                  world_size=2,
-                                  buffer_bytes=16 * (sixteen.row_bytes([Y]) + 24))  # fmt: skip
+        dataset = sixteen.dataset(
+            [Y],
+            3,
+            shuffle=True,
+            seed=1,
+            with_index=True,
+            rank=rank,
+            world_size=2,
+            buffer_bytes=16 * (sixteen.reader.row_bytes([Y]) + 24),
+        )
         loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=4)
         batches = list(loader)
         for batch in batches:
@@ -261,11 +270,42 @@ def test_a_rank_resumes_at_its_own_step(sixteen: Dump) -> None:
     """`start` counts the batches the rank's DataLoader gave out (from its workers in turn)."""
 
     def rows(start: int) -> list[list[int]]:
-        dataset = sixteen.dataset([Y], 3, shuffle=True, seed=1, with_index=True, rank=1,
-                                  world_size=2, start=start,
-                                  buffer_bytes=16 * (sixteen.row_bytes([Y]) + 24))  # fmt: skip
+        dataset = sixteen.dataset(
+            [Y],
+            3,
+            shuffle=True,
+            seed=1,
+            with_index=True,
+            rank=1,
+            world_size=2,
+            start=start,
+            buffer_bytes=16 * (sixteen.reader.row_bytes([Y]) + 24),
+        )
         loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
         return [b["__row__"].tolist() for b in loader]
 
     whole = rows(0)
     assert rows(3) == whole[3:]
+
+
+def test_a_pass_left_open_at_exit_ends_the_process_cleanly(dump: Dump) -> None:
+    """The reading thread is stopped before the interpreter tears down: torch aborts a
+    process whose thread is inside it then ("terminate called without an active
+    exception")."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, hookdump\n"
+        "rows = hookdump.load(sys.argv[1]).batches([sys.argv[2]], 1, shuffle=True,\n"
+        "                                         buffer_bytes=1 << 12)\n"
+        "next(rows)\n"
+        "print('one batch')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(dump.path), X],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "one batch\n", "")

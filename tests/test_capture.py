@@ -241,7 +241,7 @@ def test_a_module_name_that_would_repeat_a_key_is_refused_naming_both(
 
 def test_a_shard_never_takes_one_key_twice(tmp_path: Path) -> None:
     from hookdump.errors import HookdumpError
-    from hookdump.store.shards import ShardFile
+    from hookdump.store.write.shards import ShardFile
 
     shard = ShardFile(tmp_path / "s.safetensors", reserve=4096)
     shard.write("x", torch.zeros(2, 2))

@@ -36,4 +36,4 @@ def test_autocast_dtypes(tmp_path: Path, dtype: str) -> None:
     out = tmp_path / dtype
     result = invoke("run", *ARGS, "--device", "cuda", "--dtype", dtype, "-o", str(out))
     assert result.exit_code == 0, result.stderr
-    assert hookdump.load(out).tensors["layer1.0.conv1"]["dtype"] == dtype
+    assert hookdump.load(out).manifest.tensors["layer1.0.conv1"]["dtype"] == dtype

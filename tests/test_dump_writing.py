@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import hookdump
 from hookdump.store.folder import publish
-from hookdump.store.shards import ShardFile
+from hookdump.store.write.shards import ShardFile
 
 
 def test_a_shard_file_is_plain_safetensors_for_every_dtype(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_a_planned_shard_that_ends_short_is_compacted(tmp_path: Path) -> None:
 
 
 def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
-    from hookdump.store.memory import BufferPool
+    from hookdump.store.write.memory import BufferPool
 
     pool = BufferPool(min_bytes=0)
     lent = pool.copy(torch.ones(2, 3))
@@ -125,7 +125,7 @@ def test_the_buffer_pool_reuses_its_own_buffers_and_only_those() -> None:
 
 
 def test_the_buffer_pool_leaves_small_copies_to_malloc() -> None:
-    from hookdump.store.memory import BufferPool
+    from hookdump.store.write.memory import BufferPool
 
     pool = BufferPool(min_bytes=4 * 6)
     small, large = torch.ones(5), torch.ones(6)
@@ -138,7 +138,7 @@ def test_the_buffer_pool_leaves_small_copies_to_malloc() -> None:
 
 @pytest.mark.usefixtures("in_tests_dir")
 def test_reduced_runs_do_not_pile_up_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hookdump.store.sink as batch_sink
+    import hookdump.store.write.sink as batch_sink
 
     pools = []
     real_init = batch_sink.BatchSink.__init__
@@ -160,7 +160,7 @@ def test_reduced_runs_do_not_pile_up_buffers(monkeypatch: pytest.MonkeyPatch) ->
 def test_append_file_stages_in_aligned_blocks_and_ends_at_the_last_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     monkeypatch.setattr(direct_io, "STAGE_BYTES", 2 * direct_io.BLOCK)  # many flushes
     chunks = [bytes([i % 251]) * size for i, size in enumerate([1, 5000, 8192, 3, 20000, 77])]
@@ -178,7 +178,7 @@ def test_append_file_falls_back_to_the_page_cache_when_o_direct_is_refused(
 ) -> None:
     import errno
 
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT here")
@@ -205,7 +205,7 @@ def test_append_file_falls_back_to_the_page_cache_when_o_direct_is_refused(
 def test_hookdump_direct_io_0_writes_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     monkeypatch.setenv("HOOKDUMP_DIRECT_IO", "0")
     file = direct_io.AppendFile(tmp_path / "f", start=0)
@@ -220,7 +220,7 @@ def test_positional_file_puts_every_write_in_its_place(
 ) -> None:
     import errno
 
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     block = direct_io.BLOCK
     monkeypatch.setattr(direct_io, "STAGE_BYTES", 2 * block)
@@ -253,7 +253,7 @@ def test_a_write_error_on_the_disk_thread_reaches_the_caller(
 ) -> None:
     import errno
 
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT here")
@@ -280,7 +280,7 @@ def test_a_file_system_that_refuses_o_direct_at_open_gets_the_page_cache(
 ) -> None:
     import errno
 
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT here")
@@ -304,7 +304,7 @@ def test_a_file_system_that_refuses_o_direct_at_open_gets_the_page_cache(
 
 def _aligned_bytes(pattern: list[tuple[int, int]]) -> list[torch.Tensor]:
     """Block-aligned byte tensors of the given (value, length) pairs."""
-    from hookdump.store.memory import aligned_empty
+    from hookdump.store.write.memory import aligned_empty
 
     out = []
     for value, length in pattern:
@@ -319,7 +319,7 @@ def test_aligned_buffers_are_written_from_where_they_lie_and_released_once(
     """Whole blocks of an aligned buffer go to the disk with no staging copy (`lend`) and
     are released once written; a buffer after an unaligned one is copied (the file is no
     longer at a block boundary), and released at once. The bytes land in order."""
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     block = direct_io.BLOCK
     monkeypatch.setattr(direct_io, "STAGE_BYTES", 2 * block)
@@ -353,7 +353,7 @@ def test_a_lent_buffer_is_released_when_its_write_fails(
 ) -> None:
     import errno
 
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     file = direct_io.AppendFile(tmp_path / "f", start=0)
     if not file.direct:
@@ -381,7 +381,7 @@ def test_pooled_buffers_are_not_reused_before_the_disk_has_read_them(
     from one written through the page cache (where nothing is lent)."""
     import time
 
-    from hookdump.store import direct_io
+    from hookdump.store.write import direct_io
 
     real_write = direct_io._DiskThread._write
 
@@ -421,7 +421,7 @@ def test_the_hooks_wait_for_the_disk_past_a_budget_of_bytes_in_flight(
     On a GPU the pinned host copies count too."""
     import time
 
-    from hookdump.store import direct_io, memory, sink
+    from hookdump.store.write import direct_io, memory, sink
 
     real_write = direct_io._DiskThread._write
 
@@ -455,7 +455,7 @@ def test_a_short_planned_shard_whose_header_outgrows_its_room_keeps_every_row(
     than the room planned (keys of 900 characters): every value where it belongs."""
     from safetensors.torch import load_file
 
-    from hookdump.store.shards import PlannedShard
+    from hookdump.store.write.shards import PlannedShard
 
     keys = [f"{'k' * 900}{i}" for i in range(10)]
     shard = PlannedShard(tmp_path / "s.safetensors", [(k, torch.float32, [3]) for k in keys], 4)
@@ -473,9 +473,10 @@ def test_a_short_planned_shard_whose_header_outgrows_its_room_keeps_every_row(
 
 def test_the_sink_refuses_two_tensors_of_one_batch_under_one_key(tmp_path: Path) -> None:
     from hookdump.errors import HookdumpError
-    from hookdump.format import KeyInfo, Rows
-    from hookdump.store.sink import BatchSink
-    from hookdump.store.writer import DumpWriter
+    from hookdump.format.keys import KeyInfo
+    from hookdump.format.rows import Rows
+    from hookdump.store.write.sink import BatchSink
+    from hookdump.store.write.writer import DumpWriter
 
     out = tmp_path / "d"
     out.mkdir()

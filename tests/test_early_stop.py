@@ -69,7 +69,7 @@ def test_the_first_shard_has_room_for_its_header_before_any_forward(
     """Every leaf of resnet18, counted in the first batch (no calibration forward to name
     the keys first): the header still fits the room kept for it, so the shard's data is
     never copied along to make room (that copy cost seconds per gigabyte)."""
-    import hookdump.store.shards as shards
+    import hookdump.store.write.shards as shards
 
     def refuse(*args: object) -> int:
         raise AssertionError("the shard's data was moved to grow its header")

@@ -13,7 +13,7 @@ import torch
 from clitools import assert_usage_error, invoke
 
 import hookdump
-from hookdump.store.reader import Dump
+from hookdump.store.read.dump import Dump
 
 datasets = pytest.importorskip("datasets")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")
@@ -36,7 +36,7 @@ def packed(gpt2: Path, tmp_path_factory: pytest.TempPathFactory) -> Dump:
          "-l", "h.0", "-l", "h.1", "-b", "2", "--shard-size", "3000",
          "-o", str(folder / "d"))  # fmt: skip
     dump = hookdump.load(folder / "d")
-    assert len(dump.shards) >= 3
+    assert len(dump.manifest.shards) >= 3
     return dump
 
 

@@ -84,7 +84,7 @@ def test_cli_grad_target_matches_autograd(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     dump = hookdump.load(out)
-    assert dump.tensors["features.1:grad_output.0"]["kind"] == "grad_output"
+    assert dump.manifest.tensors["features.1:grad_output.0"]["kind"] == "grad_output"
     torch.manual_seed(0)  # the loader seeds with --seed (0) before construction
     model = ConvNet().eval()
     ref = reference_grads(model, dump["__root__:input.0"], 2)

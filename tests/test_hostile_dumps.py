@@ -35,15 +35,11 @@ TIMEOUT = 20.0
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A good dump of two shards (rows 0:2 and 2:4)."""
+    from tiny_models import TwoLinear
+
     root = tmp_path_factory.mktemp("base")
-    old = Path.cwd()
-    os.chdir(Path(__file__).parent)
-    try:
-        result = invoke("run", "tiny_models:TwoLinear", "-n", "4", "-b", "2",
-                        "--shard-size", "1", "-q", "-o", str(root / "dump"))  # fmt: skip
-    finally:
-        os.chdir(old)
-    assert result.exit_code == 0, result.stderr
+    data = list(torch.rand(4, 2, generator=torch.Generator().manual_seed(0)).split(2))
+    hookdump.dump(TwoLinear(), data, root / "dump", shard_size=1)
     return root / "dump"
 
 
@@ -431,7 +427,7 @@ def test_zero_width_rows_claiming_a_trillion_samples(tmp_path: Path) -> None:
 def test_show_of_200000_channels_draws_a_bounded_picture(tmp_path: Path) -> None:
     from PIL import Image
 
-    from hookdump.tools.maps import MAX_PIXELS, MAX_TILES
+    from hookdump.tools.pictures.grids import MAX_PIXELS, MAX_TILES
 
     values = torch.arange(200_000 * 4, dtype=torch.float32)
     dump = _claiming(tmp_path / "a", 1, [200_000, 2, 2], data=values.numpy().tobytes())
@@ -470,18 +466,20 @@ def test_200000_missing_shards_are_one_line(tmp_path: Path) -> None:
 
 def test_diff_pairs_a_million_shards_in_one_walk() -> None:
     """Each segment's shards used to be found by a scan of every shard: hours for 10**6."""
-    from hookdump.store.reader import Dump
+    from hookdump.format.manifest import Manifest
+    from hookdump.store.read.reader import ShardReader
     from hookdump.tools.diff import _segments
 
-    def dump(width: int, count: int) -> Dump:
+    def dump(width: int, count: int) -> ShardReader:
         shards = [{"file": f"s{i}", "start": i * width, "stop": (i + 1) * width}
                   for i in range(count)]  # fmt: skip
-        return Dump.of_manifest(Path("."), {"shards": shards})
+        manifest = {"complete": True, "num_samples": width * count, "tensors": {}}
+        return ShardReader(Path("."), Manifest.of_checked({**manifest, "shards": shards}))
 
     a, b = dump(1, 10**6), dump(2, 5 * 10**5)
     segments = _within_timeout(lambda: list(_segments(a, b, 10**6, 10**6)), Path("."))
     assert len(segments) == 10**6
-    assert [(lo, hi, sa["file"], sb["file"]) for lo, hi, sa, sb in segments[:3]] == [
+    assert [(lo, hi, sa.file, sb.file) for lo, hi, sa, sb in segments[:3]] == [
         (0, 1, "s0", "s0"), (1, 2, "s1", "s0"), (2, 3, "s2", "s1")
     ]  # fmt: skip
 
@@ -523,7 +521,7 @@ def test_inspect_of_a_sparse_shard_reads_only_the_bytes_on_disk(
 ) -> None:
     """Issue 32 (D6): 4 GB of rows claimed and 20 MB on disk took 70 s in inspect; a hole
     reads as zeros, so its statistics are known without reading it."""
-    from hookdump.store.reader import Dump
+    from hookdump.store.read.reader import ShardReader
     from hookdump.tools.inspect import inspect_dump
 
     row = torch.linspace(-3, 5, 5_000_000)
@@ -542,14 +540,14 @@ def test_inspect_of_a_sparse_shard_reads_only_the_bytes_on_disk(
     finally:
         os.close(fd)
     read: list[int] = []
-    original = Dump.read_rows
+    original = ShardReader.read_rows
 
-    def counting(self: Dump, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def counting(self: ShardReader, *args: Any, **kwargs: Any) -> torch.Tensor:
         part = original(self, *args, **kwargs)
         read.append(part.numel() * 4)
         return part
 
-    monkeypatch.setattr(Dump, "read_rows", counting)
+    monkeypatch.setattr(ShardReader, "read_rows", counting)
     (summary,) = inspect_dump(dump).keys
     assert sum(read) <= 128 << 20  # the slices holding row 3 (and its edge blocks), not 4 GB
     count = 200 * row.numel()

@@ -42,8 +42,8 @@ def test_a_lossless_dtype_change_is_cast_to_the_first_dtype(
     d = hookdump.dump(_PassThrough(), [b1, b2, b3], tmp_path / "o", **options)
     assert d.info("r").dtype == torch.float32
     assert torch.equal(d["r"], torch.cat([b1, b2.float(), b3]))
-    for shard in d.shards:  # every shard's header says float32 too
-        assert all(t.dtype == torch.float32 for t in load_file(d.path / shard["file"]).values())
+    for shard in d.manifest.shards:  # every shard's header says float32 too
+        assert all(t.dtype == torch.float32 for t in load_file(d.path / shard.file).values())
 
 
 def test_int32_token_ids_beside_int64_ones_are_kept_exactly(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ def test_non_finite_float_ids_are_written_as_valid_json(tmp_path: Path) -> None:
 def test_listed_ids_past_the_manifest_limit_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookdump import format as fmt
+    from hookdump.format import rows as fmt
 
     monkeypatch.setattr(fmt, "MAX_LISTED_IDS", 5)
     batches = [torch.randn(4, 4), torch.randn(4, 4)]
@@ -232,7 +232,7 @@ class _LongNames(nn.Module):
 def test_long_key_names_fit_the_header_room_without_copying_the_shard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hookdump.store import shards
+    from hookdump.store.write import shards
 
     def copied(*_: object) -> int:
         raise AssertionError("the shard was copied to grow its header")
@@ -242,7 +242,7 @@ def test_long_key_names_fit_the_header_room_without_copying_the_shard(
     model = _LongNames()
     batches = [torch.randn(2, 4) for _ in range(3)]  # a streamed shard, then a planned one
     d = hookdump.dump(model, batches, tmp_path / "o")
-    assert len(d.shards) == 2 and d.complete
+    assert len(d.manifest.shards) == 2 and d.complete
     x = torch.cat(batches)
     with torch.no_grad():
         for name in model.names:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from hookdump.store.memory import Budget, Release, Slots
+from hookdump.store.write.memory import Budget, Release, Slots
 
 HANG = 60.0
 

@@ -151,7 +151,7 @@ def test_export_archive_gives_the_live_models_activations(tmp_path: Path) -> Non
     assert a.keys() == b.keys()  # names, call counts (relu@1) and order all match
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
-    assert a.tensors["layer1.0.conv1"]["module_type"] == "Conv2d"  # the original class
+    assert a.manifest.tensors["layer1.0.conv1"]["module_type"] == "Conv2d"  # the original class
     names = invoke("layers", str(archive), "--type", "BasicBlock", "--names")
     assert names.stdout.split() == ["layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0",
                                     "layer3.1", "layer4.0", "layer4.1"]  # fmt: skip

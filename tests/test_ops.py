@@ -14,7 +14,7 @@ import torchvision
 from clitools import assert_usage_error, invoke
 
 import hookdump
-from hookdump.format import parse_key
+from hookdump.format.keys import parse_key
 
 
 def _block_reference(x: torch.Tensor) -> dict[str, torch.Tensor]:

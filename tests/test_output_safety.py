@@ -249,7 +249,7 @@ def test_each_shard_is_on_disk_before_the_manifest_lists_it(
 ) -> None:
     """Committed one by one or (within COMMIT_EVERY) together, each shard is synced,
     renamed and its folder entry synced before a manifest names it."""
-    from hookdump.store import commit
+    from hookdump.store.write import commit
 
     monkeypatch.setattr(commit, "COMMIT_EVERY", 60.0 if grouped else 0.0)
     out = tmp_path / "d"

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("in_tests_dir")
 
 
 def test_the_largest_value_is_the_brightest_cell(tmp_path: Path) -> None:
-    from hookdump.tools.pictures import heatmap
+    from hookdump.tools.pictures.charts import heatmap
 
     values = torch.linspace(-1, 1, 12 * 20).reshape(12, 20)
     values[7, 13] = 5.0  # an outlier, far above the rest
@@ -37,7 +37,7 @@ def test_the_largest_value_is_the_brightest_cell(tmp_path: Path) -> None:
 
 
 def test_the_title_is_drawn(tmp_path: Path) -> None:
-    from hookdump.tools.pictures import heatmap
+    from hookdump.tools.pictures.charts import heatmap
 
     values = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
     heatmap(values, tmp_path / "titled.png", "the title of this picture")
@@ -54,8 +54,8 @@ def test_text_rows_are_named_by_their_tokens_and_heads_are_drawn(
                     "h.0", "-l", "h.0.attn", "--capture", "output,pattern", "-q",
                     "-o", str(out))  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    from hookdump.tools.draw import draw_sample
-    from hookdump.tools.pictures import token_strings
+    from hookdump.tools.pictures.charts import token_strings
+    from hookdump.tools.pictures.sample import draw_sample
 
     dump = hookdump.load(out)
     tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)

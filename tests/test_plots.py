@@ -44,7 +44,7 @@ def test_depth_marks_where_nan_starts(tmp_path: Path) -> None:
 
 def test_the_title_is_drawn(tmp_path: Path) -> None:
     from hookdump.tools.inspect import inspect_dump
-    from hookdump.tools.plots import depth_plot
+    from hookdump.tools.pictures.curves import depth_plot
 
     keys = inspect_dump(_run(tmp_path / "d", "tiny_models:TwoLinear", "-n", "4")).keys
     depth_plot(keys, tmp_path / "titled.png", "a title that is drawn")

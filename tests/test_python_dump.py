@@ -4,6 +4,7 @@ the CLI's dump of the same model and input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -204,15 +205,17 @@ def test_the_cli_and_hookdump_dump_write_the_same_dump(tmp_path: Path) -> None:
     py = hookdump.dump("tiny_models:TwoLinear", [x[:4], x[4:]], tmp_path / "py")
     a = hookdump.load(cli)
     assert a.keys() == py.keys()
-    assert a.tensors == py.tensors
+    assert a.manifest.tensors == py.manifest.tensors
     for key in a:
         assert torch.equal(a[key], py[key]), key
 
 
 def test_the_public_surface(tmp_path: Path) -> None:
-    for name in ("dump", "run", "RunOptions", "capture", "Capture", "load", "Dump", "KeyInfo",
-                 "HookdumpError", "InvalidDump", "__version__"):  # fmt: skip
+    for name in ("dump", "run", "capture", "Capture", "load", "Dump", "KeyInfo",
+                 "HookdumpError", "InvalidDump", "__version__", "options"):  # fmt: skip
         assert name in dir(hookdump) and getattr(hookdump, name) is not None
+    assert "RunOptions" not in dir(hookdump) and "RunOptions" in hookdump.options.__all__
+    assert hookdump.RunOptions is hookdump.options.RunOptions  # kept for older scripts
     assert callable(hookdump.dump)
     code = "import sys, hookdump; dir(hookdump); print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -298,7 +301,7 @@ def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
         hookdump.dump(model, [{"input_ids": torch.ones(1, 2).long()}], tmp_path / "f",
                       per_token=True, skip_special_tokens=True)  # fmt: skip
     assert not any(p.exists() for p in (tmp_path / n for n in "abcef"))
-    manifest = json.dumps(hookdump.dump(model, [torch.ones(1, 4)], tmp_path / "g").manifest)
+    manifest = json.dumps(dict(hookdump.dump(model, [torch.ones(1, 4)], tmp_path / "g").manifest))
     assert '"source": "python"' in manifest
 
 
@@ -310,7 +313,10 @@ def test_options_take_typed_values_or_the_clis_spellings(tmp_path: Path) -> None
     spelled = hookdump.dump(model, x, tmp_path / "b", capture="output,input", layers="2",
                             save_dtype="float16", shard_size="1MiB")  # fmt: skip
     assert typed.keys() == spelled.keys() == ["2:input.0", "2"]
-    assert typed.tensors == spelled.tensors and typed.info("2").dtype == torch.float16
+    assert (
+        typed.manifest.tensors == spelled.manifest.tensors
+        and typed.info("2").dtype == torch.float16
+    )
     assert typed.manifest["recipe"] == spelled.manifest["recipe"]
     with pytest.raises(HookdumpError, match="save_dtype 'float8' is not one of"):
         hookdump.dump(model, x, tmp_path / "c", save_dtype="float8")
@@ -319,11 +325,13 @@ def test_options_take_typed_values_or_the_clis_spellings(tmp_path: Path) -> None
 def test_run_with_grouped_options_and_the_reprs_of_its_result_and_a_capture(
     tmp_path: Path,
 ) -> None:
-    options = hookdump.RunOptions(
-        hookdump.ModelOptions("resnet18", device="cpu"),
-        hookdump.CaptureOptions(layers=("layer1.0.conv1", "fc")),
-        hookdump.InputOptions(num_samples=2, batch_size=2, shape=(3, 32, 32)),
-        dump=hookdump.DumpOptions(tmp_path / "d"),
+    from hookdump.options import CaptureOptions, DumpOptions, InputOptions, ModelOptions, RunOptions
+
+    options = RunOptions(
+        ModelOptions("resnet18", device="cpu"),
+        CaptureOptions(layers=("layer1.0.conv1", "fc")),
+        InputOptions(num_samples=2, batch_size=2, shape=(3, 32, 32)),
+        dump=DumpOptions(tmp_path / "d"),
     )
     result = hookdump.run(options)
     lines = repr(result).splitlines()
@@ -347,3 +355,36 @@ def test_hookdump_dump_under_torchrun_is_refused_before_anything_starts(
     with pytest.raises(HookdumpError, match="does not split data over torchrun's 2 processes"):
         hookdump.dump(_net(), [torch.ones(2, 4)], tmp_path / "d")
     assert not torch.distributed.is_initialized() and not (tmp_path / "d").exists()
+
+
+def test_run_takes_a_live_module_and_python_data(tmp_path: Path) -> None:
+    """`run(options, model=..., data=...)`: the engine's own door for a module and batches
+    from Python, the values the forward computes; data and a file input at once refused."""
+    from hookdump.options import (
+        CaptureOptions,
+        DumpOptions,
+        InputOptions,
+        ModelOptions,
+        PythonData,
+        RunOptions,
+    )
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+    batches = [torch.randn(2, 4), torch.randn(3, 4)]
+    options = RunOptions(
+        ModelOptions("live"), CaptureOptions(layers=("0",)), dump=DumpOptions(tmp_path / "d")
+    )
+    result = hookdump.run(options, model=model, data=batches)
+    assert result.num_samples == 5
+    d = hookdump.load(tmp_path / "d")
+    assert d.manifest["input"]["source"] == "python"
+    with torch.no_grad():
+        assert torch.allclose(d["0"], model[0](torch.cat(batches)), atol=1e-6)
+    ids = PythonData(batches, ids=[f"s{i}" for i in range(5)])
+    again = dataclasses.replace(options, dump=DumpOptions(tmp_path / "e"))
+    hookdump.run(again, model=model, data=ids)
+    assert hookdump.load(tmp_path / "e").sample_ids == [f"s{i}" for i in range(5)]
+    both = dataclasses.replace(options, input=InputOptions("images/"))
+    with pytest.raises(HookdumpError, match="give the input once"):
+        hookdump.run(both, model=model, data=batches)

@@ -28,7 +28,7 @@ def test_feature_maps_reduce_over_their_spatial_dims(tmp_path: Path) -> None:
     ):
         reduced = dump(tmp_path / how, "resnet18", *args, "--reduce", how)
         torch.testing.assert_close(reduced["layer1.0.conv1"], expected)
-        assert reduced.tensors["layer1.0.conv1"]["shape"] == list(expected.shape[1:])
+        assert reduced.manifest.tensors["layer1.0.conv1"]["shape"] == list(expected.shape[1:])
         assert torch.equal(reduced["fc"], full["fc"])  # rank 2: left alone
         assert reduced.manifest["reduce"] == how
 

@@ -32,7 +32,7 @@ def interrupted(out: Path, monkeypatch: pytest.MonkeyPatch, at: int, *extra: str
 def commit_every(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> float:
     """Shards committed one by one, or (60 s apart) all only once the run stops: Ctrl-C and
     errors must commit the finished ones all the same."""
-    from hookdump.store import commit
+    from hookdump.store.write import commit
 
     monkeypatch.setattr(commit, "COMMIT_EVERY", request.param)
     return float(request.param)
@@ -123,7 +123,7 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes(
 ) -> None:
     import errno
 
-    from hookdump.store.shards import ShardFile
+    from hookdump.store.write.shards import ShardFile
 
     out = tmp_path / "d"
     real_write = ShardFile.write
@@ -204,7 +204,7 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     is (the dump has no gap)."""
     import errno
 
-    from hookdump.store import writer
+    from hookdump.store.write import writer
 
     out = tmp_path / "d"
     real_fsync = writer.fsync_file
@@ -243,8 +243,8 @@ def test_shards_are_committed_together_every_interval(
 
     from torch import nn
 
-    from hookdump.store import commit
-    from hookdump.store.writer import DumpWriter
+    from hookdump.store.write import commit
+    from hookdump.store.write.writer import DumpWriter
 
     out = tmp_path / "d"
     if old_dump:
@@ -291,7 +291,7 @@ def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
     from hookdump.engine.resume import previous_dump
     from hookdump.inputs.samples import InputOptions
     from hookdump.model.prepare import ModelOptions
-    from hookdump.store.writer import DumpOptions
+    from hookdump.store.write.writer import DumpOptions
 
     out = tmp_path / "d"
     interrupted(out, monkeypatch, at=3)  # one process: manifest.json, incomplete

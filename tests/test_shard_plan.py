@@ -3,7 +3,7 @@ many rows a planned shard gets, and when a batch no longer fits the shard planne
 
 from __future__ import annotations
 
-from hookdump.store.plan import ShardPlan
+from hookdump.store.write.plan import ShardPlan
 
 MIB = 1 << 20
 

@@ -14,9 +14,9 @@ from picturetools import pixels_of, viridis
 from PIL import Image
 from safetensors.torch import save_file
 
-from hookdump.tools import maps
-from hookdump.tools.draw import draw_sample
-from hookdump.tools.pictures import Picture
+from hookdump.tools.pictures import grids as maps
+from hookdump.tools.pictures.canvas import Picture
+from hookdump.tools.pictures.sample import draw_sample
 
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.usefixtures("in_tests_dir")

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from hookdump.cli.render import print_diff, print_inspection, summary_table
-from hookdump.format import KeyInfo
+from hookdump.format.keys import KeyInfo
 from hookdump.store.stats import KeySummary, TensorStats
 from hookdump.tools.diff import DiffResult
 

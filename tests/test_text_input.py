@@ -48,7 +48,7 @@ def test_packed_windows_feed_the_model(gpt2: Path, corpus: Path, tmp_path: Path,
     expected = _packed_reference(gpt2, 6, bos)
     assert torch.equal(dump["__input_ids__"], expected)
     assert "__attention_mask__" not in dump  # packed: all ones
-    assert dump.tensors["__input_ids__"]["kind"] == "tokens"
+    assert dump.manifest.tensors["__input_ids__"]["kind"] == "tokens"
     assert "sample_ids" not in dump.manifest  # window numbers
     assert dump.sample_ids == list(range(len(expected)))
     model = transformers.GPT2Model.from_pretrained(gpt2).eval()
@@ -146,7 +146,7 @@ def test_per_token_rows_are_the_real_tokens(
     computed = "(100% of the positions computed were real tokens)"
     assert f"{int(real.sum())} tokens from 4 sequences {computed} in" in result.stdout
     inspected = invoke("inspect", str(out))
-    shards = len(dump.shards)
+    shards = len(dump.manifest.shards)
     assert f"{int(real.sum())} tokens from 4 sequences in {shards} shards" in inspected.stdout
     assert shards == (2 if shard_size == "1GiB" else 3)
 
@@ -347,7 +347,7 @@ def test_the_disk_estimate_of_token_rows_comes_from_the_corpus_size(
     report = json.loads(result.stdout)
     assert 0.8 < report["estimated_bytes"] / report["total_bytes"] < 1.25
 
-    import hookdump.store.writer as writer
+    import hookdump.store.write.writer as writer
 
     free = report["total_bytes"] // 2
     monkeypatch.setattr(writer.shutil, "disk_usage", lambda _: type("U", (), {"free": free}))
@@ -362,7 +362,7 @@ def test_token_rows_of_a_known_count_fill_their_last_shard_exactly(
     """Packed windows of a known count make a known number of token rows: the shard that
     gathers the batches after the first is planned to that size, so it is never compacted
     (read back and written again) at the end."""
-    import hookdump.store.shards as shards
+    import hookdump.store.write.shards as shards
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(CORPUS * 5) + "\n")
@@ -377,8 +377,8 @@ def test_token_rows_of_a_known_count_fill_their_last_shard_exactly(
     result = invoke(*args, "-o", str(tmp_path / "planned"))
     assert result.exit_code == 0, result.stderr
     planned, each = hookdump.load(tmp_path / "planned"), hookdump.load(tmp_path / "each")
-    assert [(s["start"], s["stop"]) for s in planned.shards] == [(0, 10), (10, 45)]
-    assert len(each.shards) == 5
+    assert [(s.start, s.stop) for s in planned.manifest.shards] == [(0, 10), (10, 45)]
+    assert len(each.manifest.shards) == 5
     for key in each:
         assert torch.equal(planned[key], each[key]), key
 

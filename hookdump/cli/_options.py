@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from hookdump.model.prepare import ModelOptions
 
 ModelArg = Annotated[
     str,
@@ -126,3 +129,29 @@ UnsafePickleOpt = Annotated[
         help="Allow MODEL to be a pickled nn.Module (unpickling runs code from the file).",
     ),
 ]
+
+
+def model_options(
+    model: str,
+    weights: str,
+    model_arg: list[str] | None,
+    seed: int,
+    device: str,
+    train: bool,
+    strict: bool,
+    unsafe_pickle: bool,
+) -> ModelOptions:
+    """MODEL, --weights ... --unsafe-pickle as the model's option group."""
+    from hookdump.model.loading import parse_model_args
+    from hookdump.model.prepare import ModelOptions
+
+    return ModelOptions(
+        model=model,
+        weights=weights,
+        model_args=parse_model_args(as_list(model_arg)),
+        seed=seed,
+        device=device,
+        train=train,
+        strict=strict,
+        unsafe_pickle=unsafe_pickle,
+    )

@@ -27,11 +27,24 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 # what a console that cannot show a character gets instead (then `\xd7`-style escapes)
-_PLAIN = str.maketrans({
-    "×": "x", "…": "...", "—": "-", "\u2013": "-", "→": "->", "≤": "<=", "≥": ">=", "≈": "~",
-    "±": "+-", "µ": "u", "❱": ">", "│": "|", "─": "-",
-    **{block: "#" for block in "▁▂▃▄▅▆▇█"},
-})  # fmt: skip
+_PLAIN = str.maketrans(
+    {
+        "×": "x",
+        "…": "...",
+        "—": "-",
+        "\u2013": "-",
+        "→": "->",
+        "≤": "<=",
+        "≥": ">=",
+        "≈": "~",
+        "±": "+-",
+        "µ": "u",
+        "❱": ">",
+        "│": "|",
+        "─": "-",
+        **{block: "#" for block in "▁▂▃▄▅▆▇█"},
+    }
+)
 
 
 def encodable(text: str, encoding: str) -> str:
@@ -116,8 +129,7 @@ def _console_class() -> type[Console]:
 
 
 def _console(file: TextIO, **options: Any) -> Console:
-    return _console_class()(file=_raw(file), highlight=False, markup=False, emoji=False,
-                            **options)  # fmt: skip
+    return _console_class()(file=_raw(file), highlight=False, markup=False, emoji=False, **options)
 
 
 def stdout() -> Console:

@@ -41,12 +41,12 @@ def diff(
     from hookdump.tools.diff import diff_dumps
 
     if plot is not None:
-        from hookdump.tools.plots import check_format
+        from hookdump.tools.pictures.canvas import check_format
 
         check_format(plot, "plot")  # before the comparison, which may take a while
     result = diff_dumps(a, b, atol, rtol, list(keys or []))
     if plot is not None:
-        from hookdump.tools.plots import diff_plot
+        from hookdump.tools.pictures.curves import diff_plot
 
         drawn = diff_plot(result, plot, f"{a} against {b}: relative error per key")
         if not json_output:

@@ -55,8 +55,15 @@ def export(
         overwrite=overwrite,
     )
     if json_output:
-        _output.print_json({"out": str(result.out), "to": result.to, "rows": result.rows,
-                            "keys": result.keys, "notes": result.notes})  # fmt: skip
+        _output.print_json(
+            {
+                "out": str(result.out),
+                "to": result.to,
+                "rows": result.rows,
+                "keys": result.keys,
+                "notes": result.notes,
+            }
+        )
         return
     for note in result.notes:
         _output.stderr().print(f"note: {note}", markup=False, highlight=False)
@@ -66,5 +73,6 @@ def export(
         rows = counted(result.rows, "sequence" if result.to == "saelens" else "row")
         _output.stdout().print(
             f"{rows} of {counted(len(result.keys), 'key')} -> {result.out} ({result.to})",
-            markup=False, highlight=False,
-        )  # fmt: skip
+            markup=False,
+            highlight=False,
+        )

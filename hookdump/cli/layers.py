@@ -23,6 +23,7 @@ from hookdump.cli._options import (
     UnsafePickleOpt,
     WeightsOpt,
     as_list,
+    model_options,
 )
 from hookdump.errors import HookdumpError, opt
 
@@ -50,8 +51,7 @@ def layers(
     from hookdump.cli.render import layers_table
     from hookdump.hooks.capture import parse_capture
     from hookdump.inputs.samples import parse_shape, sample_form
-    from hookdump.model.loading import parse_model_args
-    from hookdump.model.prepare import ModelOptions, prepare
+    from hookdump.model.prepare import prepare
     from hookdump.tools.layers import list_layers
 
     kinds = parse_capture(capture)
@@ -59,16 +59,7 @@ def layers(
         raise HookdumpError(f"{opt('capture')} {capture!r}: layers lists output and ops only")
     shape = parse_shape(input_shape) if input_shape else None
     loaded = prepare(
-        ModelOptions(
-            model=model,
-            weights=weights,
-            model_args=parse_model_args(as_list(model_arg)),
-            seed=seed,
-            device=device,
-            train=train,
-            strict=not no_strict,
-            unsafe_pickle=unsafe_pickle,
-        )
+        model_options(model, weights, model_arg, seed, device, train, not no_strict, unsafe_pickle)
     )
     rows = list_layers(
         loaded,

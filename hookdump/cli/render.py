@@ -13,7 +13,7 @@ from rich.text import Text
 
 from hookdump.cli._errors import for_cli
 from hookdump.cli._output import printable
-from hookdump.format import format_bytes
+from hookdump.format.values import format_bytes
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
@@ -143,14 +143,18 @@ def _table(
             allotted[column.name] += more
             room -= more
     total = sum(allotted.get(c.name, c.width) for c in columns) + 2 * len(columns)
-    table = Table(show_footer=footer, header_style="bold", footer_style="bold", box=None,
-                  width=total)  # fmt: skip
+    table = Table(
+        show_footer=footer, header_style="bold", footer_style="bold", box=None, width=total
+    )
     for column in columns:
         table.add_column(
-            column.name, footer=column.footer, justify=column.justify,
-            no_wrap=column.name not in allotted, overflow="fold",
+            column.name,
+            footer=column.footer,
+            justify=column.justify,
+            no_wrap=column.name not in allotted,
+            overflow="fold",
             width=allotted.get(column.name, column.width),
-        )  # fmt: skip
+        )
         for cell in column.cells:
             cell.justify = column.justify
     for row in zip(*(column.cells for column in columns), strict=True):
@@ -166,15 +170,22 @@ def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Colu
         _Column("module", [Text(printable(k.info.module_type)) for k in keys]),
         _Column("shape", [Text(format_shape(k.shape)) for k in keys]),
         _Column("dtype", [Text(k.dtype) for k in keys]),
-        _Column("size", [Text(format_bytes(k.nbytes)) for k in keys], "right",
-                format_bytes(sum(k.nbytes for k in keys))),
+        _Column(
+            "size",
+            [Text(format_bytes(k.nbytes)) for k in keys],
+            "right",
+            format_bytes(sum(k.nbytes for k in keys)),
+        ),
         _Column("mean", [Text(format_number(s.mean if s.count else None)) for s in stats], "right"),
         _Column("std", [Text(format_number(s.std)) for s in stats], "right"),
         _Column("min", [Text(format_number(s.min if s.count else None)) for s in stats], "right"),
         _Column("max", [Text(format_number(s.max if s.count else None)) for s in stats], "right"),
-        _Column("nan/inf", [Text(f"{s.nan}/{s.inf}", style="bold red" if s.nan + s.inf else "dim")
-                            for s in stats], "right"),
-    ]  # fmt: skip
+        _Column(
+            "nan/inf",
+            [Text(f"{s.nan}/{s.inf}", style="bold red" if s.nan + s.inf else "dim") for s in stats],
+            "right",
+        ),
+    ]
     if sparklines:
         columns.append(
             _Column("distribution", [Text(sparkline(s.hist), style="cyan") for s in stats])
@@ -264,12 +275,17 @@ def layers_table(rows: Sequence[LayerRow], width: int | None = None) -> Table:
     narrow console `width` the names, classes, shapes and ops fold; numbers never do."""
     columns = [
         _Column("name", [Text(printable(row.name)) for row in rows]),
-        _Column("class", [Text(printable(row.module_type + (" (attention)" if row.attention
-                                                             else ""))) for row in rows]),
+        _Column(
+            "class",
+            [
+                Text(printable(row.module_type + (" (attention)" if row.attention else "")))
+                for row in rows
+            ],
+        ),
         _Column("params", [Text(f"{row.params:,}") for row in rows], "right"),
         _Column("output (per sample)", [Text(printable(format_outputs(row))) for row in rows]),
         _Column("calls", [Text(str(row.calls)) for row in rows], "right"),
-    ]  # fmt: skip
+    ]
     if any(row.ops is not None for row in rows):
         ops = [Text(printable(", ".join(row.ops or []) or "-")) for row in rows]
         columns.append(_Column("ops (its own forward's)", ops))
@@ -321,16 +337,30 @@ def _diff_columns(rows: Sequence[KeyDiff]) -> list[_Column]:
 
     return [
         _Column("key", [Text(printable(item.key)) for item in rows]),
-        _Column("status", [Text(printable(f"{item.status} {item.detail}".strip()),
-                                style="green" if item.ok else "bold red") for item in rows]),
+        _Column(
+            "status",
+            [
+                Text(
+                    printable(f"{item.status} {item.detail}".strip()),
+                    style="green" if item.ok else "bold red",
+                )
+                for item in rows
+            ],
+        ),
         _Column("max abs", [figure(item, item.max_abs) for item in rows], "right"),
         _Column("max rel", [figure(item, item.max_rel) for item in rows], "right"),
         # 1 - cos: a cosine of 0.99998 would print as 1 beside "differ"
-        _Column("1 - cos", [figure(item, None if item.cosine is None else 1 - item.cosine)
-                            for item in rows], "right"),
-        _Column("mismatched", [Text(f"{item.mismatched}/{item.numel}" if item.numel > 0 else "-")
-                               for item in rows], "right"),
-    ]  # fmt: skip
+        _Column(
+            "1 - cos",
+            [figure(item, None if item.cosine is None else 1 - item.cosine) for item in rows],
+            "right",
+        ),
+        _Column(
+            "mismatched",
+            [Text(f"{item.mismatched}/{item.numel}" if item.numel > 0 else "-") for item in rows],
+            "right",
+        ),
+    ]
 
 
 def _all_match(keys: int) -> str:

@@ -30,12 +30,15 @@ from hookdump.cli._options import (
     UnsafePickleOpt,
     WeightsOpt,
     as_list,
+    model_options,
 )
 from hookdump.cli._progress import GCPause, progress_bar
 from hookdump.errors import CheckFailed
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
+    from hookdump.hooks.options import CaptureOptions
+    from hookdump.hooks.tokens import TokenOptions
 
 
 def run(
@@ -279,52 +282,54 @@ def run(
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
     pause = GCPause()  # first: the imports below bring torch in
     try:
-        from hookdump.choices import parse_reduction
         from hookdump.engine.options import RunOptions, parse_size
         from hookdump.engine.runner import run as run_dump
-        from hookdump.engine.tokens import TokenOptions, parse_positions
-        from hookdump.hooks.capture import parse_capture
-        from hookdump.hooks.gradients import parse_grad_target
-        from hookdump.hooks.options import CaptureOptions
         from hookdump.inputs.samples import InputOptions, parse_shape
         from hookdump.inputs.text import TextOptions
-        from hookdump.model.loading import parse_model_args
-        from hookdump.model.prepare import ModelOptions, resolve_dtype
-        from hookdump.store.writer import DumpOptions
+        from hookdump.model.prepare import resolve_dtype
+        from hookdump.store.write.writer import DumpOptions
 
         # the strings of the command line become typed options here, and nowhere else
         options = RunOptions(
-            model=ModelOptions(
-                model=model, weights=weights, model_args=parse_model_args(as_list(model_arg)),
-                seed=seed, device=device, train=train, strict=not no_strict,
-                unsafe_pickle=unsafe_pickle,
+            model=model_options(
+                model, weights, model_arg, seed, device, train, not no_strict, unsafe_pickle
             ),
-            capture=CaptureOptions(
-                layers=tuple(as_list(layers)), exclude=tuple(as_list(exclude)),
-                types=tuple(as_list(types)), kinds=parse_capture(capture),
-                ops=tuple(as_list(ops)), reduce=parse_reduction(reduce),
-                grad_target=parse_grad_target(grad_target), early_stop=not no_early_stop,
+            capture=_capture_options(
+                layers, exclude, types, capture, ops, reduce, grad_target, not no_early_stop
             ),
             input=InputOptions(
-                source=input, num_samples=num_samples, batch_size=batch_size,
+                source=input,
+                num_samples=num_samples,
+                batch_size=batch_size,
                 shape=parse_shape(input_shape) if input_shape else None,
-                image_size=image_size, skip_bad_inputs=skip_bad_inputs, workers=workers,
+                image_size=image_size,
+                skip_bad_inputs=skip_bad_inputs,
+                workers=workers,
             ),
-            text=None if text is None else TextOptions(
-                source=text, text_field=text_field, tokenizer=tokenizer,
-                context_size=context_size, bos=bos, max_length=max_length,
-                max_tokens=max_tokens, sort_by_length=sort_by_length,
+            text=None
+            if text is None
+            else TextOptions(
+                text,
+                text_field,
+                tokenizer,
+                context_size,
+                bos,
+                max_length,
+                max_tokens,
+                sort_by_length,
             ),
-            tokens=TokenOptions(parse_positions(positions), skip_special_tokens)
-            if per_token else None,
+            tokens=_token_options(per_token, positions, skip_special_tokens),
             dump=DumpOptions(
-                out=out, overwrite=overwrite, resume=resume, shard_bytes=parse_size(shard_size),
+                out=out,
+                overwrite=overwrite,
+                resume=resume,
+                shard_bytes=parse_size(shard_size),
                 save_dtype=resolve_dtype(save_dtype, "save_dtype") if save_dtype else None,
             ),
             dtype=resolve_dtype(dtype, "dtype"),
             command=tuple(ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]])),
             config=config,
-        )  # fmt: skip
+        )
         if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports
             quiet, json_output = True, False
         show_progress = not (quiet or json_output)
@@ -335,6 +340,45 @@ def run(
         _report(result, quiet, json_output, fail_on_nonfinite)
     finally:
         pause.end()
+
+
+def _token_options(
+    per_token: bool, positions: str | None, skip_special_tokens: bool
+) -> TokenOptions | None:
+    """--per-token, --positions and --skip-special-tokens (None: a row per sample)."""
+    from hookdump.hooks.tokens import TokenOptions, parse_positions
+
+    if not per_token:
+        return None
+    return TokenOptions(parse_positions(positions), skip_special_tokens)
+
+
+def _capture_options(
+    layers: list[str] | None,
+    exclude: list[str] | None,
+    types: list[str] | None,
+    capture: str,
+    ops: list[str] | None,
+    reduce: str,
+    grad_target: str,
+    early_stop: bool,
+) -> CaptureOptions:
+    """--layers ... --no-early-stop as the capture's option group."""
+    from hookdump.choices import parse_reduction
+    from hookdump.hooks.capture import parse_capture
+    from hookdump.hooks.gradients import parse_grad_target
+    from hookdump.hooks.options import CaptureOptions
+
+    return CaptureOptions(
+        layers=tuple(as_list(layers)),
+        exclude=tuple(as_list(exclude)),
+        types=tuple(as_list(types)),
+        kinds=parse_capture(capture),
+        ops=tuple(as_list(ops)),
+        reduce=parse_reduction(reduce),
+        grad_target=parse_grad_target(grad_target),
+        early_stop=early_stop,
+    )
 
 
 def _report(result: RunResult, quiet: bool, json_output: bool, fail_on_nonfinite: bool) -> None:

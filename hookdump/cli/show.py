@@ -72,7 +72,7 @@ def show(
     """Draw one sample of one key (a feature-map grid, a heatmap of token rows, attention
     heads, a vector's bars) or, with --depth, every key's statistics along the forward
     order. The format follows --out's extension: .png, .svg or .pdf."""
-    from hookdump.tools.maps import Tiling
+    from hookdump.tools.pictures.grids import Tiling
 
     if out is None:
         raise HookdumpError(f"give {opt('out')} FILE: where to write the picture")
@@ -87,7 +87,8 @@ def show(
             )
         from hookdump.cli.render import counted
         from hookdump.tools.inspect import inspect_dump
-        from hookdump.tools.plots import check_format, depth_plot
+        from hookdump.tools.pictures.canvas import check_format
+        from hookdump.tools.pictures.curves import depth_plot
 
         check_format(out)
         found = inspect_dump(path)
@@ -99,6 +100,6 @@ def show(
         return
     if key is None:
         raise HookdumpError(f"give the KEY to draw, or {opt('depth', True)} for every key")
-    from hookdump.tools.draw import draw_sample
+    from hookdump.tools.pictures.sample import draw_sample
 
     print(draw_sample(path, key, out, sample, tiling).describe(key, sample))

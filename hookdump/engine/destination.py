@@ -25,12 +25,12 @@ from hookdump.engine.distributed import (
 from hookdump.engine.options import RunOptions
 from hookdump.engine.resume import check_sources, previous_dump
 from hookdump.errors import opt
-from hookdump.format import samples_fed
+from hookdump.format.manifest import Manifest, samples_fed
 from hookdump.store.folder import check_out_dir
-from hookdump.store.reader import Dump
+from hookdump.store.read.reader import ShardReader
+from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
-from hookdump.store.summary import summarize
-from hookdump.store.writer import DumpWriter
+from hookdump.store.write.writer import DumpWriter
 
 
 @dataclass
@@ -88,9 +88,12 @@ class Destination:
             )
         else:
             self.writer = DumpWriter(
-                self.out, overwrite=self.overwrite, shard_bytes=shard_bytes, fields=fields,
+                self.out,
+                overwrite=self.overwrite,
+                shard_bytes=shard_bytes,
+                fields=fields,
                 names=names,
-            )  # fmt: skip
+            )
         if self.ranks is not None:  # one dump, one run id: the resumed dump's, or rank 0's
             ids = self.ranks.gather(self.writer.run_id)
             self.writer.share_run_id(next((i for i in ids if i is not None), None))
@@ -103,7 +106,7 @@ class Destination:
         """Resuming: the statistics of the samples already in the dump."""
         if self.previous is None or self.out is None:
             return {}
-        return summarize(Dump.of_manifest(self.out, self.previous))
+        return summarize(ShardReader(self.out, Manifest.of_checked(self.previous)))
 
     def interrupted(self) -> str:
         """What Ctrl-C leaves behind, and how to go on."""
@@ -130,9 +133,13 @@ class Destination:
             if self.ranks is not None:
                 self.writer.take_over(whole.shards, whole.tensors)
             manifest = self.writer.finish(
-                {"sample_ids": whole.ids, "skipped_inputs": whole.skipped_inputs,
-                 "skipped": whole.skipped, **extra}
-            )  # fmt: skip
+                {
+                    "sample_ids": whole.ids,
+                    "skipped_inputs": whole.skipped_inputs,
+                    "skipped": whole.skipped,
+                    **extra,
+                }
+            )
             if self.ranks is not None:
                 drop_rank_manifests(self.writer.out)
         if self.ranks is not None:

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import SampleIds
+from hookdump.format.rows import SampleIds
 from hookdump.store.stats import KeySummary
-from hookdump.store.writer import FileNames
+from hookdump.store.write.writer import FileNames
 
 
 @dataclass(frozen=True)

@@ -18,20 +18,20 @@ from torch import nn
 from hookdump.choices import Reduction
 from hookdump.engine.options import RunOptions, parse_size
 from hookdump.engine.progress import Progress
-from hookdump.engine.runner import PYTHON, Given, run
-from hookdump.engine.tokens import TokenOptions, parse_positions
+from hookdump.engine.runner import run
 from hookdump.errors import ArgumentTypeError, HookdumpError, opt
-from hookdump.format import is_integer
+from hookdump.format.values import is_integer
 from hookdump.hooks.capture import parse_capture
 from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.options import CaptureOptions
+from hookdump.hooks.tokens import TokenOptions, parse_positions
 from hookdump.inputs.python import PythonData
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.loading import class_path
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
-from hookdump.store.reader import Dump
-from hookdump.store.writer import DumpOptions
+from hookdump.store.read.dump import Dump
+from hookdump.store.write.writer import DumpOptions
 
 
 def dump(
@@ -121,11 +121,7 @@ def dump(
         >>> d["layer4"].shape
         torch.Size([10000, 2048])
     """
-    live = model if isinstance(model, nn.Module) else None
-    if live is None and not isinstance(model, str):
-        raise HookdumpError(
-            f"model must be a torch.nn.Module or a MODEL string, not {type(model).__name__}"
-        )
+    live = _live_module(model)
     _check_types(
         {
             "layers": layers,
@@ -147,35 +143,55 @@ def dump(
     )
     if num_samples is not None and num_samples < 1:
         raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
-    if live is not None and any(t.is_meta for t in [*live.parameters(), *live.buffers()]):
-        raise HookdumpError(
-            "the model's parameters are on the meta device, with no values: load its weights "
-            "first (model.to_empty(device=...) and load_state_dict)"
-        )
     special = _special_ids(tokenizer, skip_special_tokens, str(model) if live is None else "")
     kinds = parse_capture(capture)
     with _as_asked(live, device, train) as (where, mode):
         options = RunOptions(
             model=ModelOptions(
-                model=str(model) if live is None else class_path(live), weights=weights,
-                model_args=dict(model_args or {}), seed=seed, device=where,
+                model=str(model) if live is None else class_path(live),
+                weights=weights,
+                model_args=dict(model_args or {}),
+                seed=seed,
+                device=where,
                 train=mode,
             ),
             capture=CaptureOptions(
-                _names(layers), _names(exclude), _names(types), kinds, _names(ops), reduce,
-                _grad_target(grad_target), early_stop,
+                _names(layers),
+                _names(exclude),
+                _names(types),
+                kinds,
+                _names(ops),
+                reduce,
+                _grad_target(grad_target),
+                early_stop,
             ),
-            input=InputOptions(PYTHON, num_samples),
+            input=InputOptions(num_samples=num_samples),
             tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,
             dump=DumpOptions(
                 Path(out), overwrite, resume, _size(shard_size), _dtype(save_dtype, "save_dtype")
             ),
             dtype=_dtype(dtype, "dtype") or torch.float32,
-        )  # fmt: skip
-        given = Given(live, PythonData(data, forward, ids, per_token), special)
+        )
+        given = PythonData(data, forward, ids, per_token, tuple(special))
         with Progress(progress, _stderr_console() if progress else None) as on_batch:
-            run(options, on_batch, given=given)
+            run(options, on_batch, model=live, data=given)
     return Dump(Path(out))
+
+
+def _live_module(model: object) -> nn.Module | None:
+    """`model` if it is a module with values (None: a MODEL string)."""
+    if isinstance(model, str):
+        return None
+    if not isinstance(model, nn.Module):
+        raise HookdumpError(
+            f"model must be a torch.nn.Module or a MODEL string, not {type(model).__name__}"
+        )
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        raise HookdumpError(
+            "the model's parameters are on the meta device, with no values: load its weights "
+            "first (model.to_empty(device=...) and load_state_dict)"
+        )
+    return model
 
 
 def _check_types(

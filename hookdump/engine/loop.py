@@ -14,15 +14,16 @@ import torch
 from hookdump.engine.destination import Destination
 from hookdump.engine.progress import ProgressCallback
 from hookdump.engine.signals import exit_code
-from hookdump.engine.tokens import TokenRows
 from hookdump.errors import HookdumpError, Interrupted
-from hookdump.format import KeyInfo, Rows
+from hookdump.format.keys import KeyInfo
+from hookdump.format.rows import Rows
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import calibrate, ends_late, forward
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
+from hookdump.hooks.tokens import TokenRows
 from hookdump.inputs.samples import Batch, Feed
 from hookdump.model.loading import LoadedModel
-from hookdump.store.sink import BatchSink
+from hookdump.store.write.sink import BatchSink
 
 
 class BatchLoop:

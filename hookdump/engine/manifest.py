@@ -12,7 +12,7 @@ import torch
 
 from hookdump._version import __version__
 from hookdump.engine.options import RunOptions
-from hookdump.format import dtype_name
+from hookdump.format.dtypes import dtype_name
 from hookdump.hooks.selection import select_modules
 from hookdump.inputs.corpus import corpus_kind
 from hookdump.inputs.samples import Feed, SampleForm

@@ -12,15 +12,17 @@ from typing import Any
 
 import torch
 
-from hookdump.engine.tokens import TokenOptions, positions_text
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import dtype_name, format_bytes, recipe
+from hookdump.format.dtypes import dtype_name
+from hookdump.format.manifest import recipe
+from hookdump.format.values import format_bytes
 from hookdump.hooks.options import CaptureOptions
+from hookdump.hooks.tokens import TokenOptions, positions_text
 from hookdump.inputs.samples import InputOptions
 from hookdump.inputs.text import TextOptions
 from hookdump.model.prepare import ModelOptions
 from hookdump.store.stats import KeySummary
-from hookdump.store.writer import DumpOptions
+from hookdump.store.write.writer import DumpOptions
 
 REPR_KEYS = 12  # the keys a RunResult's repr lists
 
@@ -37,7 +39,7 @@ class RunOptions:
         capture: which modules, and what of them (`hooks.options.CaptureOptions`).
         input: how many samples, in what batches, from where (`inputs.samples.InputOptions`).
         text: text instead of `input.source` (`inputs.text.TextOptions`; None: no text).
-        tokens: a row per token (`engine.tokens.TokenOptions`; None: a row per sample).
+        tokens: a row per token (`hooks.tokens.TokenOptions`; None: a row per sample).
         dump: where the dump goes (`store.writer.DumpOptions`).
         dtype: the forward's precision (autocast for float16 and bfloat16).
         command: the command line, recorded in the manifest.
@@ -121,9 +123,11 @@ class RunResult:
 
     def __repr__(self) -> str:
         """The summary in short: the run, then a line per key (the first REPR_KEYS)."""
-        rows = f"{self.num_samples} tokens" if self.num_sequences is not None else (
-            f"{self.num_samples} samples"
-        )  # fmt: skip
+        rows = (
+            f"{self.num_samples} tokens"
+            if self.num_sequences is not None
+            else (f"{self.num_samples} samples")
+        )
         where = f" -> {str(self.out)!r}" if self.out is not None else ""
         head = (
             f"RunResult({self.model!r}{where}: {rows}, {len(self.keys)} keys, "

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import samples_fed
+from hookdump.format.manifest import samples_fed
 from hookdump.model.weights import sha256, state_sha256
-from hookdump.store.reader import Dump, read_manifest
-from hookdump.store.writer import MANIFEST
+from hookdump.store.read.dump import Dump, read_manifest
+from hookdump.store.write.writer import MANIFEST
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunOptions
@@ -170,7 +170,7 @@ def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: Path) -> N
 def _one_process(out: Path) -> dict[str, Any] | None:
     """The manifest a one-process run left (None: none, the run starts anew)."""
     if (out / MANIFEST).exists():
-        manifest = Dump(out).manifest
+        manifest = Dump(out).manifest.to_json()
         if manifest.get("complete"):
             raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
         return manifest
@@ -195,7 +195,7 @@ def _this_rank(out: Path, ranks: Ranks) -> dict[str, Any] | None:
     mine = out / rank_names(ranks).manifest
     if not mine.is_file():
         return None
-    manifest = read_manifest(mine)
+    manifest = read_manifest(mine).to_json()
     if manifest.get("processes") != ranks.world:
         raise HookdumpError(
             f"{RESUME}: the dump in {out} was started by {manifest.get('processes')} torchrun "

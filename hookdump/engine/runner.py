@@ -19,7 +19,6 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,38 +33,31 @@ from hookdump.engine.options import RunOptions, RunResult
 from hookdump.engine.progress import ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
-from hookdump.engine.tokens import TokenOptions, TokenRows, positions_text
 from hookdump.errors import HookdumpError, opt
-from hookdump.hooks.capture import Capture
+from hookdump.hooks.capture import Capture, Receiver
 from hookdump.hooks.forward import out_of_memory
-from hookdump.inputs.feed import open_feed
+from hookdump.hooks.options import CaptureOptions
+from hookdump.hooks.tokens import TokenOptions, TokenRows, positions_text
+from hookdump.inputs.feed import Place, Source, open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
-from hookdump.inputs.python import PythonData, python_feed
+from hookdump.inputs.python import PythonData
 from hookdump.inputs.samples import Batch, Feed, SampleForm, sample_form
-from hookdump.inputs.text import TextOptions, text_feed
-from hookdump.inputs.token_ids import is_token_file, token_input
+from hookdump.inputs.token_ids import is_token_file
 from hookdump.model.loading import LoadedModel, is_model_file, live_model
 from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
-from hookdump.model.zoo import has_tokenizer, load_tokenizer
 from hookdump.store.folder import locked, refuse_reads_inside
-from hookdump.store.sink import BatchSink
+from hookdump.store.write.sink import BatchSink
 
-PYTHON = "python"  # `RunOptions.input` of a run fed by `hookdump.dump`
-
-
-@dataclass(frozen=True)
-class Given:
-    """What a Python caller hands over (`hookdump.dump`) in place of loading `options.model`
-    and reading `options.input` or `options.text`."""
-
-    module: nn.Module | None  # None: `options.model` is loaded as the CLI loads it
-    data: PythonData
-    special_ids: tuple[int, ...] = ()  # the tokenizer's, for `skip_special_tokens`
+PYTHON = "python"  # the input a run fed by Python data records (`"input"` in the recipe)
 
 
 def run(
-    options: RunOptions, on_batch: ProgressCallback | None = None, *, given: Given | None = None
+    options: RunOptions,
+    on_batch: ProgressCallback | None = None,
+    *,
+    model: nn.Module | None = None,
+    data: PythonData | Any = None,
 ) -> RunResult:
     """Dump what the selected modules produce for the input, as `options` say.
 
@@ -73,7 +65,9 @@ def run(
         options: the run (see `RunOptions`).
         on_batch: called after each batch with (samples done, samples in all, bytes
             captured so far), for a progress bar.
-        given: a live module and data from Python, instead of `options.model` and input.
+        model: a live module, used as it is, instead of loading `options.model`.
+        data: batches from Python (see `PythonData`; an iterable of batches or one tensor
+            is taken as `PythonData(data)`), instead of `options.input` or `options.text`.
 
     Returns:
         A `RunResult`: per-key statistics, the sample count, what was skipped, the
@@ -92,12 +86,21 @@ def run(
         ['layer1.0.conv1', 'layer1.0.bn1']
     """
     started = time.perf_counter()
-    _check(options, python=given is not None)
+    if data is not None:
+        data = data if isinstance(data, PythonData) else PythonData(data)
+        if options.input.source not in ("random", PYTHON) or options.text is not None:
+            raise HookdumpError(
+                "give the input once: data, or options.input.source / options.text, not both"
+            )
+        options = dataclasses.replace(
+            options, input=dataclasses.replace(options.input, source=PYTHON)
+        )
+    _check(options, python=data is not None)
     given_out = options.dump.out  # reported as given
     if given_out is not None:  # a link is followed once, here: entries never are
         dump = dataclasses.replace(options.dump, out=given_out.resolve())
         options = dataclasses.replace(options, dump=dump)
-    if given is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if data is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise HookdumpError(
             f"hookdump.dump does not split data over torchrun's {os.environ['WORLD_SIZE']} "
             "processes (each would dump all of its data as a rank's part); run it in one process"
@@ -106,7 +109,7 @@ def run(
     with interrupts_once(), locked(options.dump.out if ranks is None or ranks.main else None):
         try:
             return dataclasses.replace(
-                _run(options, ranks, started, on_batch, given), out=given_out
+                _run(options, ranks, started, on_batch, model, data), out=given_out
             )
         except Exception as exc:
             if out_of_memory(exc):
@@ -236,24 +239,19 @@ def _run(
     ranks: Ranks | None,
     started: float,
     on_batch: ProgressCallback | None,
-    given: Given | None,
+    module: nn.Module | None,
+    data: PythonData | None,
 ) -> RunResult:
     destination = Destination.open(options, ranks)
-    if given is not None and given.module is not None:
-        loaded = live_model(given.module)
+    if module is not None:
+        loaded = live_model(module)
     else:
         device = rank_device(options.model.device, ranks)
         loaded = prepare(dataclasses.replace(options.model, device=device))
         _check_export_batch(options, loaded)
     loaded_at = time.perf_counter()
     form = functools.cache(lambda: sample_form(loaded, options.input.shape))
-    if given is None:
-        feed = _feed(options, loaded, form, destination, ranks)
-    else:
-        feed = python_feed(
-            given.data, num_samples=options.input.num_samples, done_ids=destination.done_ids,
-            special_ids=list(given.special_ids),
-        )  # fmt: skip
+    feed = _feed(options, loaded, form, destination, ranks, data)
     made_from = sources(loaded, feed)
     destination.check_sources(made_from)
 
@@ -264,22 +262,25 @@ def _run(
     )
     destination.start(shard_bytes=options.dump.shard_bytes, fields=static)
     sink = BatchSink(
-        destination.writer, options.dump.save_dtype,
+        destination.writer,
+        options.dump.save_dtype,
         None if options.tokens else feed.total,  # token rows: not known ahead
         expected=lambda: feed.total if feed.total is not None else feed.estimate(),
         copies=ranks.world if ranks else 1,
         summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
-    )  # fmt: skip
+    )
     tokens = _token_rows(options.tokens, sink, feed) if options.tokens else None
-    cap = Capture(
-        loaded.module, capture.layers, capture.exclude, capture.types, capture.kinds,
-        reduce=capture.reduce, receiver=tokens or sink, ops=capture.ops,
-    )  # fmt: skip
+    cap = _hooks(capture, loaded, tokens or sink)
     loop = BatchLoop(
-        cap, loaded, sink, forward_dtype=options.dtype, grad_target=capture.grad_target,
+        cap,
+        loaded,
+        sink,
+        forward_dtype=options.dtype,
+        grad_target=capture.grad_target,
         early_stop=capture.early_stop and not loaded.module.training,
-        label=options.model.model, tokens=tokens,
-    )  # fmt: skip
+        label=options.model.model,
+        tokens=tokens,
+    )
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
     nothing = None if ranks else lambda: _nothing_read(options, bool(feed.ids))
@@ -324,89 +325,42 @@ def _result(
     )
 
 
+def _hooks(capture: CaptureOptions, loaded: LoadedModel, receiver: Receiver) -> Capture:
+    """The selected modules' hooks, handing what they capture to `receiver`."""
+    return Capture(
+        loaded.module,
+        capture.layers,
+        capture.exclude,
+        capture.types,
+        capture.kinds,
+        reduce=capture.reduce,
+        receiver=receiver,
+        ops=capture.ops,
+    )
+
+
 def _feed(
     options: RunOptions,
     loaded: LoadedModel,
     form: Callable[[], SampleForm],
     destination: Destination,
     ranks: Ranks | None,
+    data: PythonData | None,
 ) -> Feed:
-    share = ranks.share if ranks else None
-    if options.text is None and options.tokens is not None:
-        feed = _token_feed(options, loaded, destination, share)
-        what = opt("input")
-    elif options.text is not None:
-        feed = _text_feed(options, options.text, loaded, destination, share)
-        what = opt("text")
-    else:
-        feed = open_feed(
-            options.input, seed=options.model.seed, form=form, transforms=loaded.transforms,
-            done=destination.done_ids, share=share,
-        )  # fmt: skip
-        what = opt("input")
-    refuse_reads_inside(options.dump.out, what, feed.files)
+    tokens = options.tokens
+    source = Source(
+        options.input,
+        options.text,
+        per_token=tokens is not None,
+        skip_special_tokens=tokens is not None and tokens.skip_special_tokens,
+        data=data,
+    )
+    place = Place(options.model.seed, destination.done_ids, ranks.share if ranks else None)
+    feed = open_feed(source, loaded, form, place)
+    if data is None:
+        what = opt("text") if options.text is not None else opt("input")
+        refuse_reads_inside(options.dump.out, what, feed.files)
     return feed
-
-
-def _text_feed(
-    options: RunOptions,
-    text: TextOptions,
-    loaded: LoadedModel,
-    destination: Destination,
-    share: tuple[int, int] | None,
-) -> Feed:
-    folder = text.tokenizer or loaded.about.get("folder")
-    if folder is None:
-        raise HookdumpError(
-            f"{opt('text')} needs a tokenizer: an hf: model folder that has one, or "
-            f"{opt('tokenizer')} PATH"
-        )
-    for name, value in (("context_size", text.context_size), ("max_length", text.max_length)):
-        if value is not None and loaded.positions is not None and value > loaded.positions:
-            raise HookdumpError(
-                f"{opt(name)} {value} is more tokens than {options.model.model} takes in a "
-                f"sample ({loaded.positions} positions); give at most {loaded.positions}"
-            )
-    tokenizer, files = load_tokenizer(folder, options.model.model, given=bool(text.tokenizer))
-    positions = loaded.input_shape[0] if loaded.family == "tokens" and loaded.input_shape else None
-    return text_feed(
-        text, tokenizer, model_positions=positions, num_samples=options.input.num_samples,
-        done=destination.done_ids, tokenizer_files=files, share=share,
-        dynamic=options.tokens is not None,  # token rows: padding is never written
-    )  # fmt: skip
-
-
-def _token_feed(
-    options: RunOptions,
-    loaded: LoadedModel,
-    destination: Destination,
-    share: tuple[int, int] | None,
-) -> Feed:
-    """Pre-tokenized `--input` for `--per-token`; special ids from the model folder's
-    tokenizer, asked for only by `--skip-special-tokens`."""
-    spec = options.model.model
-    if loaded.family != "tokens":
-        raise HookdumpError(
-            f"{opt('input')} {options.input.source} with {opt('per_token', True)} feeds token "
-            f"ids to a Hugging Face language model (hf:FOLDER); {spec} is not one"
-        )
-    assert options.tokens is not None
-    special: list[int] = []
-    files: list[Path] = []
-    if options.tokens.skip_special_tokens:
-        folder = loaded.about.get("folder")
-        if folder is None or not has_tokenizer(Path(folder)):
-            raise HookdumpError(
-                f"{opt('skip_special_tokens', True)} needs the tokenizer's special ids, and "
-                f"{spec} has no tokenizer files; leave {opt('skip_special_tokens', True)} out"
-            )
-        tokenizer, files = load_tokenizer(folder, spec, given=False)
-        special = list(tokenizer.all_special_ids)
-    return token_input(
-        options.input.source, vocab=loaded.vocab, limit=options.input.num_samples,
-        done=destination.done_ids, share=share, special_ids=special, tokenizer_files=files,
-        positions=loaded.positions,
-    )  # fmt: skip
 
 
 def _token_rows(options: TokenOptions, sink: BatchSink, feed: Feed) -> TokenRows:

@@ -154,12 +154,17 @@ def _attention(
     name, tap = selected
     mask = _additive(module, query, key, attention_mask)
     output, pattern = _eager(module)(module, query, key, value, mask, **kwargs)
-    tap.report(name, {
-        "pattern": lambda: pattern,
-        "scores": lambda: _scores(query, key, mask, kwargs.get("scaling")),
-        "q": lambda: query.transpose(1, 2), "k": lambda: key.transpose(1, 2),
-        "v": lambda: value.transpose(1, 2), "z": lambda: output,
-    })  # fmt: skip
+    tap.report(
+        name,
+        {
+            "pattern": lambda: pattern,
+            "scores": lambda: _scores(query, key, mask, kwargs.get("scaling")),
+            "q": lambda: query.transpose(1, 2),
+            "k": lambda: key.transpose(1, 2),
+            "v": lambda: value.transpose(1, 2),
+            "z": lambda: output,
+        },
+    )
     return output, pattern
 
 

@@ -30,7 +30,7 @@ from hookdump.choices import (
     parse_reduction,
 )
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import RESERVED_KEYS, KeyInfo, tensor_key
+from hookdump.format.keys import RESERVED_KEYS, KeyInfo, tensor_key
 from hookdump.hooks.attention import AttentionTap, check_selection
 from hookdump.hooks.ops import OpRecorder, check_patterns
 from hookdump.hooks.reduce import channels_first, reduce_attention, reduce_tensor
@@ -173,18 +173,37 @@ class _Calls:
 
 
 class _Attached:
-    """What a `Capture` attaches to the model inside its block: the hooks, the modes to put
-    back, and with `ops` the recorder of the modules' own ops."""
+    """What a `Capture` attaches to the model inside its block: the hooks, with `ops` the
+    recorder of the modules' own ops, with attention kinds the tap, and the stack that
+    takes them off again (and puts the modules' modes back)."""
 
     def __init__(self) -> None:
         self.handles: list[RemovableHandle] = []
-        self.modes: list[tuple[nn.Module, bool]] = []
         self.recorder: OpRecorder | None = None
         self.tap: AttentionTap | None = None
+        self.stack: contextlib.ExitStack | None = None
 
     def quiet(self) -> contextlib.AbstractContextManager[None]:
         """Inside, hookdump's own torch calls are not taken for the model's ops."""
         return self.recorder.paused() if self.recorder is not None else contextlib.nullcontext()
+
+    def remove_handles(self) -> None:
+        try:
+            for handle in self.handles:
+                handle.remove()
+        finally:
+            self.handles.clear()
+
+    def detach(self) -> None:
+        stack, self.stack = self.stack, None
+        self.recorder = self.tap = None
+        if stack is not None:
+            stack.close()
+
+
+def _restore_modes(modes: list[tuple[nn.Module, bool]]) -> None:
+    for module, training in modes:
+        module.training = training
 
 
 class Capture:
@@ -300,10 +319,11 @@ class Capture:
 
     def __enter__(self) -> Capture:
         attached = self._attached
-        attached.modes = [(m, m.training) for m in self.model.modules()]
-        try:
+        with contextlib.ExitStack() as stack:  # what is entered here is undone in reverse
             if self.train is not None:
+                stack.callback(_restore_modes, [(m, m.training) for m in self.model.modules()])
                 self.model.train(self.train)
+            stack.callback(attached.remove_handles)
             for name, module in self.modules.items():
                 module_type = module_type_name(module)
                 attached.handles.append(
@@ -316,42 +336,18 @@ class Capture:
                 )
             if "ops" in self.kinds:
                 recorder = OpRecorder(self.model, list(self.modules), self.ops, self._record_op)
-                attached.recorder = recorder
-                recorder.__enter__()
+                stack.callback(recorder.remove)
+                attached.recorder = stack.enter_context(recorder)
             inside = [kind for kind in self.kinds if kind in ATTENTION_KINDS]
             if inside:
                 rows = bool(getattr(self._receiver, "token_rows", False))
                 tap = AttentionTap(self.model, self.modules, inside, self._record_inside, rows)
-                attached.tap = tap.__enter__()
-        except BaseException:
-            self._detach()
-            raise
+                attached.tap = stack.enter_context(tap)
+            attached.stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._detach()
-
-    def _detach(self) -> None:
-        attached = self._attached
-        try:
-            if attached.tap is not None:
-                tap, attached.tap = attached.tap, None
-                tap.__exit__(None, None, None)
-            if attached.recorder is not None:
-                recorder, attached.recorder = attached.recorder, None
-                try:
-                    recorder.__exit__(None, None, None)
-                finally:
-                    recorder.remove()
-        finally:
-            try:
-                for handle in attached.handles:
-                    handle.remove()
-            finally:
-                attached.handles.clear()
-                if self.train is not None:
-                    for module, training in attached.modes:
-                        module.training = training
+        self._attached.detach()
 
     def next_batch(self, token_mask: torch.Tensor | None) -> None:
         """The next batch's attention mask ([B, T], 1 for real tokens), when reductions are
@@ -433,9 +429,16 @@ class Capture:
         if known is None:
             rows = tensor.shape[0] if tensor.dim() else None
             self.info[key] = KeyInfo(
-                key, name, module_type, kind, call, part, tuple(tensor.shape[1:]), tensor.dtype,
+                key,
+                name,
+                module_type,
+                kind,
+                call,
+                part,
+                tuple(tensor.shape[1:]),
+                tensor.dtype,
                 rows,
-            )  # fmt: skip
+            )
         elif (known.module, known.kind, known.call, known.part) != (name, kind, call, part):
             raise HookdumpError(
                 f"two tensors would be saved under the key {key!r}: {_origin(known)} and "

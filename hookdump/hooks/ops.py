@@ -53,8 +53,9 @@ class OpRecorder(TorchFunctionMode):
     tensor an op of a module in `modules` returns from that module's own code, for op names
     matching one of `patterns` (none: every op but views)."""
 
-    def __init__(self, model: nn.Module, modules: Sequence[str], patterns: Sequence[str],
-                 seen: OpSeen) -> None:  # fmt: skip
+    def __init__(
+        self, model: nn.Module, modules: Sequence[str], patterns: Sequence[str], seen: OpSeen
+    ) -> None:
         super().__init__()
         self._wanted = set(modules)
         self._patterns = tuple(patterns)

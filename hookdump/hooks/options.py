@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hookdump.choices import CaptureKind, Reduction
-from hookdump.format import recipe
+from hookdump.format.manifest import recipe
 
 
 @dataclass(frozen=True)

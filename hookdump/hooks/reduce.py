@@ -10,9 +10,15 @@ from hookdump.errors import HookdumpError, opt
 
 # 1-d layers whose [batch, channels, length] outputs reduce over length, not dim 1
 _CHANNELS_FIRST_1D = (
-    nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,
-    nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d,
-)  # fmt: skip
+    nn.Conv1d,
+    nn.ConvTranspose1d,
+    nn.BatchNorm1d,
+    nn.InstanceNorm1d,
+    nn.MaxPool1d,
+    nn.AvgPool1d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveMaxPool1d,
+)
 
 
 def reduce_tensor(

@@ -7,7 +7,7 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from hookdump.errors import HookdumpError, nearest, opt
-from hookdump.format import TYPE_ATTRIBUTE
+from hookdump.format.keys import TYPE_ATTRIBUTE
 
 if TYPE_CHECKING:
     from torch import nn

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import SampleIds
+from hookdump.format.rows import SampleIds
 from hookdump.inputs.samples import Batch, Feed
 
 
@@ -33,21 +33,18 @@ class PythonData:
         ids: a callable `batch -> list of ids` (one per row), or an iterable of ids (default:
             the row numbers).
         per_token: batches are dicts of `input_ids` and `attention_mask` (see above).
+        special_ids: the tokenizer's special tokens, left out of token rows
+            (`skip_special_tokens`).
     """
 
     data: Any
     forward: Callable[[Any, Any], Any] | None = None
     ids: Callable[[Any], Iterable[Any]] | Iterable[Any] | None = None
     per_token: bool = False
+    special_ids: tuple[int, ...] = ()
 
 
-def python_feed(
-    given: PythonData,
-    *,
-    num_samples: int | None,
-    done_ids: Sequence[Any],
-    special_ids: list[int],
-) -> Feed:
+def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[Any]) -> Feed:
     """`given` as a feed of at most `num_samples` samples, going on after the `done_ids`
     already dumped (resuming: the same data in the same order; ids given are checked)."""
     data = [given.data] if isinstance(given.data, torch.Tensor) else given.data
@@ -62,9 +59,13 @@ def python_feed(
         return _batches(data, given, num_samples, done_ids, feed_ids)
 
     return Feed(
-        "python", num_samples, feed_ids, batches, special_ids=list(special_ids),
+        "python",
+        num_samples,
+        feed_ids,
+        batches,
+        special_ids=list(given.special_ids),
         estimate=lambda: num_samples if num_samples is not None else _estimate(data),
-    )  # fmt: skip
+    )
 
 
 def _batches(
@@ -88,8 +89,9 @@ def _batches(
         row = batch.stop
         done = min(len(done_ids) - batch.start, batch.rows)
         if done > 0:  # resuming: these rows are in the dump already
-            _check_done(these[:done], done_ids[batch.start : batch.start + done], batch.start,
-                        ids.given)  # fmt: skip
+            _check_done(
+                these[:done], done_ids[batch.start : batch.start + done], batch.start, ids.given
+            )
             if done == batch.rows:
                 continue
             batch, these = batch.cut(done, batch.rows), these[done:]

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import recipe
+from hookdump.format.manifest import recipe
 from hookdump.model.loading import LoadedModel
 
 DEFAULT_IMAGE_SIZE = 224

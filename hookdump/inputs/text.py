@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import SampleIds, recipe
+from hookdump.format.manifest import recipe
+from hookdump.format.rows import SampleIds
 from hookdump.inputs.corpus import PIECE, ReadProgress, content_bytes, documents, text_files
 from hookdump.inputs.samples import Batch, Feed, Padding, share_of
 from hookdump.worker import prefetch
@@ -174,8 +175,9 @@ def _per_document(
     progress.count(passed)  # passed over, but read: the estimate counts them
     docs = itertools.islice(documents(options.source, options.text_field, progress), passed, None)
     drop = first - passed
-    while group := [(d.id, _head(tokenizer, d.pieces, length, bos)) for d in
-                    itertools.islice(docs, window)]:  # fmt: skip
+    while group := [
+        (d.id, _head(tokenizer, d.pieces, length, bos)) for d in itertools.islice(docs, window)
+    ]:
         if options.sort_by_length:
             group.sort(key=lambda made: -len(made[1]))  # stable: ties keep corpus order
         progress.count(len(group))
@@ -269,8 +271,15 @@ def text_feed(
 
     def batches(batch_size: int) -> Iterator[Batch]:
         rows = len(done or [])  # resuming: the samples already in the dump are passed over
-        made = samples(options, tokenizer, model_positions, first=first + rows, stop=stop,
-                       progress=progress, num_samples=num_samples)  # fmt: skip
+        made = samples(
+            options,
+            tokenizer,
+            model_positions,
+            first=first + rows,
+            stop=stop,
+            progress=progress,
+            num_samples=num_samples,
+        )
         for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
             sample_ids, tokens, real = zip(*chunk, strict=True)
             ids.extend(sample_ids)
@@ -281,11 +290,16 @@ def text_feed(
             rows += len(chunk)
 
     return Feed(
-        "text", total, ids, batches, first=first, padding=padding,
+        "text",
+        total,
+        ids,
+        batches,
+        first=first,
+        padding=padding,
         files=corpus + list(tokenizer_files or []),
         special_ids=list(getattr(tokenizer, "all_special_ids", [])),
         estimate=progress.estimate if progress is not None else lambda: None,
-    )  # fmt: skip
+    )
 
 
 def _batch(
@@ -298,8 +312,13 @@ def _batch(
     stored = {"__input_ids__": tokens}
     if not packed:
         stored["__attention_mask__"] = mask
-    return Batch((), {"input_ids": tokens, "attention_mask": mask}, start,
-                 start + tokens.shape[0], stored=stored)  # fmt: skip
+    return Batch(
+        (),
+        {"input_ids": tokens, "attention_mask": mask},
+        start,
+        start + tokens.shape[0],
+        stored=stored,
+    )
 
 
 def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:

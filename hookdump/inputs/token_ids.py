@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import SampleIds
+from hookdump.format.rows import SampleIds
 from hookdump.inputs.files import TENSOR_SUFFIXES, open_tensor_file
 from hookdump.inputs.samples import Batch, Feed, Padding, share_of
 from hookdump.inputs.tables import is_table, record_batches, table_files
@@ -83,9 +83,16 @@ def token_input(
             yield batch
             row += len(chunk)
 
-    return Feed("token ids", stop - first, ids, batches, first=first, padding=padding,
-                files=files + list(tokenizer_files or []),
-                special_ids=list(special_ids or []))  # fmt: skip
+    return Feed(
+        "token ids",
+        stop - first,
+        ids,
+        batches,
+        first=first,
+        padding=padding,
+        files=files + list(tokenizer_files or []),
+        special_ids=list(special_ids or []),
+    )
 
 
 def _tensor_rows(path: Path) -> tuple[int, Callable[[int], Iterator[Row]]]:
@@ -207,11 +214,14 @@ def _batch(chunk: list[Row], start: int, vocab: int, source: str, first: int) ->
     where = f"{opt('input')} {source} row"
     odd = (mask != 0) & (mask != 1)
     if bool(odd.any()):
-        raise HookdumpError(f"{where} {first + start + _first_row(odd)}: {MASK} holds values "
-                            "other than 0 and 1")  # fmt: skip
+        raise HookdumpError(
+            f"{where} {first + start + _first_row(odd)}: {MASK} holds values other than 0 and 1"
+        )
     if not bool(mask.any(1).all()):
-        raise HookdumpError(f"{where} {first + start + _first_row(~mask.any(1, keepdim=True))}: "
-                            "no real token (its mask is all 0 or it is empty)")  # fmt: skip
+        raise HookdumpError(
+            f"{where} {first + start + _first_row(~mask.any(1, keepdim=True))}: "
+            "no real token (its mask is all 0 or it is empty)"
+        )
     tokens = tokens.where(mask.bool(), 0)
     outside = (tokens < 0) | (tokens >= vocab)
     if bool(outside.any()):

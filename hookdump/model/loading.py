@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
-from hookdump.format import TYPE_ATTRIBUTE
+from hookdump.format.keys import TYPE_ATTRIBUTE
 from hookdump.model.weights import (
     apply_state_dict,
     ensure_cached,
@@ -197,10 +197,14 @@ def load_model(
             raise HookdumpError(f"{opt('model')} {spec} is a file; it takes no {opt('model_args')}")
         module, shape, batch = _load_model_file(Path(spec), unsafe_pickle)
         loaded = LoadedModel(
-            module, spec, weights, "custom", input_shape=shape,
+            module,
+            spec,
+            weights,
+            "custom",
+            input_shape=shape,
             sources=ModelSources(model_file=Path(spec)),
             about={"export_batch": batch} if batch is not None else {},
-        )  # fmt: skip
+        )
     elif ":" in spec:
         module = _build(_import_attribute(spec), spec, kwargs)
         definition = _sources_of(module, spec)
@@ -226,9 +230,13 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
     if spec.startswith(TIMM_PREFIX):
         built = load_timm(spec, kwargs, pretrained=weights == "pretrained")
         return LoadedModel(
-            built.module, spec, weights, "image", transforms=built.transforms,
+            built.module,
+            spec,
+            weights,
+            "image",
+            transforms=built.transforms,
             input_shape=built.input_shape,
-        )  # fmt: skip
+        )
     if weights == "pretrained":
         raise HookdumpError(
             f"{opt('weights')} pretrained is for timm models; a Hugging Face folder loads its "
@@ -237,13 +245,22 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
     hf = load_hf(spec, kwargs, strict)
     layout, shape, vocab = hf_input(hf.config)
     return LoadedModel(
-        hf.module, spec, weights, layout, transforms=hf.transforms,
-        input_shape=shape, vocab=vocab, positions=hf_positions(hf.config),
+        hf.module,
+        spec,
+        weights,
+        layout,
+        transforms=hf.transforms,
+        input_shape=shape,
+        vocab=vocab,
+        positions=hf_positions(hf.config),
         warnings=hf.warnings,
         sources=ModelSources(files=hf.files, definition=hf.definition),
-        about={"folder": str(hf.folder), "config_class": type(hf.config).__name__,
-               "architecture": hf.class_name},
-    )  # fmt: skip
+        about={
+            "folder": str(hf.folder),
+            "config_class": type(hf.config).__name__,
+            "architecture": hf.class_name,
+        },
+    )
 
 
 _WARNS_OF_ITS_INIT = ("googlenet", "inception_v3")
@@ -271,10 +288,13 @@ def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> Loaded
         kwargs = {"init_weights": True, **kwargs}
     module = _build(lambda **kw: tvm.get_model(spec, weights=enum, **kw), spec, kwargs)
     return LoadedModel(
-        module, spec, weights, models[spec],
+        module,
+        spec,
+        weights,
+        models[spec],
         transforms=enum.transforms() if enum is not None else None,
         sources=ModelSources(weights_file=cached if enum is not None else None),
-    )  # fmt: skip
+    )
 
 
 def _with_checkpoint(loaded: LoadedModel, path: Path, strict: bool) -> LoadedModel:
@@ -317,10 +337,11 @@ def _load_model_file(
         return module, tuple(first.shape[1:]) if first is not None else None, _fixed_batch(program)
     if not unsafe_pickle:
         content = torch_load_safely(
-            path, opt("model"),
+            path,
+            opt("model"),
             f"if it is a whole model you trust, pass {opt('unsafe_pickle', True)} (unpickling "
             f"runs its code); else save its state dict and give it as {opt('weights')}",
-        )  # fmt: skip
+        )
         raise HookdumpError(
             f"{opt('model')} {path} holds a {type(content).__name__}, not a model: give the model "
             "as "

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import recipe
+from hookdump.format.manifest import recipe
 from hookdump.model.loading import LoadedModel, load_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

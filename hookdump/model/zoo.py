@@ -349,9 +349,11 @@ def load_tokenizer(folder: str | Path, spec: str, given: bool = True) -> tuple[A
     path = Path(folder)
     files = _tokenizer_files(path)
     label = f"{opt('tokenizer')} {folder}" if given else f"{opt('model')} {spec}"
-    fix = "give a folder saved with save_pretrained" if given else (
-        f"give one with {opt('tokenizer')} PATH"
-    )  # fmt: skip
+    fix = (
+        "give a folder saved with save_pretrained"
+        if given
+        else (f"give one with {opt('tokenizer')} PATH")
+    )
     if not path.is_dir() or not files:
         raise HookdumpError(f"{label}: no tokenizer files there; {fix}")
     refuse_folder_code(path, label)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from hookdump.format import KeyInfo
+from hookdump.format.keys import KeyInfo
 
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram

@@ -8,7 +8,7 @@ Inf): a dump always matches itself, and an Inf matches nothing but the same Inf.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -19,8 +19,9 @@ import torch
 
 from hookdump.choices import DiffStatus
 from hookdump.errors import HookdumpError, did_you_mean, opt
-from hookdump.store.reader import Dump
-from hookdump.store.view import SLICE_BYTES, rows_per_slice
+from hookdump.format.manifest import ShardEntry
+from hookdump.store.read.dump import Dump
+from hookdump.store.read.reader import SLICE_BYTES, ShardReader, rows_per_slice
 
 
 @dataclass
@@ -113,26 +114,29 @@ def diff_dumps(
     """Compare dump B against dump A (the reference order is A's forward order)."""
     if atol < 0 or rtol < 0:
         raise HookdumpError(f"{opt('atol')} {atol} and {opt('rtol')} {rtol} must not be negative")
-    a, b = Dump(path_a), Dump(path_b)
+    a, b = Dump(path_a).reader, Dump(path_b).reader
     order = _selected(a.keys() + [k for k in b if k not in a], keys or [])
     rows = min(a.num_samples, b.num_samples)
-    results = {key: _compare_meta(key, a.tensors.get(key), b.tensors.get(key)) for key in order}
+    results = {
+        key: _compare_meta(key, a.manifest.tensors.get(key), b.manifest.tensors.get(key))
+        for key in order
+    }
     for key in order:  # ragged files (weights): a key's own rows must agree
         if (
             results[key].status == "match"
             and a.rows_of(key) != b.rows_of(key)
             and (a.ragged or b.ragged)
         ):
-            results[key] = KeyDiff(key, results[key].module, "shape",
-                                   f"{a.rows_of(key)} vs {b.rows_of(key)} rows")  # fmt: skip
+            rows_ab = f"{a.rows_of(key)} vs {b.rows_of(key)} rows"
+            results[key] = KeyDiff(key, results[key].module, "shape", rows_ab)
     compared = [key for key in order if results[key].status in ("match", "dtype")]
     per_row = max(a.row_bytes(compared), b.row_bytes(compared))
     # a slice a quarter of the readers': comparing makes several temporaries of its size
     step = rows_per_slice(per_row, SLICE_BYTES // 4)
     for lo, hi, shard_a, shard_b in _segments(a, b, rows if per_row else 0, step):
         with ExitStack() as stack:
-            fa = stack.enter_context(a.open_shard(shard_a, compared))
-            fb = stack.enter_context(b.open_shard(shard_b, compared))
+            fa = stack.enter_context(a.open(shard_a, compared))
+            fb = stack.enter_context(b.open(shard_b, compared))
             for key in compared:
                 top = min(hi, a.rows_of(key), b.rows_of(key))  # a ragged file's key: its rows
                 if lo >= top:
@@ -144,9 +148,14 @@ def diff_dumps(
         if results[key].status == "match" and results[key].mismatched:
             results[key].status = "differ"
     return DiffResult(
-        a.path, b.path, atol, rtol, [results[k] for k in order], (a.num_samples, b.num_samples),
+        a.path,
+        b.path,
+        atol,
+        rtol,
+        [results[k] for k in order],
+        (a.num_samples, b.num_samples),
         _problems(a, b, rows),
-    )  # fmt: skip
+    )
 
 
 def _selected(order: list[str], patterns: list[str]) -> list[str]:
@@ -162,7 +171,9 @@ def _selected(order: list[str], patterns: list[str]) -> list[str]:
     return [k for k in order if any(fnmatchcase(k, p) for p in patterns)]
 
 
-def _compare_meta(key: str, meta_a: dict | None, meta_b: dict | None) -> KeyDiff:
+def _compare_meta(
+    key: str, meta_a: Mapping[str, Any] | None, meta_b: Mapping[str, Any] | None
+) -> KeyDiff:
     """How a key compares by its manifest entries alone (match or dtype: compare values)."""
     module = (meta_a or meta_b or {}).get("module")
     if meta_a is None or meta_b is None:
@@ -174,7 +185,7 @@ def _compare_meta(key: str, meta_a: dict | None, meta_b: dict | None) -> KeyDiff
     return KeyDiff(key, module, "match")
 
 
-def _problems(a: Dump, b: Dump, rows: int) -> list[str]:
+def _problems(a: ShardReader, b: ShardReader, rows: int) -> list[str]:
     """What concerns the dumps as a whole: different sample counts, incomplete dumps."""
     problems = []
     if a.num_samples != b.num_samples:
@@ -183,21 +194,23 @@ def _problems(a: Dump, b: Dump, rows: int) -> list[str]:
             f"compared the first {rows}"
         )
     for dump, name in ((a, "A"), (b, "B")):
-        if not dump.complete:
+        if not dump.manifest.complete:
             problems.append(f"{name} ({dump.path}) is an incomplete dump")
     return problems
 
 
-def _segments(a: Dump, b: Dump, rows: int, step: int) -> Iterator[tuple[int, int, dict, dict]]:
+def _segments(
+    a: ShardReader, b: ShardReader, rows: int, step: int
+) -> Iterator[tuple[int, int, ShardEntry, ShardEntry]]:
     """Row ranges of at most `step` rows over which one shard of A and one shard of B both
     hold every row, found in one walk along both shard lists."""
     i = j = lo = 0
     while lo < rows:
-        while a.shards[i]["stop"] <= lo:
+        while a.shards[i].stop <= lo:
             i += 1
-        while b.shards[j]["stop"] <= lo:
+        while b.shards[j].stop <= lo:
             j += 1
-        hi = min(a.shards[i]["stop"], b.shards[j]["stop"], rows, lo + step)
+        hi = min(a.shards[i].stop, b.shards[j].stop, rows, lo + step)
         yield lo, hi, a.shards[i], b.shards[j]
         lo = hi
 

@@ -38,9 +38,9 @@ import torch
 
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, opt, printable
-from hookdump.store.direct_io import allocate, pwrite_all
 from hookdump.store.folder import inside
-from hookdump.store.reader import Dump
+from hookdump.store.read.dump import Dump
+from hookdump.store.write.direct_io import allocate, pwrite_all
 
 MARKER = "hookdump-export.json"  # in every export: what `overwrite` may replace
 CHUNK_BYTES = 64 << 20  # rows read and written at a time, at most
@@ -100,14 +100,15 @@ def export(
             f"{dump.path} is incomplete; finish it with {opt('resume', True)} before exporting"
         )
     chosen = _select(dump, [keys] if isinstance(keys, str) else list(keys or ["*"]))
-    if dump.ragged:
+    if dump.reader.ragged:
         raise HookdumpError(
             f"{dump.path}: its tensors have different numbers of rows; export needs rows aligned"
         )
-    empty = [key for key in chosen if not dump.row_bytes([key])]
+    empty = [key for key in chosen if not dump.reader.row_bytes([key])]
     if empty:  # no value to write, however many rows the dump claims
         raise HookdumpError(
-            f"{empty[0]!r} has no value in a row (shape {dump.tensors[empty[0]]['shape']}); "
+            f"{empty[0]!r} has no value in a row (shape "
+            f"{dump.manifest.tensors[empty[0]]['shape']}); "
             f"nothing to export: choose other keys with {opt('keys')}"
         )
     target = Path(out)
@@ -119,11 +120,21 @@ def export(
         temp.mkdir(parents=True)
         result = _WRITERS[to](dump, chosen, temp, hook_name)
         result.out = target
-        (temp / MARKER).write_text(json.dumps({
-            "format": to, "dump": str(dump.path), "run_id": dump.manifest.get("run_id"),
-            "rows": result.rows, "keys": result.keys, "notes": result.notes,
-            "files": sorted(p.name for p in temp.iterdir()),  # what `overwrite` may remove
-        }, indent=2) + "\n")  # fmt: skip
+        (temp / MARKER).write_text(
+            json.dumps(
+                {
+                    "format": to,
+                    "dump": str(dump.path),
+                    "run_id": dump.manifest.get("run_id"),
+                    "rows": result.rows,
+                    "keys": result.keys,
+                    "notes": result.notes,
+                    "files": sorted(p.name for p in temp.iterdir()),  # what `overwrite` may remove
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         _into_place(temp, target)
     except OSError as exc:  # a full disk, a name the file system refuses: nothing is left
         shutil.rmtree(temp, ignore_errors=True)
@@ -207,7 +218,7 @@ def _into_place(temp: Path, out: Path) -> None:
 
 
 def _chunks(dump: Dump, keys: list[str]) -> Iterator[dict[str, torch.Tensor]]:
-    rows = max(1, min(CHUNK_ROWS, CHUNK_BYTES // max(1, dump.row_bytes(keys))))
+    rows = max(1, min(CHUNK_ROWS, CHUNK_BYTES // max(1, dump.reader.row_bytes(keys))))
     yield from dump.batches(keys, rows)
 
 
@@ -237,7 +248,7 @@ def _npy(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expo
     names = _file_names(keys)
     try:
         for key in keys:
-            meta = dump.tensors[key]
+            meta = dump.manifest.tensors[key]
             dtype = _widened(meta["dtype"], key, notes)
             file = f"{names[key]}.npy"
             index[key] = {"file": file, "dtype": dtype, "shape": meta["shape"]}
@@ -258,7 +269,7 @@ def _npy(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expo
             os.close(fd)
     (temp / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     # the manifest's ids (null where it has none: the ids are the row numbers)
-    (temp / "sample_ids.json").write_text(json.dumps(dump.manifest.get("sample_ids")) + "\n")
+    (temp / "sample_ids.json").write_text(json.dumps(dump.manifest.sample_ids) + "\n")
     return ExportResult(temp, "npy", dump.num_samples, keys, notes)
 
 
@@ -331,14 +342,17 @@ def _feature(datasets: Any, shape: list[int], dtype: str) -> Any:
 
 
 class _ArrowFolder:
-    """A `datasets` folder written a batch of rows at a time, in arrow files of about
-    ARROW_FILE_BYTES, finished with the `state.json` and `dataset_info.json` that
-    `save_to_disk` writes."""
+    """A `datasets` folder written a batch of rows at a time: the rows go to arrow files
+    in a staging folder (datasets' own `ArrowWriter`, about ARROW_FILE_BYTES each), which
+    `finish` opens without copying (`Dataset.from_file`) and hands to `save_to_disk`, so
+    the folder's layout and metadata are the library's own."""
 
     def __init__(self, folder: Path, features: Any) -> None:
         self.datasets = _datasets()
         self.folder, self.features = folder, features
-        self.files: list[str] = []
+        self.staging = folder / ".parts"
+        self.staging.mkdir()
+        self.files: list[Path] = []
         self._writer: Any = None
         self._bytes = 0
 
@@ -347,29 +361,28 @@ class _ArrowFolder:
             self._close()
             from datasets.arrow_writer import ArrowWriter
 
-            name = f"data-{len(self.files):05d}.arrow"
-            self.files.append(name)
-            self._writer = ArrowWriter(features=self.features, path=str(self.folder / name))
+            self.files.append(self.staging / f"part-{len(self.files):05d}.arrow")
+            self._writer = ArrowWriter(features=self.features, path=str(self.files[-1]))
             self._bytes = 0
         self._writer.write_batch(columns)
         self._bytes += nbytes
 
     def finish(self) -> None:
-        if not self.files:  # no row: one empty file, as save_to_disk writes
+        if not self.files:  # no row: an empty dataset of these columns
             self.write({name: [] for name in self.features}, 0)
         self._close()
-        count = len(self.files)
-        named = [f"data-{i:05d}-of-{count:05d}.arrow" for i in range(count)]
-        for old, new in zip(self.files, named, strict=True):
-            (self.folder / old).rename(self.folder / new)
-        state: dict[str, Any] = {
-            "_data_files": [{"filename": name} for name in named],
-            "_fingerprint": uuid.uuid4().hex[:16], "_format_columns": None,
-            "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
-            "_split": None,
-        }  # fmt: skip
-        (self.folder / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-        self.datasets.DatasetInfo(features=self.features).write_to_directory(str(self.folder))
+        datasets = self.datasets
+        parts = [datasets.Dataset.from_file(str(path)) for path in self.files]
+        whole = datasets.concatenate_datasets(parts)
+        shown = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # hookdump prints its own lines, never a bar here
+        try:
+            whole.save_to_disk(str(self.folder), max_shard_size=ARROW_FILE_BYTES)
+        finally:
+            if shown:
+                datasets.enable_progress_bars()
+        del whole, parts
+        shutil.rmtree(self.staging)
 
     def _close(self) -> None:
         if self._writer is not None:
@@ -381,15 +394,16 @@ class _ArrowFolder:
 def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> ExportResult:
     datasets = _datasets()
     notes: list[str] = []
-    dtypes = {key: _widened(dump.tensors[key]["dtype"], key, notes) for key in keys}
+    dtypes = {key: _widened(dump.manifest.tensors[key]["dtype"], key, notes) for key in keys}
     _refuse_clash(keys, SAMPLE_ID, "the column of sample ids", "keys")
-    features = datasets.Features({
-        **{key: _feature(datasets, dump.tensors[key]["shape"], dtypes[key]) for key in keys},
-        SAMPLE_ID: datasets.Value("string"),
-    })  # fmt: skip
-    tokens = dump.manifest.get("rows") == "tokens"
+    tensors = dump.manifest.tensors
+    features = datasets.Features(
+        {key: _feature(datasets, tensors[key]["shape"], dtypes[key]) for key in keys}
+        | {SAMPLE_ID: datasets.Value("string")}
+    )
+    tokens = dump.manifest.token_rows
     read = keys + (["__sample__"] if tokens and "__sample__" not in keys else [])
-    ids = dump.manifest.get("sample_ids") or []  # none: ids are row numbers
+    ids = dump.manifest.sample_ids or []  # none: ids are row numbers
     folder = _ArrowFolder(temp, features)
     row = 0
     for chunk in _chunks(dump, read) if dump.num_samples else ():
@@ -397,7 +411,7 @@ def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expor
         samples = chunk["__sample__"].tolist() if tokens else range(row, row + size)
         columns: dict[str, Any] = {key: _numpy(chunk[key], dtypes[key]) for key in keys}
         columns[SAMPLE_ID] = [str(ids[i]) if 0 <= i < len(ids) else str(i) for i in samples]
-        folder.write(columns, size * dump.row_bytes(keys))
+        folder.write(columns, size * dump.reader.row_bytes(keys))
         row += size
     folder.finish()
     return ExportResult(temp, "hf", dump.num_samples, keys, notes)
@@ -406,7 +420,7 @@ def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expor
 def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> ExportResult:
     datasets = _datasets()
     captured = [key for key in keys if key not in TOKEN_KEYS]
-    if dump.manifest.get("rows") != "tokens" or any(k not in dump for k in TOKEN_KEYS):
+    if not dump.manifest.token_rows or any(k not in dump for k in TOKEN_KEYS):
         raise HookdumpError(
             f"{opt('to')} saelens needs token rows ({opt('per_token', True)}, packed with "
             f"{opt('context_size')}); {dump.path} holds a row per sample"
@@ -417,14 +431,14 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
             f"{len(captured)} ({', '.join(captured[:4])}): give {opt('keys')} one key"
         )
     key = captured[0]
-    shape = dump.tensors[key]["shape"]
+    shape = dump.manifest.tensors[key]["shape"]
     if len(shape) != 1:
         raise HookdumpError(
             f"{opt('to')} saelens: {key!r} has rows of shape {shape}; SAELens trains on "
             "vectors [d_in]"
         )
     notes: list[str] = []
-    dtype = _widened(dump.tensors[key]["dtype"], key, notes)
+    dtype = _widened(dump.manifest.tensors[key]["dtype"], key, notes)
     sequences = _sequences(dump, key)
     first = next(sequences, None)
     if first is None:
@@ -432,18 +446,27 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
     context = first[1].shape[1]
     name = hook_name or key
     _refuse_clash([name], "token_ids", "the column of token ids", "hook_name")
-    folder = _ArrowFolder(temp, datasets.Features({
-        name: datasets.Array2D(shape=(context, shape[0]), dtype=dtype),
-        "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
-    }))  # fmt: skip
+    folder = _ArrowFolder(
+        temp,
+        datasets.Features(
+            {
+                name: datasets.Array2D(shape=(context, shape[0]), dtype=dtype),
+                "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
+            }
+        ),
+    )
     count = 0
     for acts, token_ids in itertools.chain([first], sequences):
-        folder.write({name: _numpy(acts, dtype), "token_ids": token_ids.int().numpy()},
-                     acts.numel() * acts.element_size())  # fmt: skip
+        folder.write(
+            {name: _numpy(acts, dtype), "token_ids": token_ids.int().numpy()},
+            acts.numel() * acts.element_size(),
+        )
         count += len(acts)
     folder.finish()
-    notes.append(f"{count} sequences of {context} tokens: SAELens' context_size is {context}, "
-                 f"d_in {shape[0]}, hook_name {name!r}")  # fmt: skip
+    notes.append(
+        f"{count} sequences of {context} tokens: SAELens' context_size is {context}, "
+        f"d_in {shape[0]}, hook_name {name!r}"
+    )
     return ExportResult(temp, "saelens", count, [key], notes)
 
 
@@ -475,8 +498,10 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
             if hi <= whole:
                 _check_sequence(dump, chunk, lo, hi, context)
         if context is not None and whole:
-            yield (chunk[key][:whole].reshape(-1, context, *chunk[key].shape[1:]),
-                   chunk["__token_ids__"][:whole].reshape(-1, context))  # fmt: skip
+            yield (
+                chunk[key][:whole].reshape(-1, context, *chunk[key].shape[1:]),
+                chunk["__token_ids__"][:whole].reshape(-1, context),
+            )
         held = {k: v[whole:] for k, v in chunk.items()}
         if len(held[key]) > (context or MAX_CONTEXT):  # never a sequence held whole
             _check_sequence(dump, held, 0, len(held[key]), context or MAX_CONTEXT)
@@ -484,8 +509,10 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
         size = len(held[key])
         context = context or size
         _check_sequence(dump, held, 0, size, context)
-        yield (held[key].reshape(1, size, *held[key].shape[1:]),
-               held["__token_ids__"].reshape(1, size))  # fmt: skip
+        yield (
+            held[key].reshape(1, size, *held[key].shape[1:]),
+            held["__token_ids__"].reshape(1, size),
+        )
 
 
 def _check_sequence(

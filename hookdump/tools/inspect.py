@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import Message, library_name, opt, render_message
+from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.store.folder import leftovers
-from hookdump.store.reader import Dump
+from hookdump.store.read.dump import Dump
+from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
-from hookdump.store.summary import summarize
 
 
 @dataclass
@@ -24,7 +25,7 @@ class Inspection:
     num_samples: int
     shards: int
     keys: list[KeySummary]
-    manifest: dict[str, Any]
+    manifest: Manifest
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -53,8 +54,8 @@ def inspect_dump(path: str | Path) -> Inspection:
         problems.append(
             Message(
                 f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
-                f"({len(dump.shards)} complete shards); finish it with the same command and "
-                f"{opt('resume', True)}"
+                f"({len(dump.manifest.shards)} complete shards); finish it with the same "
+                f"command and {opt('resume', True)}"
             )
         )
     stray = leftovers(dump.path) if Path(path).is_dir() else []
@@ -63,21 +64,22 @@ def inspect_dump(path: str | Path) -> Inspection:
             f"half-written files or an old dump's remains from an interrupted run: "
             f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
         )
-    readable: list[dict[str, Any]] = []
-    missing: list[dict[str, Any]] = []
-    for shard in dump.shards:
+    readable: list[ShardEntry] = []
+    missing: list[ShardEntry] = []
+    for shard in dump.manifest.shards:
         # missing is a problem to report; anything else wrong is refused when it is read
-        exists = os.path.lexists(dump.path / shard["file"])
+        exists = os.path.lexists(dump.path / shard.file)
         (readable if exists else missing).append(shard)
     if missing:
         first = missing[0]
-        where = f"{first['file']} (samples {first['start']}:{first['stop']})"
+        where = f"{first.file} (samples {first.start}:{first.stop})"
         problems.append(
             f"{where} is missing"
             if len(missing) == 1
-            else f"{len(missing):,} of {len(dump.shards):,} shards are missing, the first {where}"
+            else f"{len(missing):,} of {len(dump.manifest.shards):,} shards are missing, the "
+            f"first {where}"
         )
-    summaries = summarize(dump, readable)
+    summaries = summarize(dump.reader, readable)
     return Inspection(
         dump.path if Path(path).is_dir() else Path(path),
         dump.complete and not problems,

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.tools.pictures import CMAP, DPI, Picture, saved
-from hookdump.tools.plots import plain, pyplot
+from hookdump.tools.pictures.canvas import CMAP, Picture, plain, pyplot, saved
+from hookdump.tools.pictures.charts import DPI
 
 SCALES = ("shared", "per-channel")
 MAX_TILES = 1024  # feature maps drawn, whatever the dump holds
@@ -120,8 +120,7 @@ def grid(values: torch.Tensor, out: Path, title: str, tiling: Tiling) -> Picture
         axes.set_yticks([])
         nan = ", NaN and Inf in red" if bool(bad.any()) else ""
         axes.set_xlabel(f"{which}: each tile one channel's {size}{nan}")
-        bar = figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=colours), ax=axes,
-                              shrink=0.8)  # fmt: skip
+        bar = figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=colours), ax=axes, shrink=0.8)
         bar.set_label(_bar_label(tiling.scale, "channel"))
         axes.set_title(plain(f"{title}\n{_scale_phrase(tiling.scale, 'channel')}"))
         return saved(figure, axes, out, "grid", (rows, cols), count, which)
@@ -147,13 +146,15 @@ def heads(values: torch.Tensor, out: Path, title: str, what: str, tiling: Tiling
             if index >= count:
                 axes.axis("off")
                 continue
-            image = axes.imshow(scaled[index].numpy(), cmap=CMAP, vmin=low, vmax=high,
-                                interpolation="nearest")  # fmt: skip
+            image = axes.imshow(
+                scaled[index].numpy(), cmap=CMAP, vmin=low, vmax=high, interpolation="nearest"
+            )
             axes.set_title(f"head {picked[index]}", fontsize=8)
             axes.tick_params(labelsize=6)
         assert image is not None  # at least one head is drawn
-        figure.colorbar(image, ax=list(grid_axes.flat), label=_bar_label(tiling.scale, "head",
-                        what))  # fmt: skip
+        figure.colorbar(
+            image, ax=list(grid_axes.flat), label=_bar_label(tiling.scale, "head", what)
+        )
         figure.suptitle(plain(f"{title}\n{which}; {_scale_phrase(tiling.scale, 'head')}"))
         figure.supxlabel("key position")
         figure.supylabel("query position")

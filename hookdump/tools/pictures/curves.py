@@ -10,19 +10,16 @@ one readable figure.
 from __future__ import annotations
 
 import contextlib
-import io
 import math
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hookdump.errors import HookdumpError, opt, printable
 from hookdump.store.stats import KeySummary
 from hookdump.tools.diff import DiffResult
+from hookdump.tools.pictures.canvas import check_format, plain, pyplot, save
 
-FORMATS = (".png", ".svg", ".pdf")
 MAX_LABELS = 40  # keys named on the x axis; the others are ticks only
 WIDTH, HEIGHT, DPI = 12.0, 6.0, 100  # inches, and pixels per inch: 1200x600 PNGs
 
@@ -38,27 +35,6 @@ class Drawn:
     def describe(self, what: str) -> str:
         mark = f"; marked {self.marked!r}" if self.marked else ""
         return f"wrote {self.path}: {what} of {self.keys} keys{mark}"
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot on its file-only backend, or one line naming the extra."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise HookdumpError("pictures need matplotlib: pip install 'hookdump[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def check_format(out: Path, option: str = "out") -> None:
-    """A file name (given with `option`) whose extension is a format of the pictures."""
-    if out.suffix.lower() not in FORMATS:
-        raise HookdumpError(
-            f"{opt(option)} {out}: {out.suffix or 'no extension'} is not a picture format; "
-            f"end the name in {', '.join(FORMATS)}"
-        )
 
 
 def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
@@ -79,16 +55,22 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
     bad = [i for i, s in enumerate(stats) if s.nan + s.inf]
     with _figure(plt) as axes:
         axes.fill_between(x, low, high, color="tab:blue", alpha=0.15, label="min to max")
-        axes.fill_between(x, [m - d for m, d in zip(mean, std, strict=True)],
-                          [m + d for m, d in zip(mean, std, strict=True)], color="tab:blue",
-                          alpha=0.35, label="mean ± std")  # fmt: skip
+        axes.fill_between(
+            x,
+            [m - d for m, d in zip(mean, std, strict=True)],
+            [m + d for m, d in zip(mean, std, strict=True)],
+            color="tab:blue",
+            alpha=0.35,
+            label="mean ± std",
+        )
         axes.plot(x, mean, color="tab:blue", marker=".", label="mean")
         for index in bad:
             axes.axvline(index, color="tab:red", alpha=0.4)
         if bad:
             first = keys[bad[0]]
-            axes.axvline(bad[0], color="tab:red", linewidth=2,
-                         label=plain(f"NaN/Inf from {first.info.key}"))  # fmt: skip
+            axes.axvline(
+                bad[0], color="tab:red", linewidth=2, label=plain(f"NaN/Inf from {first.info.key}")
+            )
         axes.set_yscale("symlog", linthresh=_linear_range(mean, std, low, high))
         _key_axis(axes, [k.info.key for k in keys])
         axes.set_ylabel("value (symmetric log scale)")
@@ -107,24 +89,40 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
     items = result.keys
     x = list(range(len(items)))
     tiny = 1e-12  # a relative error of 0 drawn at the axis' floor
-    errors = [max(i.max_rel, tiny) if i.numel and math.isfinite(i.max_rel) else math.nan
-              for i in items]  # fmt: skip
+    errors = [
+        max(i.max_rel, tiny) if i.numel and math.isfinite(i.max_rel) else math.nan for i in items
+    ]
     infinite = [n for n, i in enumerate(items) if i.numel and not math.isfinite(i.max_rel)]
     top = 10 * max([e for e in errors if not math.isnan(e)] + [1.0])
     failing = [n for n, i in enumerate(items) if not i.ok]
     with _figure(plt) as axes:
         axes.plot(x, errors, color="tab:blue", marker=".", label="max relative error")
-        axes.scatter([n for n in failing if not math.isnan(errors[n])],
-                     [errors[n] for n in failing if not math.isnan(errors[n])],
-                     color="tab:red", zorder=3, label="differs")  # fmt: skip
+        axes.scatter(
+            [n for n in failing if not math.isnan(errors[n])],
+            [errors[n] for n in failing if not math.isnan(errors[n])],
+            color="tab:red",
+            zorder=3,
+            label="differs",
+        )
         if infinite:  # b = 0 where a is not: drawn at the top
-            axes.scatter(infinite, [top] * len(infinite), marker="^", color="tab:red",
-                         zorder=3, label="infinite (b is 0 where a is not)")  # fmt: skip
+            axes.scatter(
+                infinite,
+                [top] * len(infinite),
+                marker="^",
+                color="tab:red",
+                zorder=3,
+                label="infinite (b is 0 where a is not)",
+            )
         if failing:
-            axes.axvline(failing[0], color="tab:red", linewidth=2,
-                         label=plain(f"first diverging: {items[failing[0]].key}"))  # fmt: skip
-        axes.axhline(max(result.rtol, tiny), color="grey", linestyle="--",
-                     label=f"rtol {result.rtol:g}")  # fmt: skip
+            axes.axvline(
+                failing[0],
+                color="tab:red",
+                linewidth=2,
+                label=plain(f"first diverging: {items[failing[0]].key}"),
+            )
+        axes.axhline(
+            max(result.rtol, tiny), color="grey", linestyle="--", label=f"rtol {result.rtol:g}"
+        )
         axes.set_yscale("log")
         _key_axis(axes, [i.key for i in items])
         axes.set_ylabel("max |a - b| / |b|")
@@ -145,12 +143,6 @@ def _figure(plt: Any) -> Iterator[Any]:
         plt.close(figure)
 
 
-def plain(text: str) -> str:
-    """A key or a path drawn as it is: a `$` is not the start of mathtext, and a control
-    character is shown as its escape (`\x1b`), as everywhere hookdump writes for a person."""
-    return printable(text).replace("$", r"\$")
-
-
 def _linear_range(*series: list[float]) -> float:
     """symlog's linear region: three decades below the largest magnitude, so the scale shows
     orders of magnitude without stretching values near zero across the picture."""
@@ -164,32 +156,12 @@ def _key_axis(axes: Any, names: list[str]) -> None:
     step = max(1, math.ceil(len(names) / MAX_LABELS))
     shown = list(range(0, len(names), step))
     axes.set_xticks(shown)
-    axes.set_xticklabels([plain(_short(names[i])) for i in shown], rotation=60, ha="right",
-                         fontsize=8)  # fmt: skip
+    axes.set_xticklabels(
+        [plain(_short(names[i])) for i in shown], rotation=60, ha="right", fontsize=8
+    )
     axes.set_xlabel(f"keys in forward order ({len(names)})")
     axes.set_xlim(-0.5, max(len(names) - 0.5, 0.5))
 
 
 def _short(name: str, most: int = 40) -> str:
     return name if len(name) <= most else "…" + name[-(most - 1) :]
-
-
-def save(figure: Any, out: Path, option: str = "out") -> None:
-    """Write `figure` to `out` (given with `option`) in the format its extension names,
-    laid out to fit. Drawn in memory first: the file is written in one go, and a write that
-    fails (a full disk) is one error, the partial file removed, whatever the backend."""
-    if figure.get_layout_engine() is None:  # a constrained layout lays itself out
-        with warnings.catch_warnings():  # a layout that cannot be tightened stays as it is
-            warnings.simplefilter("ignore")
-            figure.tight_layout()
-    drawn = io.BytesIO()
-    figure.savefig(drawn, format=out.suffix.lower().lstrip("."))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)  # as run and export make theirs
-        with out.open("wb") as file:
-            file.write(drawn.getbuffer())
-    except OSError as exc:
-        if out.is_file() and not out.is_symlink():
-            out.unlink(missing_ok=True)
-        reason = exc.strerror or str(exc)
-        raise HookdumpError(f"{opt(option)} {out}: cannot write the picture ({reason})") from None

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hookdump.format import DTYPE_OF_SAFETENSORS, ITEMSIZE
+from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on a header's bytes
 

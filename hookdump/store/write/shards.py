@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError
-from hookdump.format import SAFETENSORS_DTYPES, dtype_name
-from hookdump.store.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
+from hookdump.format.dtypes import SAFETENSORS_DTYPES, dtype_name
 from hookdump.store.folder import create_new, open_existing, remove_entry
+from hookdump.store.write.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
 
 ENTRY_BYTES = 256  # a header entry's bytes besides its key: dtype, a dozen dims, offsets
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,19 +15,11 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import (
-    FORMAT,
-    MANIFEST,
-    KeyInfo,
-    Rows,
-    SampleIds,
-    dtype_name,
-    format_bytes,
-    ids_for_manifest,
-    recipe,
-    samples_fed,
-)
-from hookdump.store.direct_io import allocate
+from hookdump.format.dtypes import dtype_name
+from hookdump.format.keys import KeyInfo
+from hookdump.format.manifest import FORMAT, MANIFEST, recipe, samples_fed
+from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
+from hookdump.format.values import format_bytes
 from hookdump.store.folder import (
     DUMP_FILE,
     check_out_dir,
@@ -38,7 +29,9 @@ from hookdump.store.folder import (
     remove_entry,
     write_durably,
 )
-from hookdump.store.shards import PlannedShard, ShardFile, fsync_file, header_room
+from hookdump.store.write.direct_io import allocate
+from hookdump.store.write.shards import PlannedShard, ShardFile, fsync_file, header_room
+from hookdump.worker import Worker
 
 DEFAULT_SHARD_BYTES = 1 << 30
 MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the last one's
@@ -94,7 +87,7 @@ class _OldDump:
         self.overwrite = overwrite
         self.made = made  # this writer's own files (the set grows; it is read at each listing)
         self.cleared = False
-        self._cleanup: threading.Thread | None = None
+        self._cleanup: Worker[Path] | None = None
 
     def present(self) -> bool:
         """Whether the folder still holds files of an old dump, which the first commit
@@ -133,14 +126,19 @@ class _OldDump:
             trash = make_trash(self.out)
             for path in old:
                 os.replace(path, trash / path.name)  # moves links themselves, never targets
-            self._cleanup = threading.Thread(target=shutil.rmtree, args=(trash, True))
-            self._cleanup.start()
+            self._cleanup = Worker("hookdump-cleanup", _remove_tree)
+            self._cleanup.submit(trash)
+            self._cleanup.close(join=False)
         self.cleared = True
 
     def wait(self) -> None:
         """Until the old dump's files are gone."""
         if self._cleanup is not None:
-            self._cleanup.join()
+            self._cleanup.close()
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class DumpWriter:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from hookdump.store.direct_io import BLOCK
+from hookdump.store.write.direct_io import BLOCK
 
 # glibc's largest dynamic mmap threshold: a freed block above it always goes back to the OS
 # and is faulted in again when allocated, while smaller ones are recycled by malloc itself

@@ -1,5 +1,5 @@
 """One sample of one key drawn with matplotlib (tiles, feature maps and attention heads, are
-`tools.maps`): `[T, D]` rows (tokens x width) as a heatmap, with the token strings on the
+`pictures.grids`): `[T, D]` rows (tokens x width) as a heatmap, with the token strings on the
 axis when the dump holds the ids fed and their tokenizer is at hand; vectors as bars (or,
 when long, a sorted profile) with the top units named; one number as itself; anything else
 as a histogram of its values.
@@ -13,13 +13,12 @@ bright columns.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hookdump.tools.plots import plain, pyplot, save
+from hookdump.tools.pictures.canvas import CMAP, Picture, plain, pyplot, saved
 
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
 MAX_BARS = 256  # longer vectors are drawn as a sorted profile
@@ -27,33 +26,6 @@ TOP_UNITS = 5  # the largest units named on a vector's picture
 TOKEN_LABELS = 64  # token strings written on the axis, at most
 BINS = 64
 SIZE, DPI = (10.0, 6.0), 100
-CMAP = "viridis"
-
-
-@dataclass
-class Picture:
-    """What was drawn, for the one-line report and the tests: the heatmap's cells' box in
-    pixels (left, top, right, bottom) and how many rows and columns it has."""
-
-    chart: str
-    path: Path
-    width: int
-    height: int
-    box: tuple[float, float, float, float] | None = None
-    rows: int = 0
-    cols: int = 0
-    tiles: int = 0  # a grid's or heads' tiles, and which they are
-    which: str = ""
-
-    def describe(self, key: str, sample: int) -> str:
-        if self.chart == "grid":
-            return (
-                f"wrote {self.path}: {key} sample {sample}, {self.which}, as a "
-                f"{self.rows}x{self.cols} grid"
-            )
-        shown = f" of {self.rows}x{self.cols}" if self.rows else ""
-        which = f" ({self.which})" if self.which else ""
-        return f"wrote {self.path}: {self.chart}{shown}{which} of {key} sample {sample}"
 
 
 def heatmap(
@@ -93,17 +65,25 @@ def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
         if data.numel() <= MAX_BARS:
             axes.bar(range(data.numel()), data.numpy(), color="tab:blue")
             for unit in top:
-                axes.annotate(str(unit), (unit, float(data[unit])), ha="center", va="bottom",
-                              fontsize=8)  # fmt: skip
+                axes.annotate(
+                    str(unit), (unit, float(data[unit])), ha="center", va="bottom", fontsize=8
+                )
             axes.set_xlabel(f"unit (of {data.numel()})")
             chart = "bars"
         else:
             order = torch.argsort(data, descending=True)
             axes.plot(range(data.numel()), data[order].numpy(), color="tab:blue")
             named = ", ".join(f"{unit} ({float(data[unit]):.4g})" for unit in top)
-            axes.text(0.99, 0.97, f"largest units: {named}", transform=axes.transAxes,
-                      ha="right", va="top", fontsize=9,
-                      bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})  # fmt: skip
+            axes.text(
+                0.99,
+                0.97,
+                f"largest units: {named}",
+                transform=axes.transAxes,
+                ha="right",
+                va="top",
+                fontsize=9,
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+            )
             axes.set_xlabel(f"units sorted by value (of {data.numel()})")
             chart = "sorted profile"
         axes.set_ylabel("value")
@@ -126,15 +106,31 @@ def histogram(values: torch.Tensor, out: Path, title: str) -> Picture:
             axes.hist(finite.double().numpy(), bins=BINS, color="tab:blue")
             mean = float(finite.double().mean())
             std = float(finite.double().std()) if finite.numel() > 1 else 0.0
-            axes.axvline(mean, color="black", linestyle="--",
-                         label=f"mean {mean:.4g}, std {std:.4g}")  # fmt: skip
+            axes.axvline(
+                mean, color="black", linestyle="--", label=f"mean {mean:.4g}, std {std:.4g}"
+            )
             axes.legend(loc="upper right")
         else:
-            axes.text(0.5, 0.5, "no finite values", transform=axes.transAxes, ha="center",
-                      va="center", fontsize=14)  # fmt: skip
+            axes.text(
+                0.5,
+                0.5,
+                "no finite values",
+                transform=axes.transAxes,
+                ha="center",
+                va="center",
+                fontsize=14,
+            )
         if nan or inf:
-            axes.text(0.01, 0.97, f"NaN: {nan:,}  Inf: {inf:,}", transform=axes.transAxes,
-                      ha="left", va="top", color="tab:red", fontsize=11)  # fmt: skip
+            axes.text(
+                0.01,
+                0.97,
+                f"NaN: {nan:,}  Inf: {inf:,}",
+                transform=axes.transAxes,
+                ha="left",
+                va="top",
+                color="tab:red",
+                fontsize=11,
+            )
         axes.set_xlabel(f"value ({finite.numel():,} finite of {flat.numel():,})")
         axes.set_ylabel("count")
         axes.grid(True, alpha=0.3)
@@ -150,8 +146,15 @@ def number(value: float, out: Path, title: str) -> Picture:
     figure, axes = plt.subplots(figsize=(6.0, 3.0), dpi=DPI)
     try:
         axes.axis("off")
-        axes.text(0.5, 0.45, f"{value:.6g}", transform=axes.transAxes, ha="center",
-                  va="center", fontsize=36)  # fmt: skip
+        axes.text(
+            0.5,
+            0.45,
+            f"{value:.6g}",
+            transform=axes.transAxes,
+            ha="center",
+            va="center",
+            fontsize=36,
+        )
         axes.set_title(plain(title))
         return saved(figure, None, out, f"the value {value:.6g}", (0, 0))
     finally:
@@ -187,22 +190,3 @@ def _label_rows(axes: Any, labels: list[str]) -> None:
     shown = list(range(0, len(labels), step))
     axes.set_yticks(shown)
     axes.set_yticklabels([plain(repr(labels[i])[1:-1]) for i in shown], fontsize=7)
-
-
-def saved(
-    figure: Any,
-    axes: Any,
-    out: Path,
-    chart: str,
-    shape: tuple[int, ...],
-    tiles: int = 0,
-    which: str = "",
-) -> Picture:
-    save(figure, out)
-    width, height = figure.canvas.get_width_height()
-    box = None
-    if axes is not None:  # the cells' box, in the saved picture's pixels (y from the top)
-        x0, y0, x1, y1 = axes.get_window_extent().extents
-        box = (x0, height - y1, x1, height - y0)
-    rows, cols = (shape[0], shape[1]) if len(shape) == 2 else (0, 0)
-    return Picture(chart, out, width, height, box, rows, cols, tiles, which)

@@ -3,33 +3,38 @@ run's table), in bounded slices; the holes of a sparse shard are counted, not re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import dataclasses
+from collections.abc import Iterator, Sequence
 
 import torch
 
-from hookdump.format import ITEMSIZE, KeyInfo
-from hookdump.store.reader import Dump
+from hookdump.format.dtypes import ITEMSIZE
+from hookdump.format.manifest import ShardEntry
+from hookdump.store.read.reader import SLICE_BYTES, ShardReader, key_info
+from hookdump.store.read.shard_file import SafetensorsFile
 from hookdump.store.stats import KeySummary
-from hookdump.store.view import SLICE_BYTES
 
 
-def summarize(dump: Dump, shards: list[dict[str, Any]] | None = None) -> dict[str, KeySummary]:
+def summarize(
+    dump: ShardReader, shards: Sequence[ShardEntry] | None = None
+) -> dict[str, KeySummary]:
     """Every key's size and statistics, read from `shards` (default: all) shard by shard, a
     slice of rows at a time (a row larger than a slice is read a part of its first
     dimension at a time): memory stays bounded whatever the shards' headers claim."""
     summaries = {
-        key: KeySummary(_key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
-        for key, meta in dump.tensors.items()
+        key: KeySummary(key_info(key, meta), tuple(meta["shape"]), meta["dtype"])
+        for key, meta in dump.manifest.tensors.items()
     }
-    keys = [key for key in dump if dump.row_bytes([key])]  # zero-width: nothing to read
+    keys = [
+        key for key in dump.manifest.tensors if dump.row_bytes([key])
+    ]  # zero-width: nothing to read
     for shard in dump.shards if shards is None else shards:
-        with dump.open_shard(shard, keys) as opened:
-            for key in dump:
-                rows = min(shard["stop"], dump.rows_of(key)) - shard["start"]  # a ragged file
+        with dump.open(shard, keys) as opened:
+            for key in dump.manifest.tensors:
+                rows = min(shard.stop, dump.rows_of(key)) - shard.start  # a ragged file
                 summaries[key].count_bytes(dump.row_bytes([key]) * rows)
             for key in keys:
-                own = {**shard, "stop": min(shard["stop"], dump.rows_of(key))}
+                own = dataclasses.replace(shard, stop=min(shard.stop, dump.rows_of(key)))
                 for part in _parts(dump, opened, own, key):
                     if isinstance(part, int):
                         summaries[key].stats.add_zeros(part)
@@ -39,16 +44,16 @@ def summarize(dump: Dump, shards: list[dict[str, Any]] | None = None) -> dict[st
 
 
 def _parts(
-    dump: Dump, opened: Any, shard: dict[str, Any], key: str
+    dump: ShardReader, opened: SafetensorsFile, shard: ShardEntry, key: str
 ) -> Iterator[torch.Tensor | int]:
     """`key`'s values in a shard, in pieces of about `SLICE_BYTES` at most; a piece that is
     a hole of a sparse file is the count of its zeros, never read, so the time follows the
     bytes on disk rather than the rows a header claims."""
-    per_row, shape = dump.row_bytes([key]), dump.tensors[key]["shape"]
-    per_element = ITEMSIZE.get(dump.tensors[key]["dtype"], 8)
+    per_row, shape = dump.row_bytes([key]), dump.manifest.tensors[key]["shape"]
+    per_element = ITEMSIZE.get(dump.manifest.tensors[key]["dtype"], 8)
     if per_row <= SLICE_BYTES or not shape or shape[0] < 2:
         for lo, hi in dump.slices(shard, [key]):
-            first = (lo - shard["start"]) * per_row
+            first = (lo - shard.start) * per_row
             if not opened.holds_data(key, first, (hi - lo) * per_row):
                 yield (hi - lo) * per_row // per_element
                 continue
@@ -56,25 +61,11 @@ def _parts(
         return
     step = max(1, SLICE_BYTES * shape[0] // per_row)  # of the row's first dimension
     part = per_row // shape[0]
-    for row in range(shard["start"], shard["stop"]):
+    for row in range(shard.start, shard.stop):
         for lo in range(0, shape[0], step):
-            first = (row - shard["start"]) * per_row + lo * part
+            first = (row - shard.start) * per_row + lo * part
             size = (min(lo + step, shape[0]) - lo) * part
             if not opened.holds_data(key, first, size):
                 yield size // per_element
                 continue
             yield dump.read_rows(opened, shard, key, row, row + 1, inner=slice(lo, lo + step))
-
-
-def _key_info(key: str, meta: dict[str, Any]) -> KeyInfo:
-    dtype = getattr(torch, meta["dtype"], torch.float32)
-    return KeyInfo(
-        key,
-        meta["module"],
-        meta.get("module_type") or "-",
-        meta["kind"],
-        int(meta.get("call", 0)),
-        meta.get("part"),
-        tuple(meta["shape"]),
-        dtype,
-    )

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 
-from hookdump.format import Rows
-from hookdump.store.shards import PlannedShard, ShardFile
-from hookdump.store.writer import DumpWriter
+from hookdump.format.rows import Rows
+from hookdump.store.write.shards import PlannedShard, ShardFile
+from hookdump.store.write.writer import DumpWriter
 from hookdump.worker import Worker
 
 COMMIT_EVERY = 30.0  # seconds between commits while shards come (see above)

@@ -15,7 +15,8 @@ from typing import ClassVar
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import KeyInfo, recipe
+from hookdump.format.keys import KeyInfo
+from hookdump.format.manifest import recipe
 from hookdump.hooks.capture import Receiver
 from hookdump.inputs.samples import Batch
 
@@ -101,9 +102,13 @@ class TokenRows:
         assert select is not None
         self._seen_modules.add(info.module)
         if tensor.dim() < 2 or tuple(tensor.shape[:2]) != tuple(select.shape):
-            self.skipped.setdefault(key, {
-                "key": key, "reason": f"not [batch, tokens, ...] (shape {list(tensor.shape)})",
-            })  # fmt: skip
+            self.skipped.setdefault(
+                key,
+                {
+                    "key": key,
+                    "reason": f"not [batch, tokens, ...] (shape {list(tensor.shape)})",
+                },
+            )
             return
         self._kept_modules.add(info.module)
         self.receiver.keep(key, tensor[select.to(tensor.device)], info, fresh=True)

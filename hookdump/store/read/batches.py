@@ -29,10 +29,7 @@ workers times ranks) together read every row once.
 
 from __future__ import annotations
 
-import atexit
-import queue
 import threading
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,9 +37,10 @@ from typing import Any, Protocol
 import torch
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
-from hookdump.format import is_integer
-from hookdump.store.rows import ShardRows
-from hookdump.store.view import DumpView
+from hookdump.format.values import is_integer
+from hookdump.store.read.reader import ShardReader
+from hookdump.store.read.rows import ShardRows
+from hookdump.worker import prefetch
 
 BLOCK_BYTES = 8 << 20  # contiguous bytes of the requested keys read at a time
 BUFFER_BYTES = 256 << 20  # the rows a shuffle mixes at once: its memory budget
@@ -81,7 +79,7 @@ class PassOptions:
 
 
 def iter_batches(
-    dump: DumpView, keys: list[str], options: PassOptions
+    dump: ShardReader, keys: list[str], options: PassOptions
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Batches of `keys` as dicts of aligned tensors (see the module's docstring)."""
     check(dump, keys, options)
@@ -95,9 +93,10 @@ def iter_batches(
         min(options.block_bytes, options.buffer_bytes // MIXED) // row_bytes,
         -(-dump.num_samples // MAX_BLOCKS),
     )
-    blocks = torch.cat([
-        _cut(shard["start"], shard["stop"], block_rows) for shard in dump.shards
-    ] or [torch.empty(0, 2, dtype=torch.int64)])  # fmt: skip
+    blocks = torch.cat(
+        [_cut(shard.start, shard.stop, block_rows) for shard in dump.shards]
+        or [torch.empty(0, 2, dtype=torch.int64)]
+    )
     # two buffers: one given out while the next is read
     group = max(1, options.buffer_bytes // 2 // (block_rows * row_bytes))
 
@@ -130,39 +129,32 @@ class _ReadAhead:
     consumer gone, or the interpreter ending) that the thread checks between reads."""
 
     def __init__(self) -> None:
-        self.free: queue.Queue[dict[str, torch.Tensor] | None] = queue.Queue()
-        for _ in range(2):
-            self.free.put(None)  # not made yet
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
+        self._free: list[dict[str, torch.Tensor] | None] = [None, None]  # None: not made yet
+        self._changed = threading.Condition()
+        self.stopped = False
+
+    def give_back(self, buffer: dict[str, torch.Tensor]) -> None:
+        with self._changed:
+            self._free.append(buffer)
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        with self._changed:
+            self.stopped = True
+            self._changed.notify_all()
 
     def take(self, source: RowSource, capacity: int) -> dict[str, torch.Tensor] | None:
         """A buffer of `capacity` rows once one is free (reused when it holds as many);
         None once the pass is stopped."""
-        while not self.stop.is_set():
-            try:
-                free = self.free.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if free is not None and len(next(iter(free.values()))) >= capacity:
-                return free
-            return source.allocate(capacity)
-        return None
-
-
-_LIVE: weakref.WeakSet[_ReadAhead] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_reading() -> None:
-    """A pass still open at exit: its thread stops before the interpreter tears down (torch
-    aborts the process if a thread is inside it then)."""
-    live = list(_LIVE)
-    for control in live:
-        control.stop.set()
-    for control in live:
-        if control.thread is not None:
-            control.thread.join(timeout=30)
+        with self._changed:
+            while not self._free and not self.stopped:
+                self._changed.wait()
+            if self.stopped:
+                return None
+            free = self._free.pop(0)
+        if free is not None and len(next(iter(free.values()))) >= capacity:
+            return free
+        return source.allocate(capacity)
 
 
 def pass_batches(
@@ -172,10 +164,10 @@ def pass_batches(
     order), read from `source` a buffer of `group` blocks at a time, on a thread that fills
     the next buffer while this one is given out (two buffers at most)."""
     control = _ReadAhead()
-    _LIVE.add(control)
+    buffers = _buffers(blocks, source, options, group, control)
     leftover: dict[str, torch.Tensor] = {}
-    try:
-        for buffer in _read_ahead(_buffers(blocks, source, options, group, control), control):
+    try:  # the next buffer filled on a thread while this one is given out
+        for buffer in prefetch(buffers, 1, "hookdump-read", on_leave=control.stop):
             values, size = buffer.values, options.batch_size
             for key, value in values.items() if buffer.carried_in else ():
                 value[: buffer.carried_in] = leftover[key]
@@ -186,50 +178,10 @@ def pass_batches(
                 yield _batch(values, buffer.rows, buffer.mixed, lo, hi, options.with_index)
             done = buffer.full * size
             leftover = _batch(values, buffer.rows, buffer.mixed, done, len(buffer.rows), False)
-            control.free.put(buffer.base)
+            control.give_back(buffer.base)
             del buffer, values
     finally:
-        control.stop.set()  # a pass left early: the thread stops at its next read
-
-
-_END = object()
-
-
-@dataclass
-class _Failed:
-    error: BaseException
-
-
-def _read_ahead(buffers: Iterator[_Buffer], control: _ReadAhead) -> Iterator[_Buffer]:
-    """`buffers` made on a thread of their own, one ahead; its error raised here. A stopped
-    pass ends the thread at its next step, whether it reads or waits to hand a buffer over."""
-    handed: queue.Queue[object] = queue.Queue(maxsize=1)
-
-    def hand(item: object) -> bool:
-        while not control.stop.is_set():
-            try:
-                handed.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for buffer in buffers:
-                if not hand(buffer):
-                    return
-            hand(_END)
-        except BaseException as exc:  # the consumer raises it, in its own thread
-            hand(_Failed(exc))
-
-    control.thread = threading.Thread(target=produce, name="hookdump-read", daemon=True)
-    control.thread.start()
-    while (item := handed.get()) is not _END:
-        if isinstance(item, _Failed):
-            raise item.error
-        assert isinstance(item, _Buffer)
-        yield item
+        control.stop()  # a pass left early: the thread stops at its next read
 
 
 def _buffers(
@@ -266,15 +218,23 @@ def _buffers(
         filled = _filled(source, len(rows), carry, passed, chosen, control, capacity)
         if filled is None:
             return
-        yield _Buffer(rows, mixed, full, max(0, options.start - given), filled[0],
-                      0 if passed else len(carry), filled[1])  # fmt: skip
+        yield _Buffer(
+            rows,
+            mixed,
+            full,
+            max(0, options.start - given),
+            filled[0],
+            0 if passed else len(carry),
+            filled[1],
+        )
         given += full
         carry, passed = _taken(rows, mixed, full * size, len(rows)), False
     if len(carry) and not options.drop_last and given >= options.start:
         filled = _filled(source, len(carry), carry, passed, [], control, 0)
         if filled is not None:
-            yield _Buffer(carry, None, 0, 0, filled[0], 0 if passed else len(carry), filled[1],
-                          last=True)  # fmt: skip
+            yield _Buffer(
+                carry, None, 0, 0, filled[0], 0 if passed else len(carry), filled[1], last=True
+            )
 
 
 def _filled(
@@ -299,7 +259,7 @@ def _filled(
             source.read_into(row, row + 1, {k: v[index : index + 1] for k, v in values.items()})
     at = len(carry)
     for index, (lo, hi) in enumerate(blocks):
-        if control.stop.is_set():
+        if control.stopped:
             return None
         if index + 1 < len(blocks):
             source.will_need(*blocks[index + 1])
@@ -332,7 +292,7 @@ def _batch(
     return batch
 
 
-def check(dump: DumpView, keys: list[str], options: PassOptions) -> None:
+def check(dump: ShardReader, keys: list[str], options: PassOptions) -> None:
     """The arguments of a pass, before anything is read."""
     if isinstance(keys, str) or not keys:
         raise HookdumpError(
@@ -349,9 +309,11 @@ def check(dump: DumpView, keys: list[str], options: PassOptions) -> None:
             "are not the same samples; read each key with dump[key]"
         )
     numbers: dict[str, Any] = {
-        "batch_size": (options.batch_size, 1), "start": (options.start, 0),
-        "buffer_bytes": (options.buffer_bytes, 1), "block_bytes": (options.block_bytes, 1),
-    }  # fmt: skip
+        "batch_size": (options.batch_size, 1),
+        "start": (options.start, 0),
+        "buffer_bytes": (options.buffer_bytes, 1),
+        "block_bytes": (options.block_bytes, 1),
+    }
     for name, (value, least) in numbers.items():
         if not is_integer(value) or value < least:
             raise HookdumpError(f"{opt(name)} {value!r} must be an integer of at least {least}")

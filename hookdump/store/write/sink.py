@@ -21,9 +21,12 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import KeyInfo, Rows, dtype_name
-from hookdump.store.filler import NoShards, ShardFiller, Shards
-from hookdump.store.memory import (
+from hookdump.format.dtypes import dtype_name
+from hookdump.format.keys import KeyInfo
+from hookdump.format.rows import Rows
+from hookdump.store.stats import KeySummary
+from hookdump.store.write.filler import NoShards, ShardFiller, Shards
+from hookdump.store.write.memory import (
     IN_FLIGHT_BYTES,
     POOL_MIN_BYTES,
     Budget,
@@ -31,9 +34,8 @@ from hookdump.store.memory import (
     Release,
     Slots,
 )
-from hookdump.store.plan import ShardPlan
-from hookdump.store.stats import KeySummary
-from hookdump.store.writer import DumpWriter
+from hookdump.store.write.plan import ShardPlan
+from hookdump.store.write.writer import DumpWriter
 from hookdump.worker import Worker
 
 

@@ -2,7 +2,7 @@
 across DataLoader workers and torch.distributed ranks.
 
 Each of the `workers x ranks` readers takes every n-th block of the pass's block order (see
-`hookdump.store.batches`), so together they read every row once, and each mixes its own
+`hookdump.store.read.batches`), so together they read every row once, and each mixes its own
 rows in a buffer of its own (memory: a buffer per worker). The dataset yields whole batches:
 give the DataLoader `batch_size=None`. Readers may end a few batches apart, since their
 blocks hold different numbers of rows; with `drop_last` every batch is whole.
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import is_integer
-from hookdump.store.batches import PassOptions, check, iter_batches
-from hookdump.store.view import DumpView
+from hookdump.format.values import is_integer
+from hookdump.store.read.batches import PassOptions, check, iter_batches
+from hookdump.store.read.reader import ShardReader
 
 
 class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
@@ -33,7 +33,7 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 
     def __init__(
         self,
-        dump: DumpView,
+        dump: ShardReader,
         keys: list[str],
         options: PassOptions,
         rank: int | None = None,
@@ -69,20 +69,25 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         # resumed at batch `start` gives worker 0 the share that was next in turn
         share = (worker + start) % workers
         options = dataclasses.replace(
-            self.options, seed=self.options.seed + self.epoch,
+            self.options,
+            seed=self.options.seed + self.epoch,
             start=start // workers + int(share < start % workers),
             split=(rank * workers + share, world * workers),
-        )  # fmt: skip
+        )
         return iter_batches(self.dump, self.keys, options)
 
     def _ranks(self) -> tuple[int, int]:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        rank = self.rank if self.rank is not None else (
-            torch.distributed.get_rank() if distributed else 0
-        )  # fmt: skip
-        world = self.world_size if self.world_size is not None else (
-            torch.distributed.get_world_size() if distributed else 1
-        )  # fmt: skip
+        rank = (
+            self.rank
+            if self.rank is not None
+            else (torch.distributed.get_rank() if distributed else 0)
+        )
+        world = (
+            self.world_size
+            if self.world_size is not None
+            else (torch.distributed.get_world_size() if distributed else 1)
+        )
         _check_ranks(rank, world)
         return rank, world
 

@@ -12,12 +12,13 @@ from typing import Protocol
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format import KeyInfo, Rows
-from hookdump.store.commit import Committer
+from hookdump.format.keys import KeyInfo
+from hookdump.format.rows import Rows
 from hookdump.store.folder import describe_os_error
-from hookdump.store.plan import ShardPlan
-from hookdump.store.shards import PlannedShard, ShardFile
-from hookdump.store.writer import DumpWriter
+from hookdump.store.write.commit import Committer
+from hookdump.store.write.plan import ShardPlan
+from hookdump.store.write.shards import PlannedShard, ShardFile
+from hookdump.store.write.writer import DumpWriter
 
 Lend = Callable[[], Callable[[], None] | None]  # the copy's release, if the shard may keep it
 
@@ -88,8 +89,9 @@ class ShardFiller:
         """Rows `rows` come next: a shard of their own, or room in the planned shard."""
         self._committer.raise_if_failed()  # no more batches once a commit has failed
         planned = self._planned
-        if planned is not None and not self._plan.fits(self._pending[0].start, planned.rows,
-                                                       rows.start, rows.stop):  # fmt: skip
+        if planned is not None and not self._plan.fits(
+            self._pending[0].start, planned.rows, rows.start, rows.stop
+        ):
             self._commit_planned()
         if self._plan.streams:
             self._shard = self.writer.open_shard(keys_expected)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from hookdump.errors import InvalidDump
-from hookdump.store.safetensors_file import SafetensorsError, read_header
-from hookdump.store.view import DumpView
+from hookdump.format.manifest import ShardEntry
+from hookdump.store.read.reader import ShardReader
+from hookdump.store.read.shard_file import SafetensorsError, read_header
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class _Layout:
 class ShardRows:
     """Rows of `keys` of `dump`, read into buffers `allocate` makes."""
 
-    def __init__(self, dump: DumpView, keys: list[str]) -> None:
+    def __init__(self, dump: ShardReader, keys: list[str]) -> None:
         self.dump, self.keys = dump, list(keys)
         self._row_bytes = {key: dump.row_bytes([key]) for key in keys}
         self._layouts: dict[str, _Layout] = {}
@@ -58,7 +58,7 @@ class ShardRows:
                 if want == 0:
                     continue
                 target = out[key].view(torch.uint8).numpy().data.cast("B")
-                got = os.preadv(fd, [target], layout.offsets[key] + (lo - shard["start"]) * size)
+                got = os.preadv(fd, [target], layout.offsets[key] + (lo - shard.start) * size)
                 if got != want:
                     raise InvalidDump(
                         f"shard {path} ended inside {key!r}'s rows (read {got} of {want} bytes)"
@@ -71,7 +71,7 @@ class ShardRows:
     def will_need(self, lo: int, hi: int) -> None:
         """Ask the disk for rows `lo:hi` ahead of their read (a hint: errors wait for it)."""
         shard = self.dump.shard_of(lo)
-        layout = self._layouts.get(shard["file"])
+        layout = self._layouts.get(shard.file)
         if layout is None or not hasattr(os, "posix_fadvise"):
             return
         try:
@@ -81,38 +81,39 @@ class ShardRows:
         try:
             for key in self.keys:
                 size = self._row_bytes[key]
-                start = layout.offsets[key] + (lo - shard["start"]) * size
+                start = layout.offsets[key] + (lo - shard.start) * size
                 os.posix_fadvise(fd, start, (hi - lo) * size, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass
         finally:
             os.close(fd)
 
-    def _layout(self, shard: dict[str, Any], fd: int) -> _Layout:
+    def _layout(self, shard: ShardEntry, fd: int) -> _Layout:
         status = os.fstat(fd)
         identity = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-        known = self._layouts.get(shard["file"])
+        known = self._layouts.get(shard.file)
         if known is not None and known.identity == identity:
             return known
-        with self.dump.open_shard(shard, self.keys):  # its run id and header, checked
+        with self.dump.open(shard, self.keys):  # its run id and header, checked
             pass
         layout = _Layout(identity, self._offsets(shard, fd, status.st_size))
-        self._layouts[shard["file"]] = layout
+        self._layouts[shard.file] = layout
         return layout
 
-    def _offsets(self, shard: dict[str, Any], fd: int, size: int) -> dict[str, int]:
-        where = f"shard {self.dump.path / shard['file']}"
+    def _offsets(self, shard: ShardEntry, fd: int, size: int) -> dict[str, int]:
+        where = f"shard {self.dump.path / shard.file}"
         try:
             header, data = read_header(fd, size)
         except SafetensorsError as exc:
             raise InvalidDump(f"{where}: {exc}") from None
-        rows = shard["stop"] - shard["start"]
+        rows = shard.stop - shard.start
         offsets = {}
         for key in self.keys:
             entry = header.get(key) if isinstance(header, dict) else None
             span = entry.get("data_offsets") if isinstance(entry, dict) else None
-            if not (isinstance(span, list) and len(span) == 2
-                    and all(type(v) is int for v in span)):  # fmt: skip
+            if not (
+                isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)
+            ):
                 raise InvalidDump(f"{where}: no byte offsets for {key!r} in its header")
             begin, end = span
             if end - begin != rows * self._row_bytes[key] or begin < 0 or data + end > size:

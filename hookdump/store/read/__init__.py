@@ -1,0 +1,1 @@
+"""The read wing: a dump's manifest and shards read back, checked, in bounded memory."""

@@ -1,0 +1,270 @@
+"""Reading dumps: `hookdump.load(DIR)` gives every key's rows across shards, in sample order."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookdump.errors import HookdumpError, InvalidDump, printable
+from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS
+from hookdump.format.keys import KeyInfo, parse_key
+from hookdump.format.manifest import FORMAT, MANIFEST, Manifest
+from hookdump.format.values import format_bytes
+from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
+from hookdump.store.read.dataset import DumpDataset
+from hookdump.store.read.manifest import read_manifest
+from hookdump.store.read.reader import ShardReader, allocation_failed
+from hookdump.store.read.shard_file import SafetensorsFile
+
+REPR_KEYS = 12  # the keys a Dump's repr lists
+
+
+class Dump(Mapping[str, torch.Tensor]):
+    """A dump on disk, read lazily: only the shards a key needs are opened. A read-only
+    mapping of key -> every sample of that key as one tensor (`keys`, `items`, `values`,
+    `get`, `in`, `len`); `items()` and `values()` read one key at a time.
+
+    The manifest is checked when the dump is opened, and each shard when it is read (a
+    regular file inside the folder whose header agrees with the manifest); anything wrong
+    is an `InvalidDump`.
+
+    Attributes:
+        path: the dump folder.
+        manifest: the checked manifest, a read-only record (`complete`, `num_samples`,
+            `shards`, ...) that also gives every field of the JSON by name
+            (`dump.manifest["input"]`: what made the dump).
+        reader: the `ShardReader` the tools read shards through.
+
+    Example:
+        >>> dump = hookdump.load("acts/")
+        >>> dump.keys()[:2], dump.num_samples
+        (['layer1.0.conv1', 'layer1.0.bn1'], 8)
+        >>> dump["layer1.0.conv1"].shape           # every sample, in order
+        torch.Size([8, 64, 56, 56])
+        >>> dump.row("layer1.0.conv1", 3).shape    # one, from the one shard holding it
+        torch.Size([64, 56, 56])
+    """
+
+    def __init__(self, path: str | Path | ShardReader) -> None:
+        if isinstance(path, ShardReader):  # a reader made already (a torchrun rank's part)
+            self.reader = path
+        else:
+            self.reader = _open(Path(path))
+        self.path, self.manifest = self.reader.path, self.reader.manifest
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.complete
+
+    @property
+    def num_samples(self) -> int:
+        """The rows of every key (token rows, for a `--per-token` dump)."""
+        return self.manifest.num_samples
+
+    def keys(self) -> list[str]:  # type: ignore[override]
+        """The keys in forward order (a list: `dump.keys()[0]` is the first module's)."""
+        return self.reader.keys()
+
+    @property
+    def sample_ids(self) -> list[Any]:
+        """The samples' ids in row order (with token rows: the sequences'): file paths,
+        row numbers, or the ids given to `hookdump.dump`."""
+        ids = self.manifest.sample_ids
+        return list(ids) if ids is not None else list(range(self.manifest.samples_fed))
+
+    def info(self, key: str) -> KeyInfo:
+        """Where `key` came from (module, class, kind, call, part), its per-sample shape and
+        dtype, and its rows in this dump (`info.nbytes`: the bytes they take)."""
+        return self.reader.info(key)
+
+    __eq__ = object.__eq__  # not Mapping's, which would read and compare every tensor
+    __hash__ = object.__hash__
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.reader
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.manifest.tensors)
+
+    def __len__(self) -> int:
+        return len(self.manifest.tensors)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        """All samples of `key`, in order, as one tensor `[num_samples, *shape]`."""
+        self.reader.check_key(key)
+        parts = [self.reader.read_shard(shard, [key])[key] for shard in self.manifest.shards]
+        if len(parts) == 1:
+            return parts[0]
+        try:
+            return torch.cat(parts)
+        except (MemoryError, RuntimeError) as exc:
+            if not allocation_failed(exc):
+                raise
+            whole = self.reader.row_bytes([key]) * self.reader.rows_of(key)
+            raise InvalidDump(
+                f"{key!r} of {self.path} does not fit in memory whole ({whole:,} bytes); read "
+                "it in batches with Dump.batches or row by row with Dump.row"
+            ) from None
+
+    def row(self, key: str, index: int) -> torch.Tensor:
+        """Sample `index` of `key`, read from the one shard that holds it."""
+        reader = self.reader
+        reader.check_key(key)
+        if not 0 <= index < reader.rows_of(key):
+            raise IndexError(
+                f"row {index} of {key!r} is not in {self.path} ({reader.rows_of(key)})"
+            )
+        shard = reader.shard_of(index)
+        with reader.open(shard, [key]) as f:
+            return reader.read_rows(f, shard, key, index, index + 1)[0]
+
+    def batches(
+        self,
+        keys: list[str],
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        with_index: bool = False,
+        drop_last: bool = False,
+        start: int = 0,
+        buffer_bytes: int = BUFFER_BYTES,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Every row of `keys` once per pass, in batches of `batch_size` (the last may be
+        smaller), as dicts of aligned tensors: for training probes or sparse autoencoders.
+
+        Args:
+            keys: the keys to read; row i of each is the same sample (or token).
+            batch_size: rows per batch.
+            shuffle: rows in an order drawn from the whole dump, fixed by `seed`: blocks of
+                about 8 MiB of `keys` read in a random order across all shards, their rows
+                mixed in buffers of half `buffer_bytes` (see `hookdump.store.read.batches`).
+                Without it, rows come in order.
+            seed: fixes the shuffled order.
+            with_index: add `__row__`, each row's number in the dump (for sample ids,
+                labels, `__sample__`).
+            drop_last: leave out the last batch when it is short.
+            start: begin at this batch of the pass (resuming: the same order, the batches
+                before it not read).
+            buffer_bytes: the memory budget: two buffers of half of it, one given out while
+                the next is read (rows are mixed a buffer at a time).
+
+        Example:
+            >>> for batch in hookdump.load("acts/").batches(["layer4"], 256, shuffle=True):
+            ...     train_step(batch["layer4"])
+        """
+        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
+        return iter_batches(self.reader, keys, options)
+
+    def dataset(
+        self,
+        keys: list[str],
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        with_index: bool = False,
+        drop_last: bool = False,
+        start: int = 0,
+        buffer_bytes: int = BUFFER_BYTES,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> DumpDataset:
+        """`batches` as a `torch.utils.data.IterableDataset` whose DataLoader workers and
+        torch.distributed ranks together give every row once (see
+        `hookdump.store.read.dataset`); use it with `DataLoader(ds, batch_size=None,
+        num_workers=N, pin_memory=True)`. `start` counts this rank's batches.
+        """
+        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
+        return DumpDataset(self.reader, keys, options, rank, world_size)
+
+    def __repr__(self) -> str:
+        """The summary in short: the dump, then a line per key (the first REPR_KEYS)."""
+        state = "" if self.complete else ", incomplete"
+        head = f"Dump({str(self.path)!r}, {len(self)} keys, {self.num_samples} samples{state})"
+        infos = [self.info(key) for key in self.keys()[:REPR_KEYS]]
+        width = max((len(printable(i.key)) for i in infos), default=0)
+        lines = [  # names escaped: a key cannot retitle the terminal a repr is printed to
+            f"  {printable(i.key):<{width}}  {printable(i.module_type):<12} {i.kind:<11} "
+            f"{list(i.shape)!s:<16} {str(i.dtype).removeprefix('torch.'):<8} "
+            f"{format_bytes(i.nbytes or 0):>10}"
+            for i in infos
+        ]
+        if len(self) > REPR_KEYS:
+            lines.append(f"  ... {len(self) - REPR_KEYS} more keys")
+        return "\n".join([head, *lines])
+
+
+def _open(path: Path) -> ShardReader:
+    """The reader of a dump folder, or of one safetensors file read as a dump."""
+    if path.is_file() and path.suffix == ".safetensors":
+        path = path.resolve()  # the file the user named, wherever a link to it points
+        manifest, rows = _manifest_of_file(path)
+        ragged = rows if len(set(rows.values())) > 1 else None  # a weights file, say
+        # the manifest was made from this very header: nothing to check it against
+        return ShardReader(path.parent, manifest, check_headers=False, key_rows=ragged)
+    if not path.exists():
+        raise HookdumpError(f"{path} does not exist; give a dump folder or a .safetensors file")
+    if not path.is_dir():
+        raise HookdumpError(f"{path} is not a dump folder or a .safetensors file")
+    if not os.path.lexists(path / MANIFEST):
+        raise HookdumpError(
+            f"{path} has no {MANIFEST}: not a dump, or its run stopped before its first shard"
+        )
+    return ShardReader(path, read_manifest(path / MANIFEST))
+
+
+def load(path: str | Path) -> Dump:
+    """Open a dump: its manifest now, its tensors when asked for.
+
+    Args:
+        path: a dump folder (holding `manifest.json`) or one `.safetensors` file (a shard,
+            or any safetensors file: its rows count from 0).
+
+    Returns:
+        A `Dump`; `dump[key]` is every sample of `key` as one tensor.
+
+    Raises:
+        HookdumpError: the path is not a dump. InvalidDump (a HookdumpError): the manifest
+            or a shard is malformed or unsafe (a shard outside the folder, not a regular
+            file, or unlike the manifest), with a message naming the entry.
+    """
+    return Dump(path)
+
+
+def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:
+    """A manifest for a lone safetensors file (keys parsed, rows from dim 0: the most any
+    key has), and each key's rows."""
+    try:
+        with SafetensorsFile(str(path)) as f:
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
+            dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
+    except OSError as exc:
+        raise HookdumpError(f"cannot read {path} as safetensors: {exc}") from None
+    # its metadata's start/stop are another dump's row numbers: a lone file's rows start at 0
+    rows = {key: shape[0] if shape else 0 for key, shape in shapes.items()}
+    num_rows = max(rows.values(), default=0)
+    tensors = {}
+    for key, shape in shapes.items():
+        module, kind, part, call = parse_key(key)
+        tensors[key] = {
+            "module": module,
+            "module_type": None,
+            "kind": kind,
+            "call": call,
+            "part": part,
+            "shape": list(shape[1:]),
+            "dtype": DTYPE_OF_SAFETENSORS.get(dtypes[key], str(dtypes[key]).lower()),
+        }
+    manifest = {
+        "format": FORMAT,
+        "complete": True,
+        "num_samples": num_rows,
+        "tensors": tensors,
+        "shards": [{"file": path.name, "start": 0, "stop": num_rows}],
+    }
+    return Manifest.of_checked(manifest), rows

@@ -1,0 +1,61 @@
+"""A manifest read from disk: a regular file inside its folder, of sane size, checked into a
+`Manifest` record before anything else reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from hookdump.errors import InvalidDump
+from hookdump.format.manifest import Manifest
+from hookdump.store.folder import inside
+
+MAX_MANIFEST_BYTES = 1 << 30
+# what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
+# times their text, so the values (commas) and containers are counted before the parse
+MAX_MANIFEST_VALUES = 32_000_000
+MAX_MANIFEST_CONTAINERS = 4_000_000
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Read and check a manifest: a regular file inside its folder (never a FIFO, a device
+    or a link out of the folder), of sane size, holding a valid manifest."""
+    resolved_inside(path, path.parent, "manifest")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InvalidDump(f"cannot read {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # before fdopen, which refuses a folder on its own
+        os.close(fd)
+        raise InvalidDump(f"{path} is not a regular file; refused")
+    with os.fdopen(fd, "rb") as file:
+        if info.st_size > MAX_MANIFEST_BYTES:
+            raise InvalidDump(f"{path} is {info.st_size} bytes, too large for a manifest")
+        data = file.read(info.st_size + 1)  # never a buffer of the largest size allowed
+    values = data.count(b",") + 1
+    containers = data.count(b"{") + data.count(b"[")
+    if values > MAX_MANIFEST_VALUES or containers > MAX_MANIFEST_CONTAINERS:
+        raise InvalidDump(
+            f"{path} holds {values:,} values and {containers:,} objects and lists, more than "
+            f"a manifest may ({MAX_MANIFEST_VALUES:,} and {MAX_MANIFEST_CONTAINERS:,}); refused"
+        )
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        reason = "out of memory" if isinstance(exc, MemoryError) else str(exc)[:200]
+        raise InvalidDump(f"{path} is not readable JSON: {reason}") from None
+    return Manifest.of(parsed, str(path))
+
+
+def resolved_inside(path: Path, folder: Path, what: str) -> str:
+    """`path` resolved, if it stays inside `folder` (symlinks followed); else InvalidDump
+    (naming only the entry, never where it points)."""
+    real = os.path.realpath(path)
+    if not inside(real, os.path.realpath(folder)):
+        raise InvalidDump(
+            f"{what} {path.name!r} of {folder} resolves outside the dump folder; refused"
+        )
+    return real

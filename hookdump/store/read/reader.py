@@ -1,0 +1,237 @@
+"""ShardReader: the one way the read side opens a dump's shards. It opens a listed shard
+(a regular file inside the folder), checks it once against the manifest, and reads rows
+and slices of it with pread into tensors of their own. `Dump`, `batches`, `dataset`, the
+summary, `diff` and `export` all read through it."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import math
+import os
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from hookdump.errors import InvalidDump, did_you_mean
+from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
+from hookdump.format.keys import KeyInfo
+from hookdump.format.manifest import Manifest, ShardEntry
+from hookdump.store.read.manifest import resolved_inside
+from hookdump.store.read.shard_file import SafetensorsFile
+
+# the most a reader holds of one shard at a time (rows read in slices), whatever its
+# header claims
+SLICE_BYTES = 64 << 20
+SLICE_ROWS = 1 << 20
+T = TypeVar("T")
+
+
+def rows_per_slice(row_bytes: int, budget: int = SLICE_BYTES) -> int:
+    """How many rows of `row_bytes` each a slice of `budget` bytes holds (at least one,
+    at most `SLICE_ROWS`)."""
+    return max(1, min(SLICE_ROWS, budget // row_bytes if row_bytes else SLICE_ROWS))
+
+
+def allocation_failed(exc: BaseException) -> bool:
+    """Whether `exc` is memory that could not be had: Python's, or torch's allocator
+    ("... can't allocate memory", "... Cannot allocate memory")."""
+    return isinstance(exc, MemoryError) or "allocate" in str(exc)
+
+
+def key_info(key: str, meta: Mapping[str, Any], rows: int | None = None) -> KeyInfo:
+    """A manifest's entry for `key` as a KeyInfo (a dtype torch does not have, in a lone
+    safetensors file: float32, as its values would be read)."""
+    return KeyInfo(
+        key,
+        meta["module"],
+        meta.get("module_type") or "-",
+        meta["kind"],
+        int(meta.get("call", 0)),
+        meta.get("part"),
+        tuple(meta["shape"]),
+        getattr(torch, meta["dtype"], torch.float32),
+        rows,
+    )
+
+
+class ShardReader:
+    """The shards of one dump, as its manifest lists them.
+
+    `key_rows`: a lone safetensors file whose keys have different numbers of rows (a
+    weights file): each key's own. `check_headers`: False where the manifest was made from
+    the shard's own header."""
+
+    def __init__(
+        self,
+        path: Path,
+        manifest: Manifest,
+        *,
+        check_headers: bool = True,
+        key_rows: Mapping[str, int] | None = None,
+    ) -> None:
+        self.path = path
+        self.manifest = manifest
+        self._check_headers = check_headers
+        self._key_rows = dict(key_rows or {})
+        self._checked: set[str] = set()  # shard files whose header agreed with the manifest
+
+    @property
+    def num_samples(self) -> int:
+        return self.manifest.num_samples
+
+    @property
+    def shards(self) -> tuple[ShardEntry, ...]:
+        return self.manifest.shards
+
+    @property
+    def ragged(self) -> bool:
+        """Rows of different keys are not the same samples (a weights file)."""
+        return bool(self._key_rows)
+
+    def keys(self) -> list[str]:
+        return list(self.manifest.tensors)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.manifest.tensors)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.manifest.tensors
+
+    def check_key(self, key: str) -> None:
+        """KeyError naming `key`, the dump and the nearest key, if the dump lacks it."""
+        if key not in self.manifest.tensors:
+            raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.keys())}")
+
+    def info(self, key: str) -> KeyInfo:
+        self.check_key(key)
+        return key_info(key, self.manifest.tensors[key], self.rows_of(key))
+
+    def rows_of(self, key: str) -> int:
+        """The rows `key` has (`num_samples`, but for a ragged file)."""
+        return self._key_rows.get(key, self.num_samples)
+
+    def row_bytes(self, keys: list[str]) -> int:
+        """The bytes of one row of each of `keys`, as the manifest gives them."""
+        tensors = self.manifest.tensors
+        return sum(
+            math.prod(tensors[key]["shape"]) * ITEMSIZE.get(tensors[key]["dtype"], 8)
+            for key in keys
+        )
+
+    def shard_of(self, index: int) -> ShardEntry:
+        """The shard holding row `index` (found by bisection: shards follow each other)."""
+        return self.shards[bisect.bisect_right(self.shards, index, key=lambda s: s.stop)]
+
+    def slices(
+        self, shard: ShardEntry, keys: list[str], budget: int = SLICE_BYTES
+    ) -> Iterator[tuple[int, int]]:
+        """Row ranges (dump row numbers) that cover `shard`, each holding at most `budget`
+        bytes of `keys` (and `SLICE_ROWS` rows), at least one row: how a shard is read in
+        bounded memory whatever its header claims."""
+        step = rows_per_slice(self.row_bytes(keys), budget)
+        for start in range(shard.start, shard.stop, step):
+            yield start, min(start + step, shard.stop)
+
+    def shard_path(self, shard: ShardEntry) -> str:
+        """The file of a listed shard, once it is known to be a regular file in the dump."""
+        path = self.path / shard.file
+        real = resolved_inside(path, self.path, "shard")
+        try:
+            mode = os.stat(real).st_mode
+        except OSError as exc:
+            raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(mode):
+            raise InvalidDump(f"shard {path} is not a regular file; refused")
+        return real
+
+    @contextlib.contextmanager
+    def open(self, shard: ShardEntry, keys: list[str]) -> Iterator[SafetensorsFile]:
+        """A listed shard opened to read `keys`, its header checked first (once per
+        shard): every key of the manifest is there, with the shard's rows and the
+        manifest's per-sample shape and dtype, and the shard is of the manifest's run."""
+        path = self.shard_path(shard)
+        opened = self.guarded(shard, lambda: SafetensorsFile(path))
+        try:
+            self._check_run(opened, shard)
+            if self._check_headers and shard.file not in self._checked:
+                self._check_header(opened, shard, self.keys())
+                self._checked.add(shard.file)  # of this run: the run id is checked above
+            for key in keys:
+                self.check_key(key)
+            yield opened
+        finally:
+            opened.close()
+
+    def read_rows(
+        self,
+        opened: SafetensorsFile,
+        shard: ShardEntry,
+        key: str,
+        start: int,
+        stop: int,
+        inner: slice | None = None,
+    ) -> torch.Tensor:
+        """Rows `start:stop` (dump row numbers) of `key` from a shard `open` opened
+        (`inner`: only that part of each row's first dimension), as a tensor of its own."""
+        rows = slice(start - shard.start, stop - shard.start)
+        index = rows if inner is None else (rows, inner)
+        return self.guarded(shard, lambda: opened.get_slice(key)[index])
+
+    def read_shard(self, shard: ShardEntry, keys: list[str]) -> dict[str, torch.Tensor]:
+        """Every row of `keys` in `shard`."""
+        with self.open(shard, keys) as f:
+            return self.guarded(shard, lambda: {k: f.get_tensor(k) for k in keys})
+
+    def guarded(self, shard: ShardEntry, read: Callable[[], T]) -> T:
+        """`read()`, its I/O and memory failures made an InvalidDump naming `shard`."""
+        try:
+            return read()
+        except (OSError, ValueError) as exc:  # ValueError: rows asked in steps (never)
+            raise self._unreadable(shard, exc) from None
+        except (MemoryError, RuntimeError) as exc:
+            if not allocation_failed(exc):
+                raise
+            raise self._unreadable(shard, MemoryError()) from None
+
+    def _check_run(self, opened: SafetensorsFile, shard: ShardEntry) -> None:
+        """A shard of the run the manifest lists (another run's `--overwrite` may have
+        replaced it since the manifest was read)."""
+        run_id = self.manifest.run_id
+        if run_id is None:  # a dump from before run ids
+            return
+        theirs = (opened.metadata() or {}).get("run_id")
+        if theirs != run_id:
+            raise InvalidDump(
+                f"shard {self.path / shard.file} is not of the run its manifest lists "
+                f"(run id {str(theirs)[:32]!r}, not {run_id!r}): the dump changed while it was "
+                "read (another run wrote over it); open it again"
+            )
+
+    def _check_header(self, opened: SafetensorsFile, shard: ShardEntry, keys: list[str]) -> None:
+        present = set(opened.keys())
+        for key in keys:
+            where = f"shard {self.path / shard.file}"
+            if key not in present:
+                raise InvalidDump(f"{where} has no tensor {key!r}, which the manifest lists")
+            meta, part = self.manifest.tensors[key], opened.get_slice(key)
+            want = [shard.rows, *meta["shape"]]
+            shape, dtype = list(part.get_shape()), DTYPE_OF_SAFETENSORS.get(part.get_dtype())
+            if shape != want or dtype != meta["dtype"]:
+                raise InvalidDump(
+                    f"{where}: {key!r} is {dtype} {shape}, but the manifest says "
+                    f"{meta['dtype']} {want}"
+                )
+
+    def _unreadable(self, shard: ShardEntry, exc: BaseException) -> InvalidDump:
+        where = self.path / shard.file
+        if isinstance(exc, MemoryError):
+            return InvalidDump(
+                f"cannot read shard {where}: out of memory (its rows claim "
+                f"{self.row_bytes(self.keys()) * shard.rows:,} bytes); "
+                "read it in batches with Dump.batches or row by row with Dump.row"
+            )
+        return InvalidDump(f"cannot read shard {where}: {str(exc)[:200]}")

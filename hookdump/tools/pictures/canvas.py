@@ -1,0 +1,109 @@
+"""What every picture shares: matplotlib on its file-only backend, the formats (by the
+file's extension), text drawn as it is, a figure saved in one write, and `Picture`, what
+was drawn, for the one-line report."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hookdump.errors import HookdumpError, opt, printable
+
+FORMATS = (".png", ".svg", ".pdf")
+CMAP = "viridis"
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on its file-only backend, or one line naming the extra."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise HookdumpError("pictures need matplotlib: pip install 'hookdump[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def check_format(out: Path, option: str = "out") -> None:
+    """A file name (given with `option`) whose extension is a format of the pictures."""
+    if out.suffix.lower() not in FORMATS:
+        raise HookdumpError(
+            f"{opt(option)} {out}: {out.suffix or 'no extension'} is not a picture format; "
+            f"end the name in {', '.join(FORMATS)}"
+        )
+
+
+def plain(text: str) -> str:
+    """A key or a path drawn as it is: a `$` is not the start of mathtext, and a control
+    character is shown as its escape (`\x1b`), as everywhere hookdump writes for a person."""
+    return printable(text).replace("$", r"\$")
+
+
+def save(figure: Any, out: Path, option: str = "out") -> None:
+    """Write `figure` to `out` (given with `option`) in the format its extension names,
+    laid out to fit. Drawn in memory first: the file is written in one go, and a write that
+    fails (a full disk) is one error, the partial file removed, whatever the backend."""
+    if figure.get_layout_engine() is None:  # a constrained layout lays itself out
+        with warnings.catch_warnings():  # a layout that cannot be tightened stays as it is
+            warnings.simplefilter("ignore")
+            figure.tight_layout()
+    drawn = io.BytesIO()
+    figure.savefig(drawn, format=out.suffix.lower().lstrip("."))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as run and export make theirs
+        with out.open("wb") as file:
+            file.write(drawn.getbuffer())
+    except OSError as exc:
+        if out.is_file() and not out.is_symlink():
+            out.unlink(missing_ok=True)
+        reason = exc.strerror or str(exc)
+        raise HookdumpError(f"{opt(option)} {out}: cannot write the picture ({reason})") from None
+
+
+@dataclass
+class Picture:
+    """What was drawn, for the one-line report and the tests: the heatmap's cells' box in
+    pixels (left, top, right, bottom) and how many rows and columns it has."""
+
+    chart: str
+    path: Path
+    width: int
+    height: int
+    box: tuple[float, float, float, float] | None = None
+    rows: int = 0
+    cols: int = 0
+    tiles: int = 0  # a grid's or heads' tiles, and which they are
+    which: str = ""
+
+    def describe(self, key: str, sample: int) -> str:
+        if self.chart == "grid":
+            return (
+                f"wrote {self.path}: {key} sample {sample}, {self.which}, as a "
+                f"{self.rows}x{self.cols} grid"
+            )
+        shown = f" of {self.rows}x{self.cols}" if self.rows else ""
+        which = f" ({self.which})" if self.which else ""
+        return f"wrote {self.path}: {self.chart}{shown}{which} of {key} sample {sample}"
+
+
+def saved(
+    figure: Any,
+    axes: Any,
+    out: Path,
+    chart: str,
+    shape: tuple[int, ...],
+    tiles: int = 0,
+    which: str = "",
+) -> Picture:
+    save(figure, out)
+    width, height = figure.canvas.get_width_height()
+    box = None
+    if axes is not None:  # the cells' box, in the saved picture's pixels (y from the top)
+        x0, y0, x1, y1 = axes.get_window_extent().extents
+        box = (x0, height - y1, x1, height - y0)
+    rows, cols = (shape[0], shape[1]) if len(shape) == 2 else (0, 0)
+    return Picture(chart, out, width, height, box, rows, cols, tiles, which)
