@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,48 @@ def hook_state(model: torch.nn.Module) -> list[tuple[str, int]]:
         for name, module in model.named_modules()
         for attr in dicts
     ]
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """An S3 server on the loopback (moto's, spoken to by the real client), with the
+    client's standard environment pointing at it: its endpoint URL."""
+    import logging
+    import socket
+
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE"):
+            patch.delenv(name, raising=False)
+        patch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")  # never the user's
+        try:
+            yield endpoint
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket of the loopback S3 server, for one test: its URL."""
+    import re
+
+    import fsspec
+
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") + "-b"
+    fsspec.filesystem("s3", skip_instance_cache=True).mkdir(name)
+    return f"s3://{name}"

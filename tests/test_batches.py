@@ -93,9 +93,9 @@ def test_only_a_buffer_of_blocks_is_read_at_a_time(
         read.append((lo, hi))
         real_read(self, lo, hi, out)
 
-    def spy_open(self: ShardReader, shard: ShardEntry, keys: list[str]):  # type: ignore[no-untyped-def]
+    def spy_open(self: ShardReader, shard: ShardEntry, keys: list[str], *more: Any):  # type: ignore[no-untyped-def]
         opened.append(shard.file)
-        return real_open(self, shard, keys)
+        return real_open(self, shard, keys, *more)
 
     monkeypatch.setattr(ShardRows, "read_into", spy_read)
     monkeypatch.setattr(ShardReader, "open", spy_open)
@@ -144,6 +144,8 @@ class _Rows:
 
     def allocate(self, count: int) -> dict[str, torch.Tensor]:
         return {"id": torch.full((count,), -1), "twice": torch.full((count,), -1)}
+
+    ahead = 1
 
     def will_need(self, lo: int, hi: int) -> None:
         pass

@@ -113,6 +113,26 @@ JsonOpt = Annotated[
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.")]
 
 
+StorageOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        metavar="KEY=VALUE",
+        help="An fsspec option for a dump at a URL (repeatable), e.g. "
+        "endpoint_url=http://127.0.0.1:9000; credentials otherwise come from the client's "
+        "environment and config files.",
+        show_default=False,
+    ),
+]
+
+
+def storage_options(pairs: list[str] | None) -> dict[str, str]:
+    """--storage-option KEY=VALUE pairs as fsspec's options."""
+    from hookdump.store.location import parse_storage_options
+
+    return parse_storage_options(pairs)
+
+
 def as_list(values: list[str] | None) -> list[str]:
     """Typer gives None for a repeatable option never given."""
     return list(values or [])

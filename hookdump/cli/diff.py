@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 
 from hookdump.cli import _output
-from hookdump.cli._options import JsonOpt, KeysOpt, QuietOpt
+from hookdump.cli._options import JsonOpt, KeysOpt, QuietOpt, StorageOpt, storage_options
 
 
 def diff(
-    a: Annotated[Path, typer.Argument(metavar="A", help="The reference dump.", show_default=False)],
-    b: Annotated[Path, typer.Argument(metavar="B", help="The dump to check.", show_default=False)],
+    a: Annotated[str, typer.Argument(metavar="A", help="The reference dump.", show_default=False)],
+    b: Annotated[str, typer.Argument(metavar="B", help="The dump to check.", show_default=False)],
     atol: Annotated[
         float, typer.Option("--atol", metavar="X", help="Absolute tolerance (as allclose).")
     ] = 1e-8,
@@ -35,6 +35,7 @@ def diff(
     ] = None,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
+    storage_option: StorageOpt = None,
 ) -> None:
     """Compare two dumps key by key; exit 1 if any key differs, naming the first."""
     from hookdump.cli.render import print_diff
@@ -44,7 +45,7 @@ def diff(
         from hookdump.tools.pictures.canvas import check_format
 
         check_format(plot, "plot")  # before the comparison, which may take a while
-    result = diff_dumps(a, b, atol, rtol, list(keys or []))
+    result = diff_dumps(a, b, atol, rtol, list(keys or []), storage_options(storage_option))
     if plot is not None:
         from hookdump.tools.pictures.curves import diff_plot
 

@@ -8,11 +8,14 @@ from typing import Annotated
 import typer
 
 from hookdump.cli import _output
-from hookdump.cli._options import JsonOpt, KeysOpt, QuietOpt
+from hookdump.cli._options import JsonOpt, KeysOpt, QuietOpt, StorageOpt, storage_options
 
 
 def export(
-    dump: Annotated[Path, typer.Argument(metavar="DUMP", help="The dump.", show_default=False)],
+    dump: Annotated[
+        str,
+        typer.Argument(metavar="DUMP", help="The dump (a folder or a URL).", show_default=False),
+    ],
     out: Annotated[
         Path, typer.Argument(metavar="OUT", help="The folder to write.", show_default=False)
     ],
@@ -41,6 +44,7 @@ def export(
     ] = False,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
+    storage_option: StorageOpt = None,
 ) -> None:
     """Write a dump in another format, a chunk at a time, into a folder made whole first."""
     from hookdump.choices import parse_export_target
@@ -53,6 +57,7 @@ def export(
         keys=list(keys or []) or None,
         hook_name=hook_name,
         overwrite=overwrite,
+        storage_options=storage_options(storage_option),
     )
     if json_output:
         _output.print_json(

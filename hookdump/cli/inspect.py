@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from hookdump.cli import _output
 from hookdump.cli._errors import flag, for_cli
-from hookdump.cli._options import JsonOpt
+from hookdump.cli._options import JsonOpt, StorageOpt, storage_options
 
 
 def inspect(
     path: Annotated[
-        Path,
+        str,
         typer.Argument(
-            metavar="PATH", help="A dump folder or one .safetensors file.", show_default=False
+            metavar="PATH",
+            help="A dump folder, one .safetensors file, or a dump's URL (s3://bucket/prefix).",
+            show_default=False,
         ),
     ],
     check: Annotated[
@@ -26,12 +27,13 @@ def inspect(
         ),
     ] = False,
     json_output: JsonOpt = False,
+    storage_option: StorageOpt = None,
 ) -> None:
     """Summarise an existing dump (or one .safetensors file) and say what is missing."""
     from hookdump.cli.render import print_inspection
     from hookdump.tools.inspect import inspect_dump
 
-    found = inspect_dump(path)
+    found = inspect_dump(path, storage_options(storage_option))
     if json_output:
         _output.print_json(found.as_dict(flag))
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -34,6 +33,7 @@ from hookdump.cli._options import (
 )
 from hookdump.cli._progress import GCPause, progress_bar
 from hookdump.errors import CheckFailed
+from hookdump.store.location import out_folder
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
@@ -48,7 +48,7 @@ def run(
     exclude: ExcludeOpt = None,
     types: TypesOpt = None,
     out: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--out",
             "-o",
@@ -320,7 +320,7 @@ def run(
             ),
             tokens=_token_options(per_token, positions, skip_special_tokens),
             dump=DumpOptions(
-                out=out,
+                out=None if out is None else out_folder(out),
                 overwrite=overwrite,
                 resume=resume,
                 shard_bytes=parse_size(shard_size),

@@ -8,12 +8,14 @@ from typing import Annotated
 
 import typer
 
+from hookdump.cli._options import StorageOpt, storage_options
 from hookdump.errors import HookdumpError, opt
 
 
 def show(
     path: Annotated[
-        Path, typer.Argument(metavar="PATH", help="A dump folder or .safetensors file.")
+        str,
+        typer.Argument(metavar="PATH", help="A dump folder, a .safetensors file, or a dump's URL."),
     ],
     key: Annotated[
         str | None,
@@ -68,6 +70,7 @@ def show(
             ".svg or .pdf): where values blow up.",
         ),
     ] = False,
+    storage_option: StorageOpt = None,
 ) -> None:
     """Draw one sample of one key (a feature-map grid, a heatmap of token rows, attention
     heads, a vector's bars) or, with --depth, every key's statistics along the forward
@@ -91,7 +94,7 @@ def show(
         from hookdump.tools.pictures.curves import depth_plot
 
         check_format(out)
-        found = inspect_dump(path)
+        found = inspect_dump(path, storage_options(storage_option))
         model = found.manifest.get("model", {}).get("spec")
         title = (
             f"{found.path}{f' ({model})' if model else ''}: {counted(found.num_samples, 'sample')}"
@@ -102,4 +105,5 @@ def show(
         raise HookdumpError(f"give the KEY to draw, or {opt('depth', True)} for every key")
     from hookdump.tools.pictures.sample import draw_sample
 
-    print(draw_sample(path, key, out, sample, tiling).describe(key, sample))
+    drawn = draw_sample(path, key, out, sample, tiling, storage_options(storage_option))
+    print(drawn.describe(key, sample))

@@ -30,6 +30,7 @@ from hookdump.inputs.samples import InputOptions
 from hookdump.model.loading import class_path
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
+from hookdump.store.location import out_folder
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.writer import DumpOptions
 
@@ -168,7 +169,11 @@ def dump(
             input=InputOptions(num_samples=num_samples),
             tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,
             dump=DumpOptions(
-                Path(out), overwrite, resume, _size(shard_size), _dtype(save_dtype, "save_dtype")
+                out_folder(out),
+                overwrite,
+                resume,
+                _size(shard_size),
+                _dtype(save_dtype, "save_dtype"),
             ),
             dtype=_dtype(dtype, "dtype") or torch.float32,
         )

@@ -20,6 +20,7 @@ import torch
 from hookdump.choices import DiffStatus
 from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.format.manifest import ShardEntry
+from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.reader import SLICE_BYTES, ShardReader, rows_per_slice
 
@@ -73,8 +74,8 @@ class KeyDiff:
 class DiffResult:
     """Every compared key in forward order, and problems that concern the dumps as a whole."""
 
-    a: Path
-    b: Path
+    a: Path | UrlPath
+    b: Path | UrlPath
     atol: float
     rtol: float
     keys: list[KeyDiff]
@@ -110,11 +111,13 @@ def diff_dumps(
     atol: float = 1e-8,
     rtol: float = 1e-5,
     keys: list[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> DiffResult:
-    """Compare dump B against dump A (the reference order is A's forward order)."""
+    """Compare dump B against dump A (the reference order is A's forward order); either may
+    be a URL, read with fsspec's `storage_options`."""
     if atol < 0 or rtol < 0:
         raise HookdumpError(f"{opt('atol')} {atol} and {opt('rtol')} {rtol} must not be negative")
-    a, b = Dump(path_a).reader, Dump(path_b).reader
+    a, b = Dump(path_a, storage_options).reader, Dump(path_b, storage_options).reader
     order = _selected(a.keys() + [k for k in b if k not in a], keys or [])
     rows = min(a.num_samples, b.num_samples)
     results = {

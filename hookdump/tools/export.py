@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -72,11 +72,12 @@ def export(
     keys: str | list[str] | None = None,
     hook_name: str | None = None,
     overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ExportResult:
     """Write a dump in another format, as `hookdump export` does.
 
     Args:
-        dump: a `Dump`, or the folder (or .safetensors file) of one.
+        dump: a `Dump`, or the folder (or .safetensors file, or URL) of one.
         out: the folder to write, made whole in a temporary folder beside it and renamed
             into place; a non-empty one only with `overwrite`, and only when it holds an
             earlier export and nothing else.
@@ -85,6 +86,7 @@ def export(
         keys: globs of the keys to write (default: all; `saelens`: one key).
         hook_name: `saelens`: the activations' column, SAELens' `hook_name` (default: the
             key).
+        storage_options: fsspec options for a dump at a URL.
 
     Returns:
         An `ExportResult`: the rows written and notes (a dtype written as another).
@@ -93,7 +95,7 @@ def export(
         >>> hookdump.export("acts/", "acts-hf/", to="hf", keys="layer4")
     """
     if not isinstance(dump, Dump):
-        dump = Dump(Path(dump))
+        dump = Dump(dump, storage_options)
     to = parse_export_target(to)
     if not dump.complete:
         raise HookdumpError(
@@ -162,8 +164,9 @@ def _select(dump: Dump, patterns: list[str]) -> list[str]:
 
 
 def _check_out(dump: Dump, out: Path, overwrite: bool) -> None:
-    real, source = os.path.realpath(out), os.path.realpath(dump.path)
-    if real == source or inside(real, source) or inside(source, real):
+    real = os.path.realpath(out)
+    source = os.path.realpath(dump.path) if isinstance(dump.path, Path) else None
+    if source is not None and (real == source or inside(real, source) or inside(source, real)):
         raise HookdumpError(
             f"the export folder {out} and the dump {dump.path} overlap; export to a folder "
             "of its own"

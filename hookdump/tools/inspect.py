@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,7 @@ from typing import Any
 from hookdump.errors import Message, library_name, opt, render_message
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.store.folder import leftovers
+from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
@@ -20,7 +21,7 @@ from hookdump.store.stats import KeySummary
 class Inspection:
     """A dump's keys with statistics, and the problems that make it incomplete."""
 
-    path: Path
+    path: Path | UrlPath
     complete: bool
     num_samples: int
     shards: int
@@ -46,9 +47,11 @@ class Inspection:
         }
 
 
-def inspect_dump(path: str | Path) -> Inspection:
-    """Read every shard once (never the whole dump at a time) and summarise each key."""
-    dump = Dump(path)
+def inspect_dump(path: str | Path, storage_options: Mapping[str, Any] | None = None) -> Inspection:
+    """Read every shard once (never the whole dump at a time) and summarise each key
+    (`path` a folder, a .safetensors file or a URL, with fsspec's `storage_options`)."""
+    dump = Dump(path, storage_options)
+    folder = isinstance(dump.path, Path) and Path(path).is_dir()
     problems: list[str] = []
     if not dump.complete:
         problems.append(
@@ -58,7 +61,7 @@ def inspect_dump(path: str | Path) -> Inspection:
                 f"command and {opt('resume', True)}"
             )
         )
-    stray = leftovers(dump.path) if Path(path).is_dir() else []
+    stray = leftovers(dump.path) if isinstance(dump.path, Path) and folder else []
     if stray:
         problems.append(
             f"half-written files or an old dump's remains from an interrupted run: "
@@ -68,7 +71,7 @@ def inspect_dump(path: str | Path) -> Inspection:
     missing: list[ShardEntry] = []
     for shard in dump.manifest.shards:
         # missing is a problem to report; anything else wrong is refused when it is read
-        exists = os.path.lexists(dump.path / shard.file)
+        exists = dump.reader.remote is not None or os.path.lexists(dump.path / shard.file)
         (readable if exists else missing).append(shard)
     if missing:
         first = missing[0]
@@ -81,7 +84,7 @@ def inspect_dump(path: str | Path) -> Inspection:
         )
     summaries = summarize(dump.reader, readable)
     return Inspection(
-        dump.path if Path(path).is_dir() else Path(path),
+        dump.path if folder or dump.reader.remote is not None else Path(path),
         dump.complete and not problems,
         dump.num_samples,
         len(readable),

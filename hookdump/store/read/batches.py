@@ -62,6 +62,11 @@ class RowSource(Protocol):
 
     def will_need(self, lo: int, hi: int) -> None: ...
 
+    @property
+    def ahead(self) -> int:
+        """How many blocks to announce (`will_need`) ahead of the one read."""
+        ...
+
 
 @dataclass(frozen=True)
 class PassOptions:
@@ -261,8 +266,8 @@ def _filled(
     for index, (lo, hi) in enumerate(blocks):
         if control.stopped:
             return None
-        if index + 1 < len(blocks):
-            source.will_need(*blocks[index + 1])
+        for block in blocks[index + 1 : index + 1 + source.ahead]:
+            source.will_need(*block)
         if hi > lo:
             source.read_into(lo, hi, {k: v[at : at + hi - lo] for k, v in values.items()})
         at += hi - lo

@@ -14,9 +14,10 @@ from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS
 from hookdump.format.keys import KeyInfo, parse_key
 from hookdump.format.manifest import FORMAT, MANIFEST, Manifest
 from hookdump.format.values import format_bytes
+from hookdump.store.location import Remote, is_url
 from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
 from hookdump.store.read.dataset import DumpDataset
-from hookdump.store.read.manifest import read_manifest
+from hookdump.store.read.manifest import read_manifest, read_remote_manifest
 from hookdump.store.read.reader import ShardReader, allocation_failed
 from hookdump.store.read.shard_file import SafetensorsFile
 
@@ -49,9 +50,15 @@ class Dump(Mapping[str, torch.Tensor]):
         torch.Size([64, 56, 56])
     """
 
-    def __init__(self, path: str | Path | ShardReader) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | ShardReader,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         if isinstance(path, ShardReader):  # a reader made already (a torchrun rank's part)
             self.reader = path
+        elif is_url(path):
+            self.reader = _open_url(str(path), storage_options)
         else:
             self.reader = _open(Path(path))
         self.path, self.manifest = self.reader.path, self.reader.manifest
@@ -199,6 +206,16 @@ class Dump(Mapping[str, torch.Tensor]):
         return "\n".join([head, *lines])
 
 
+def _open_url(url: str, storage_options: Mapping[str, Any] | None) -> ShardReader:
+    """The reader of a dump under a URL (its manifest read now, its shards when asked)."""
+    remote = Remote(url, storage_options)
+    if not remote.exists(MANIFEST):
+        raise HookdumpError(
+            f"{remote.url} has no {MANIFEST}: not a dump, or its run stopped before its first shard"
+        )
+    return ShardReader(remote.url, read_remote_manifest(remote), remote=remote)
+
+
 def _open(path: Path) -> ShardReader:
     """The reader of a dump folder, or of one safetensors file read as a dump."""
     if path.is_file() and path.suffix == ".safetensors":
@@ -218,12 +235,15 @@ def _open(path: Path) -> ShardReader:
     return ShardReader(path, read_manifest(path / MANIFEST))
 
 
-def load(path: str | Path) -> Dump:
+def load(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> Dump:
     """Open a dump: its manifest now, its tensors when asked for.
 
     Args:
-        path: a dump folder (holding `manifest.json`) or one `.safetensors` file (a shard,
-            or any safetensors file: its rows count from 0).
+        path: a dump folder (holding `manifest.json`), one `.safetensors` file (a shard,
+            or any safetensors file: its rows count from 0), or a dump's URL
+            (`s3://bucket/prefix`, any fsspec protocol).
+        storage_options: fsspec options for a URL (credentials and endpoint otherwise come
+            from the client's own environment and config).
 
     Returns:
         A `Dump`; `dump[key]` is every sample of `key` as one tensor.
@@ -233,7 +253,7 @@ def load(path: str | Path) -> Dump:
             or a shard is malformed or unsafe (a shard outside the folder, not a regular
             file, or unlike the manifest), with a message naming the entry.
     """
-    return Dump(path)
+    return Dump(path, storage_options)
 
 
 def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:

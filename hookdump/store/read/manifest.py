@@ -9,8 +9,9 @@ import stat
 from pathlib import Path
 
 from hookdump.errors import InvalidDump
-from hookdump.format.manifest import Manifest
+from hookdump.format.manifest import MANIFEST, Manifest
 from hookdump.store.folder import inside
+from hookdump.store.location import Remote
 
 MAX_MANIFEST_BYTES = 1 << 30
 # what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
@@ -35,6 +36,23 @@ def read_manifest(path: Path) -> Manifest:
         if info.st_size > MAX_MANIFEST_BYTES:
             raise InvalidDump(f"{path} is {info.st_size} bytes, too large for a manifest")
         data = file.read(info.st_size + 1)  # never a buffer of the largest size allowed
+    return parse_manifest(data, str(path))
+
+
+def read_remote_manifest(remote: Remote) -> Manifest:
+    """The manifest under a URL, read and checked as a local one is."""
+    where = remote.url / MANIFEST
+    info = remote.info(MANIFEST)
+    size = int(info.get("size") or 0)
+    if info.get("type", "file") != "file":
+        raise InvalidDump(f"{where} is not a file; refused")
+    if size > MAX_MANIFEST_BYTES:
+        raise InvalidDump(f"{where} is {size} bytes, too large for a manifest")
+    return parse_manifest(remote.read(MANIFEST, 0, size), str(where))
+
+
+def parse_manifest(data: bytes, path: str) -> Manifest:
+    """A manifest's bytes (read from `path`), bounded before they are parsed, checked after."""
     values = data.count(b",") + 1
     containers = data.count(b"{") + data.count(b"[")
     if values > MAX_MANIFEST_VALUES or containers > MAX_MANIFEST_CONTAINERS:
@@ -47,7 +65,7 @@ def read_manifest(path: Path) -> Manifest:
     except (ValueError, RecursionError, MemoryError) as exc:
         reason = "out of memory" if isinstance(exc, MemoryError) else str(exc)[:200]
         raise InvalidDump(f"{path} is not readable JSON: {reason}") from None
-    return Manifest.of(parsed, str(path))
+    return Manifest.of(parsed, path)
 
 
 def resolved_inside(path: Path, folder: Path, what: str) -> str:

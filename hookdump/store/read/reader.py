@@ -20,8 +20,9 @@ from hookdump.errors import InvalidDump, did_you_mean
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.format.keys import KeyInfo
 from hookdump.format.manifest import Manifest, ShardEntry
+from hookdump.store.location import Remote, RemoteBlob, UrlPath
 from hookdump.store.read.manifest import resolved_inside
-from hookdump.store.read.shard_file import SafetensorsFile
+from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
 
 # the most a reader holds of one shard at a time (rows read in slices), whatever its
 # header claims
@@ -67,14 +68,16 @@ class ShardReader:
 
     def __init__(
         self,
-        path: Path,
+        path: Path | UrlPath,
         manifest: Manifest,
         *,
         check_headers: bool = True,
         key_rows: Mapping[str, int] | None = None,
+        remote: Remote | None = None,
     ) -> None:
         self.path = path
         self.manifest = manifest
+        self.remote = remote  # None: a local folder
         self._check_headers = check_headers
         self._key_rows = dict(key_rows or {})
         self._checked: set[str] = set()  # shard files whose header agreed with the manifest
@@ -136,8 +139,17 @@ class ShardReader:
         for start in range(shard.start, shard.stop, step):
             yield start, min(start + step, shard.stop)
 
+    def blob(self, shard: ShardEntry) -> Blob:
+        """A listed shard's bytes, opened: a regular file inside the folder, or the object
+        under the dump's URL."""
+        if self.remote is not None:
+            return RemoteBlob(self.remote, shard.file)
+        path = self.shard_path(shard)
+        return self.guarded(shard, lambda: LocalBlob(path))
+
     def shard_path(self, shard: ShardEntry) -> str:
         """The file of a listed shard, once it is known to be a regular file in the dump."""
+        assert isinstance(self.path, Path), "a local dump's"
         path = self.path / shard.file
         real = resolved_inside(path, self.path, "shard")
         try:
@@ -149,12 +161,16 @@ class ShardReader:
         return real
 
     @contextlib.contextmanager
-    def open(self, shard: ShardEntry, keys: list[str]) -> Iterator[SafetensorsFile]:
-        """A listed shard opened to read `keys`, its header checked first (once per
-        shard): every key of the manifest is there, with the shard's rows and the
-        manifest's per-sample shape and dtype, and the shard is of the manifest's run."""
-        path = self.shard_path(shard)
-        opened = self.guarded(shard, lambda: SafetensorsFile(path))
+    def open(
+        self, shard: ShardEntry, keys: list[str], blob: Blob | None = None
+    ) -> Iterator[SafetensorsFile]:
+        """A listed shard opened to read `keys` (from `blob`, its bytes opened already, if
+        given: it stays open), its header checked first (once per shard): every key of the
+        manifest is there, with the shard's rows and the manifest's per-sample shape and
+        dtype, and the shard is of the manifest's run."""
+        kept = blob is not None
+        blob = blob if blob is not None else self.blob(shard)
+        opened = self.guarded(shard, lambda: SafetensorsFile(blob))
         try:
             self._check_run(opened, shard)
             if self._check_headers and shard.file not in self._checked:
@@ -164,7 +180,8 @@ class ShardReader:
                 self.check_key(key)
             yield opened
         finally:
-            opened.close()
+            if not kept:
+                opened.close()
 
     def read_rows(
         self,

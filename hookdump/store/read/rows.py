@@ -11,7 +11,7 @@ a replaced shard is an `InvalidDump`, never another run's rows.
 
 from __future__ import annotations
 
-import os
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -19,12 +19,16 @@ import torch
 from hookdump.errors import InvalidDump
 from hookdump.format.manifest import ShardEntry
 from hookdump.store.read.reader import ShardReader
-from hookdump.store.read.shard_file import SafetensorsError, read_header
+from hookdump.store.read.shard_file import Blob, SafetensorsError, read_header
+
+# blocks asked for ahead of their read from a URL: each a request per key in flight, so
+# the memory beyond a pass's buffers is at most this many blocks (of BLOCK_BYTES)
+REMOTE_AHEAD = 8
 
 
 @dataclass(frozen=True)
 class _Layout:
-    identity: tuple[int, int, int, int]  # the file as checked: device, inode, size, mtime
+    identity: tuple[object, ...]  # the file as checked: device, inode, size, mtime (or ETag)
     offsets: dict[str, int]  # key -> the byte in the file where its first row starts
 
 
@@ -35,6 +39,11 @@ class ShardRows:
         self.dump, self.keys = dump, list(keys)
         self._row_bytes = {key: dump.row_bytes([key]) for key in keys}
         self._layouts: dict[str, _Layout] = {}
+        # at a URL: the blocks asked for ahead (each a request per key in flight), and each
+        # shard's object, looked up (and checked) once per pass
+        self.ahead = 1 if dump.remote is None else REMOTE_AHEAD
+        self._pending: dict[tuple[int, int], list[Future[bytes]]] = {}
+        self._objects: dict[str, Blob] = {}
 
     def allocate(self, count: int) -> dict[str, torch.Tensor]:
         """Empty tensors of `count` rows of each key, as the manifest shapes them."""
@@ -45,67 +54,103 @@ class ShardRows:
         """Rows `lo:hi` (dump row numbers, inside one shard) into `out` (`hi - lo` rows of
         each key, contiguous)."""
         shard = self.dump.shard_of(lo)
-        path = self.dump.shard_path(shard)
+        if self.dump.remote is not None:
+            self._read_remote(shard, lo, hi, out)
+            return
+        where = self.dump.path / shard.file
+        blob = self.dump.blob(shard)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
-        try:
-            layout = self._layout(shard, fd)
+            layout = self._layout(shard, blob)
             for key in self.keys:
                 size = self._row_bytes[key]
                 want = (hi - lo) * size
                 if want == 0:
                     continue
                 target = out[key].view(torch.uint8).numpy().data.cast("B")
-                got = os.preadv(fd, [target], layout.offsets[key] + (lo - shard.start) * size)
+                got = blob.readinto(target, layout.offsets[key] + (lo - shard.start) * size)
                 if got != want:
                     raise InvalidDump(
-                        f"shard {path} ended inside {key!r}'s rows (read {got} of {want} bytes)"
+                        f"shard {where} ended inside {key!r}'s rows (read {got} of {want} bytes)"
                     )
         except OSError as exc:
-            raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
+            raise InvalidDump(f"cannot read shard {where}: {exc.strerror or exc}") from None
         finally:
-            os.close(fd)
+            blob.close()
 
     def will_need(self, lo: int, hi: int) -> None:
-        """Ask the disk for rows `lo:hi` ahead of their read (a hint: errors wait for it)."""
+        """Ask for rows `lo:hi` ahead of their read (a hint: errors wait for the read)."""
         shard = self.dump.shard_of(lo)
+        if self.dump.remote is not None:
+            if (lo, hi) not in self._pending:
+                self._pending[(lo, hi)] = self._fetch(shard, lo, hi)
+            return
         layout = self._layouts.get(shard.file)
-        if layout is None or not hasattr(os, "posix_fadvise"):
+        if layout is None:
             return
         try:
-            fd = os.open(self.dump.shard_path(shard), os.O_RDONLY)
+            blob = self.dump.blob(shard)
         except (OSError, InvalidDump):
             return
         try:
             for key in self.keys:
                 size = self._row_bytes[key]
-                start = layout.offsets[key] + (lo - shard.start) * size
-                os.posix_fadvise(fd, start, (hi - lo) * size, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
+                blob.will_need(layout.offsets[key] + (lo - shard.start) * size, (hi - lo) * size)
         finally:
-            os.close(fd)
+            blob.close()
 
-    def _layout(self, shard: ShardEntry, fd: int) -> _Layout:
-        status = os.fstat(fd)
-        identity = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+    def _fetch(self, shard: ShardEntry, lo: int, hi: int) -> list[Future[bytes]]:
+        """Requests for rows `lo:hi` of each key, sent now (the object looked up and its
+        header checked the first time the pass meets the shard)."""
+        remote = self.dump.remote
+        assert remote is not None
+        blob = self._objects.get(shard.file)
+        if blob is None:
+            blob = self._objects[shard.file] = self.dump.blob(shard)
+        layout = self._layout(shard, blob)
+        return [
+            remote.fetch(
+                shard.file,
+                layout.offsets[key] + (lo - shard.start) * self._row_bytes[key],
+                layout.offsets[key] + (hi - shard.start) * self._row_bytes[key],
+            )
+            for key in self.keys
+        ]
+
+    def _read_remote(
+        self, shard: ShardEntry, lo: int, hi: int, out: dict[str, torch.Tensor]
+    ) -> None:
+        remote = self.dump.remote
+        assert remote is not None
+        futures = self._pending.pop((lo, hi), None) or self._fetch(shard, lo, hi)
+        for key, future in zip(self.keys, futures, strict=True):
+            data = remote.take(shard.file, future)
+            want = (hi - lo) * self._row_bytes[key]
+            if len(data) != want:
+                raise InvalidDump(
+                    f"shard {self.dump.path / shard.file} ended inside {key!r}'s rows (read "
+                    f"{len(data)} of {want} bytes)"
+                )
+            if want:
+                out[key].view(torch.uint8).numpy().data.cast("B")[:] = data
+
+    def _layout(self, shard: ShardEntry, blob: Blob) -> _Layout:
         known = self._layouts.get(shard.file)
-        if known is not None and known.identity == identity:
+        if known is not None and known.identity == blob.identity:
             return known
-        with self.dump.open(shard, self.keys):  # its run id and header, checked
+        opened = blob if self.dump.remote is not None else None  # an object: read once
+        with self.dump.open(shard, self.keys, opened):  # its run id and header, checked
             pass
-        layout = _Layout(identity, self._offsets(shard, fd, status.st_size))
+        layout = _Layout(blob.identity, self._offsets(shard, blob))
         self._layouts[shard.file] = layout
         return layout
 
-    def _offsets(self, shard: ShardEntry, fd: int, size: int) -> dict[str, int]:
+    def _offsets(self, shard: ShardEntry, blob: Blob) -> dict[str, int]:
         where = f"shard {self.dump.path / shard.file}"
         try:
-            header, data = read_header(fd, size)
+            header, data = read_header(blob)
         except SafetensorsError as exc:
             raise InvalidDump(f"{where}: {exc}") from None
+        size = blob.size
         rows = shard.stop - shard.start
         offsets = {}
         for key in self.keys:

@@ -5,16 +5,19 @@ a small one), and a header's claims cost nothing until rows are read.
 
 The interface is the part of `safetensors.safe_open` the readers use: `keys`, `metadata`,
 `get_slice(key)` (`get_shape`, `get_dtype`, `[rows]` or `[rows, inner]`) and `get_tensor`.
+The bytes come from a `Blob`: a local file (`LocalBlob`, read with `pread`) or an object at a
+URL (`store.location.RemoteBlob`, read with ranged requests).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,14 +30,72 @@ class SafetensorsError(OSError):
     """A file that is not a readable safetensors file (its header, or its rows)."""
 
 
-def read_header(fd: int, size: int) -> tuple[dict[str, Any], int]:
-    """The parsed header of the file open as `fd` (`size` bytes) and where its data starts."""
-    head = os.pread(fd, 8, 0)
+class Blob(Protocol):
+    """Bytes read at offsets: a file, or an object at a URL. `identity` changes when the
+    bytes are replaced (another run's shard under the same name)."""
+
+    size: int
+    identity: tuple[object, ...]
+
+    def pread(self, nbytes: int, offset: int) -> bytes: ...
+
+    def readinto(self, view: memoryview, offset: int) -> int: ...
+
+    def holds_data(self, offset: int, nbytes: int) -> bool: ...
+
+    def will_need(self, offset: int, nbytes: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBlob:
+    """A local file, open for `pread` (the caller checked what the path is)."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        status = os.fstat(self._fd)
+        self.size = status.st_size
+        identity = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+        self.identity: tuple[object, ...] = identity
+
+    def pread(self, nbytes: int, offset: int) -> bytes:
+        return os.pread(self._fd, nbytes, offset)
+
+    def readinto(self, view: memoryview, offset: int) -> int:
+        return os.preadv(self._fd, [view], offset)
+
+    def holds_data(self, offset: int, nbytes: int) -> bool:
+        """Whether bytes `offset:offset + nbytes` have any block on disk; False for a hole
+        of a sparse file, which reads as zeros (`SEEK_DATA`; True where the system cannot
+        tell)."""
+        try:
+            found = os.lseek(self._fd, offset, os.SEEK_DATA)
+        except AttributeError:  # no SEEK_DATA here
+            return True
+        except OSError as exc:  # ENXIO: no data from `offset` to the end of the file
+            return exc.errno != errno.ENXIO
+        return found < offset + nbytes
+
+    def will_need(self, offset: int, nbytes: int) -> None:
+        """Ask the disk for these bytes ahead of their read (a hint)."""
+        if hasattr(os, "posix_fadvise"):
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_header(blob: Blob) -> tuple[dict[str, Any], int]:
+    """The parsed header of `blob` and where its data starts."""
+    head = blob.pread(8, 0)
     length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-    if not 0 < length <= min(MAX_HEADER, size - 8):
+    if not 0 < length <= min(MAX_HEADER, blob.size - 8):
         raise SafetensorsError(f"its header length {length} does not fit the file")
     try:
-        header = json.loads(os.pread(fd, length, 8))
+        header = json.loads(blob.pread(length, 8))
     except (ValueError, RecursionError):
         raise SafetensorsError("its header is not JSON") from None
     if not isinstance(header, dict):
@@ -45,18 +106,15 @@ def read_header(fd: int, size: int) -> tuple[dict[str, Any], int]:
 class SafetensorsFile:
     """An open safetensors file (a context manager; `close` releases it)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def __init__(self, source: str | Blob) -> None:
+        self.blob = LocalBlob(source) if isinstance(source, str) else source
         try:
-            size = os.fstat(self._fd).st_size
-            header, self._data = read_header(self._fd, size)
+            header, self._data = read_header(self.blob)
             self._metadata = header.pop("__metadata__", None)
-            self._entries = {
-                key: _Entry.of(key, entry, size - self._data) for key, entry in header.items()
-            }
+            size = self.blob.size - self._data
+            self._entries = {key: _Entry.of(key, entry, size) for key, entry in header.items()}
         except BaseException:
-            os.close(self._fd)
+            self.blob.close()
             raise
 
     def __enter__(self) -> SafetensorsFile:
@@ -66,9 +124,7 @@ class SafetensorsFile:
         self.close()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self.blob.close()
 
     def keys(self) -> list[str]:
         return list(self._entries)
@@ -86,14 +142,7 @@ class SafetensorsFile:
         """Whether bytes `offset:offset + nbytes` of `key`'s data have any block on disk;
         False for a hole of a sparse file, which reads as zeros (`SEEK_DATA`; True where the
         system cannot tell)."""
-        start = self._data + self._entries[key].begin + offset
-        try:
-            found = os.lseek(self._fd, start, os.SEEK_DATA)
-        except AttributeError:  # no SEEK_DATA here
-            return True
-        except OSError as exc:  # ENXIO: no data from `start` to the end of the file
-            return exc.errno != errno.ENXIO
-        return found < start + nbytes
+        return self.blob.holds_data(self._data + self._entries[key].begin + offset, nbytes)
 
     def read(self, into: torch.Tensor, offset: int) -> None:
         """Fill `into` (contiguous) with the bytes at `offset` of the data."""
@@ -102,7 +151,7 @@ class SafetensorsFile:
             return
         # as bytes; reshape makes a 0-d tensor one element of the same memory
         view = into.reshape(-1).view(torch.uint8).numpy().data.cast("B")
-        got = os.preadv(self._fd, [view], self._data + offset)
+        got = self.blob.readinto(view, self._data + offset)
         if got != want:
             raise SafetensorsError(f"the file ends inside its rows (read {got} of {want} bytes)")
 

@@ -13,7 +13,9 @@ Other than a map's channels, dimensions of size 1 are dropped first (`[C, 1, W]`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,13 +33,14 @@ def draw_sample(
     out: Path,
     sample: int = 0,
     tiling: grids.Tiling | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Picture:
     """Draw `key` of sample `sample` from a dump into `out`; `tiling` picks and colours the
     tiles of a feature-map grid or of attention heads."""
     tiling = tiling or grids.Tiling()
     check_format(out)
     tiling.check()
-    dump = Dump(dump_path)
+    dump = Dump(dump_path, storage_options)
     if key not in dump:
         raise HookdumpError(
             f"KEY {key!r} is not in {dump.path}{did_you_mean(key, dump.keys())}; "

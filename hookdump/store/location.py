@@ -1,0 +1,200 @@
+"""A dump at a URL: `s3://bucket/prefix` (the `s3` extra), or any fsspec protocol (`gs://`,
+`az://`, `file://`, `memory://`), read with ranged requests through fsspec. A plain path
+stays a local folder, handled by `store.folder` and the readers' own `pread`.
+
+Credentials, region and endpoint come from the client's standard environment and config
+files (`AWS_ACCESS_KEY_ID`, `AWS_PROFILE`, `AWS_ENDPOINT_URL`, ...); `storage_options` pass
+fsspec options. Their values never reach a message: every error from the storage client is
+one line with each option's value blanked out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hookdump.errors import HookdumpError, InvalidDump, opt
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+T = TypeVar("T")
+HEAD_BYTES = 64 << 10  # read of an object's start at once: a shard's header fits, mostly
+
+
+def is_url(where: object) -> bool:
+    """Whether `where` names a dump by URL (`scheme://...`) rather than a local path."""
+    return isinstance(where, str) and bool(_URL.match(where))
+
+
+def out_folder(out: str | os.PathLike[str]) -> Path:
+    """The local folder `--out` names; a URL is refused in one line (the writer for object
+    stores is not there yet: a folder uploaded as it is reads as the same dump)."""
+    if is_url(os.fspath(out)):
+        raise HookdumpError(
+            f"{opt('out')} {os.fspath(out)}: a dump is written to a local folder for now; "
+            "write it there and upload the folder as it is (aws s3 cp --recursive DIR URL): "
+            "every reader takes the URL"
+        )
+    return Path(out)
+
+
+class UrlPath(str):
+    """A URL that joins like a path (`url / "manifest.json"`), for messages and listings."""
+
+    def __truediv__(self, name: str) -> UrlPath:
+        return UrlPath(f"{self.rstrip('/')}/{name}")
+
+    @property
+    def name(self) -> str:
+        return self.rstrip("/").rsplit("/", 1)[-1]
+
+
+def parse_storage_options(pairs: list[str] | None) -> dict[str, str]:
+    """`--storage-option KEY=VALUE` (repeatable) as fsspec's keyword arguments."""
+    options: dict[str, str] = {}
+    for pair in pairs or []:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise HookdumpError(
+                f"--storage-option {key.strip()[:40]!r} is not KEY=VALUE; give it as "
+                "--storage-option endpoint_url=http://..."
+            )
+        options[key.strip()] = value
+    return options
+
+
+class Remote:
+    """A prefix at a URL and the fsspec file system that reaches it."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = UrlPath(url.rstrip("/"))
+        self._secrets = [str(v) for v in (storage_options or {}).values() if len(str(v)) >= 4]
+        # a fresh client that lists afresh: a dump may change between two opens
+        fresh = {"skip_instance_cache": True, "use_listings_cache": False}
+        self._options = fresh | dict(storage_options or {})
+        self._fs, self.root = self._connect()
+        self.root = self.root.rstrip("/")
+
+    @property
+    def fs(self) -> Any:
+        """The file system client, made anew in a forked process (a DataLoader worker):
+        the storage clients' connections and event loops do not survive a fork."""
+        if self._pid != os.getpid():
+            self._fs, _ = self._connect()
+        return self._fs
+
+    def _connect(self) -> tuple[Any, str]:
+        protocol = self.url.split("://", 1)[0].lower()
+        self._pid = os.getpid()
+        try:
+            import fsspec
+            from fsspec.core import url_to_fs
+
+            fs, root = url_to_fs(self.url, **self._options)
+            return fs, str(root)
+        except ImportError as exc:
+            s3 = protocol in ("s3", "s3a")
+            fix = "pip install 'hookdump[s3]'" if s3 else f"pip install {exc.name}"
+            raise HookdumpError(f"{self.url}: {protocol}:// needs {exc.name}: {fix}") from None
+        except (ValueError, TypeError) as exc:
+            known = ", ".join(sorted(fsspec.available_protocols())[:12])
+            raise HookdumpError(
+                f"{self.url}: {self.scrub(str(exc))[:200]} (protocols: {known}, ...)"
+            ) from None
+
+    def object(self, name: str) -> str:
+        """The file system's path of entry `name` under the prefix."""
+        return f"{self.root}/{name}"
+
+    def scrub(self, text: str) -> str:
+        """`text` with every storage option's value blanked out."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def call(
+        self, what: str, action: Callable[[], T], error: type[HookdumpError] = InvalidDump
+    ) -> T:
+        """`action()`, a storage client's failure made one line naming `what`."""
+        try:
+            return action()
+        except FileNotFoundError:
+            raise error(f"{what} does not exist") from None
+        except Exception as exc:  # the client's errors have no common base: botocore, aiohttp
+            reason = self.scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise error(f"cannot read {what}: {reason[:200]}") from None
+
+    def exists(self, name: str) -> bool:
+        return self.call(self.url / name, lambda: bool(self.fs.exists(self.object(name))))
+
+    def info(self, name: str) -> dict[str, Any]:
+        """The object's size and what identifies this version of it (ETag, time)."""
+        return self.call(self.url / name, lambda: dict(self.fs.info(self.object(name))))
+
+    def fetch(self, name: str, start: int, end: int) -> Future[bytes]:
+        """Bytes `start:end` of entry `name`, asked for now and taken later (`take`): on an
+        asynchronous client (s3fs, gcsfs, adlfs) the request runs on fsspec's own event
+        loop beside the others in flight; on another, it is made here."""
+        path = self.object(name)
+        if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None):
+            coroutine = self.fs._cat_file(path, start=start, end=end)
+            return asyncio.run_coroutine_threadsafe(coroutine, self.fs.loop)
+        done: Future[bytes] = Future()
+        try:
+            done.set_result(bytes(self.fs.cat_file(path, start=start, end=end)))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+    def take(self, name: str, future: Future[bytes]) -> bytes:
+        """What `fetch` asked for, a failure made one line naming the entry."""
+        return self.call(self.url / name, lambda: bytes(future.result()))
+
+    def read(self, name: str, start: int, end: int) -> bytes:
+        """Bytes `start:end` of entry `name` (one ranged request)."""
+        path = self.object(name)
+        return self.call(
+            self.url / name, lambda: bytes(self.fs.cat_file(path, start=start, end=end))
+        )
+
+
+class RemoteBlob:
+    """One object read at offsets, as `SafetensorsFile` and the row readers read a file."""
+
+    def __init__(self, remote: Remote, name: str) -> None:
+        self.remote, self.name = remote, name
+        info = remote.info(name)
+        if info.get("type", "file") != "file":
+            raise InvalidDump(f"{remote.url / name} is not a file; refused")
+        self.size = int(info.get("size") or 0)
+        version = info.get("ETag") or info.get("etag") or info.get("LastModified") or ""
+        self.identity: tuple[object, ...] = (self.size, str(version))
+        self._head = b""  # the object's first bytes, read once: a shard's header is there
+
+    def pread(self, nbytes: int, offset: int) -> bytes:
+        end = min(offset + nbytes, self.size)
+        if end <= offset:
+            return b""
+        if end <= HEAD_BYTES:
+            if len(self._head) < min(HEAD_BYTES, self.size):
+                self._head = self.remote.read(self.name, 0, min(HEAD_BYTES, self.size))
+            return self._head[offset:end]
+        return self.remote.read(self.name, offset, end)
+
+    def readinto(self, view: memoryview, offset: int) -> int:
+        data = self.pread(len(view), offset)
+        view[: len(data)] = data
+        return len(data)
+
+    def holds_data(self, offset: int, nbytes: int) -> bool:
+        return True  # an object store keeps no holes
+
+    def will_need(self, offset: int, nbytes: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
