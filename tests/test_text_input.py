@@ -311,8 +311,9 @@ def test_ranks_slices_of_the_text_join_into_the_whole(
 
     def fed(share: tuple[int, int] | None) -> tuple[list[object], list[list[int]], int]:
         feed = text_feed(options, tokenizer, num_samples=num_samples, share=share)
-        ids = [row for b in feed.batches(3) for row in b.kwargs["input_ids"].tolist()]
-        return list(feed.ids), ids, feed.first
+        batches = list(feed.batches(3))
+        ids = [row for b in batches for row in b.kwargs["input_ids"].tolist()]
+        return [i for b in batches for i in b.ids], ids, feed.first
 
     whole_ids, whole_tokens, _ = fed(None)
     parts = [fed((rank, 3)) for rank in range(3)]

@@ -127,6 +127,7 @@ def test_no_storage_option_value_is_ever_shown(local: Path, bucket: str) -> None
         ["inspect", "s3://no-such-bucket-hookdump/d"],
         ["inspect", f"{bucket}/d", "--json"],
         ["diff", str(local), f"{bucket}/d"],
+        ["inspect", f"memory://user:{PLANTED}@host/d"],  # a password in the URL itself
     ):
         result = invoke(*args, *planted)
         assert PLANTED not in result.stdout + result.stderr, args

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from hookdump.engine.progress import ProgressCallback
 from hookdump.engine.signals import exit_code
 from hookdump.errors import HookdumpError, Interrupted
 from hookdump.format.keys import KeyInfo
-from hookdump.format.rows import Rows
+from hookdump.format.rows import Rows, SampleIds
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import calibrate, ends_late, forward
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
@@ -24,6 +25,15 @@ from hookdump.hooks.tokens import TokenRows
 from hookdump.inputs.samples import Batch, Feed
 from hookdump.model.loading import LoadedModel
 from hookdump.store.write.sink import BatchSink
+
+
+@dataclass
+class Fed:
+    """What the batches fed so far carried (after those a resumed dump holds): their
+    samples' ids, and the inputs skipped before them."""
+
+    ids: SampleIds = field(default_factory=SampleIds)
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
 
 class BatchLoop:
@@ -43,13 +53,18 @@ class BatchLoop:
         tokens: TokenRows | None = None,
     ) -> None:
         self.cap, self.model, self.sink, self.tokens = cap, loaded.module, sink, tokens
-        self.sequences = 0  # samples fed (rows count them, or tokens with `tokens`)
+        self.fed = Fed()
         self.device, self.label = loaded.device, label  # the MODEL spec, for errors
         self.forward_dtype, self.grad_target = forward_dtype, grad_target
         self.grads = "grad" in cap.kinds
         self.early = early_stop and not self.grads
         # the selection ends the forward (nearly): count the calls in the first batch itself
         self.count_in_first = self.early and ends_late(cap, self.model)
+
+    @property
+    def sequences(self) -> int:
+        """Samples fed (rows count them, or tokens with `tokens`)."""
+        return len(self.fed.ids)
 
     def run(
         self,
@@ -62,19 +77,16 @@ class BatchLoop:
         """Feed every batch (of `feed`); the number of rows dumped (this run's last row,
         resuming); `nothing`: the error to raise, before anything is written, when no row
         was made."""
-        rows, self.sequences = destination.done_rows, len(destination.done_ids)
-        seen = 0  # the feed's skipped inputs handed over so far
+        rows, self.fed = destination.done_rows, Fed(SampleIds(destination.done_ids))
         # gradients need autograd; everything else runs without it
         mode = torch.enable_grad() if self.grads else torch.inference_mode()
         try:
             with self.cap, mode, _autocast(self.device, self.forward_dtype):
                 for batch in batches:
-                    # what the manifest records of these samples, as it is now (the feed's
-                    # lists grow on this thread while the commit thread writes manifests)
-                    fed = feed.ids[batch.start : batch.stop], tuple(feed.skipped[seen:])
-                    seen += len(fed[1])
-                    rows = self._one(batch, rows, fed)
-                    self.sequences = batch.stop
+                    # what the manifest records of these samples, carried by the batch
+                    rows = self._one(batch, rows)
+                    self.fed.ids.extend(batch.ids)
+                    self.fed.skipped.extend(batch.skipped)
                     if on_batch:
                         on_batch(self.sequences, feed.total, self.sink.bytes_done)
             if rows == 0 and nothing is not None:
@@ -88,16 +100,15 @@ class BatchLoop:
             raise
         return rows
 
-    def _one(
-        self, batch: Batch, first_row: int, fed: tuple[tuple[Any, ...], tuple[Any, ...]]
-    ) -> int:
-        """One batch, its rows from `first_row` on (`fed`: its samples' ids, and the inputs
-        skipped before it); the next batch's first row."""
+    def _one(self, batch: Batch, first_row: int) -> int:
+        """One batch, its rows from `first_row` on (with the ids and skipped inputs it
+        carries); the next batch's first row."""
         cap = self.cap
         if self.early and cap.stop_after is None and not self.count_in_first:
             self.early = calibrate(cap, self.model, batch, self.label)
         cap.next_batch(batch.kwargs.get("attention_mask") if batch.stored else None)
         stored = batch.stored
+        fed = (batch.ids, batch.skipped)
         rows = Rows(first_row, batch.stop, batch.start, batch.stop, False, *fed)
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)

@@ -283,12 +283,12 @@ def _run(
     )
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
-    nothing = None if ranks else lambda: _nothing_read(options, bool(feed.ids))
+    nothing = None if ranks else lambda: _nothing_read(options, bool(loop.fed.ids))
     rows = loop.run(batches, destination, feed, on_batch, nothing)
     looped_at = time.perf_counter()
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
     if whole.rows == 0:
-        raise _nothing_read(options, bool(feed.ids))
+        raise _nothing_read(options, bool(loop.fed.ids))
     manifest = destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
     timings = {
         "load": loaded_at - started,
@@ -392,9 +392,9 @@ def _part(
         shards=list(writer.shards) if writer else [],
         tensors=dict(writer.tensors) if writer else {},
         summaries=dict(sink.summaries),
-        ids=feed.ids[:fed],  # a range where they are row numbers
+        ids=loop.fed.ids[:fed],  # a range where they are row numbers
         skipped=skipped,
-        skipped_inputs=destination.skipped_inputs_before + list(feed.skipped),
+        skipped_inputs=destination.skipped_inputs_before + loop.fed.skipped,
     )
 
 

@@ -202,7 +202,9 @@ def image_input(
             yield Batch(args, {}, row, row + len(good))
             row += len(good)
 
-    return Feed("images", len(done) + len(paths), ids, batches, skipped=skipped, files=list(files))
+    return Feed(
+        "images", len(done) + len(paths), ids, batches, source_skipped=skipped, files=list(files)
+    )
 
 
 def tensor_input(

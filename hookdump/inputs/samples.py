@@ -6,8 +6,9 @@ different `--batch-size` (or split over processes) hold the same rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,22 +66,34 @@ class InputOptions:
     workers: int = 2
 
 
-@dataclass
+@dataclass(frozen=True)
 class Feed:
-    """Samples for a run: their ids (sample indices, paths or row indices), how many, and
-    how to batch them."""
+    """Samples for a run: how many, and their batches, each carrying its samples' ids
+    (sample indices, paths or row indices) and the inputs skipped before it.
+
+    `source_ids` and `source_skipped` are the source's own working lists (a range, for row
+    numbers): they grow as `make` reads, and only `batches`, on the same thread, reads them."""
 
     input_type: str  # random, images, tensors or text
     total: int | None  # samples to read (fewer if images fail to decode; None: not known)
-    ids: Any  # a range (random input) or a list that grows as files are read
-    batches: Callable[[int], Iterator[Batch]]
-    skipped: list[dict[str, str]] = field(default_factory=list)  # undecodable images
+    source_ids: Sequence[Any] = field(repr=False)
+    make: Callable[[int], Iterator[Batch]] = field(repr=False)
+    source_skipped: Sequence[dict[str, str]] = field(default=(), repr=False)  # undecodable
     files: list[Path] = field(default_factory=list)  # every file it reads, for the checks
     special_ids: list[int] = field(default_factory=list)  # text: the tokenizer's special ids
     first: int = 0  # a torchrun rank's first sample in the whole dump
     # samples expected in all when `total` is not known (text: from the corpus's size)
     estimate: Callable[[], int | None] = lambda: None
     padding: Padding | None = None  # text: how much of what the model computed was padding
+
+    def batches(self, batch_size: int) -> Iterator[Batch]:
+        """The source's batches of `batch_size`, each with its ids and skipped inputs."""
+        seen = 0
+        for batch in self.make(batch_size):
+            skipped = tuple(self.source_skipped[seen:])
+            seen += len(skipped)
+            ids = self.source_ids[batch.start : batch.stop]
+            yield dataclasses.replace(batch, ids=ids, skipped=skipped)
 
 
 @dataclass
@@ -122,6 +135,8 @@ class Batch:
     stored: dict[str, torch.Tensor] = field(default_factory=dict)
     forward: Callable[[Any, Any], Any] | None = None
     payload: Any = None
+    ids: Sequence[Any] = ()  # its samples' ids, as the feed gives them out
+    skipped: tuple[dict[str, str], ...] = ()  # inputs skipped since the batch before
 
     @property
     def rows(self) -> int:
@@ -157,6 +172,8 @@ class Batch:
             {k: part(v) for k, v in self.stored.items()},
             self.forward,
             part(self.payload),
+            self.ids[lo:hi],
+            self.skipped if lo == 0 else (),
         )
 
     def to(self, device: torch.device) -> Batch:
@@ -173,6 +190,8 @@ class Batch:
             self.stored,  # written from the CPU
             self.forward,
             move(self.payload),
+            self.ids,
+            self.skipped,
         )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from hookdump.errors import HookdumpError, InvalidDump, opt
 
@@ -71,8 +72,12 @@ class Remote:
     """A prefix at a URL and the fsspec file system that reaches it."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.url = UrlPath(url.rstrip("/"))
+        self._given = url.rstrip("/")
         self._secrets = [str(v) for v in (storage_options or {}).values() if len(str(v)) >= 4]
+        password = urlsplit(self._given).password
+        if password:  # user:password@ in the URL: the URL is shown without it
+            self._secrets.append(password)
+        self.url = UrlPath(self.scrub(self._given))
         # a fresh client that lists afresh: a dump may change between two opens
         fresh = {"skip_instance_cache": True, "use_listings_cache": False}
         self._options = fresh | dict(storage_options or {})
@@ -94,7 +99,7 @@ class Remote:
             import fsspec
             from fsspec.core import url_to_fs
 
-            fs, root = url_to_fs(self.url, **self._options)
+            fs, root = url_to_fs(self._given, **self._options)
             return fs, str(root)
         except ImportError as exc:
             s3 = protocol in ("s3", "s3a")
