@@ -108,6 +108,10 @@ class Manifest(Mapping[str, Any]):
         """The fields as a plain dict, for JSON."""
         return dict(self.fields)
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # pickled as its fields (a DataLoader worker started by spawn gets the dataset so)
+        return (Manifest.of_checked, (dict(self.fields),))
+
 
 # a shard is a plain file name inside the dump folder: no folders, no '..', no hidden tricks
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
