@@ -1,4 +1,4 @@
-"""`hookdump export` / `Dump.export`: the dump's rows read back equal through
+"""`hookdump export` / `hookdump.export`: the dump's rows read back equal through
 `datasets.load_from_disk` and `numpy.load(mmap_mode="r")`, SAELens' layout for packed token
 dumps (refused otherwise, in one line), and a folder made whole before it is in place."""
 

@@ -40,7 +40,7 @@ class RunOptions:
         input: how many samples, in what batches, from where (`inputs.samples.InputOptions`).
         text: text instead of `input.source` (`inputs.text.TextOptions`; None: no text).
         tokens: a row per token (`hooks.tokens.TokenOptions`; None: a row per sample).
-        dump: where the dump goes (`store.writer.DumpOptions`).
+        dump: where the dump goes (`store.write.writer.DumpOptions`).
         dtype: the forward's precision (autocast for float16 and bfloat16).
         command: the command line, recorded in the manifest.
         config: the config file the options came from (never read from inside `out`).

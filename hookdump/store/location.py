@@ -121,24 +121,21 @@ class Remote:
             text = text.replace(secret, "***")
         return text
 
-    def call(
-        self, what: str, action: Callable[[], T], error: type[HookdumpError] = InvalidDump
-    ) -> T:
-        """`action()`, a storage client's failure made one line naming `what`."""
+    def call(self, what: str, action: Callable[[], T], missing: HookdumpError | None = None) -> T:
+        """`action()`, a storage client's failure made one line naming `what` (an entry
+        not there: `missing`, if given)."""
         try:
             return action()
         except FileNotFoundError:
-            raise error(f"{what} does not exist") from None
+            raise missing or InvalidDump(f"{what} does not exist") from None
         except Exception as exc:  # the client's errors have no common base: botocore, aiohttp
             reason = self.scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            raise error(f"cannot read {what}: {reason[:200]}") from None
+            raise InvalidDump(f"cannot read {what}: {reason[:200]}") from None
 
-    def exists(self, name: str) -> bool:
-        return self.call(self.url / name, lambda: bool(self.fs.exists(self.object(name))))
-
-    def info(self, name: str) -> dict[str, Any]:
+    def info(self, name: str, missing: HookdumpError | None = None) -> dict[str, Any]:
         """The object's size and what identifies this version of it (ETag, time)."""
-        return self.call(self.url / name, lambda: dict(self.fs.info(self.object(name))))
+        path = self.object(name)
+        return self.call(self.url / name, lambda: dict(self.fs.info(path)), missing)
 
     def fetch(self, name: str, start: int, end: int) -> Future[bytes]:
         """Bytes `start:end` of entry `name`, asked for now and taken later (`take`): on an
@@ -160,11 +157,8 @@ class Remote:
         return self.call(self.url / name, lambda: bytes(future.result()))
 
     def read(self, name: str, start: int, end: int) -> bytes:
-        """Bytes `start:end` of entry `name` (one ranged request)."""
-        path = self.object(name)
-        return self.call(
-            self.url / name, lambda: bytes(self.fs.cat_file(path, start=start, end=end))
-        )
+        """Bytes `start:end` of entry `name` (one ranged request), waited for."""
+        return self.take(name, self.fetch(name, start, end))
 
 
 class RemoteBlob:

@@ -10,15 +10,16 @@ the order is drawn from the whole dump, fixed by the seed alone:
 - the blocks of all shards are put in one seeded random order;
 - a buffer of half the budget `buffer_bytes` (256 MiB, so 128 MiB) is filled with the next
   blocks in that order (at least 16 of them: a small budget takes smaller blocks), read
-  straight into it (`store.rows`); its rows, and the few carried over from the buffer
+  straight into it (`store.read.rows`); its rows, and the few carried over from the buffer
   before, are put in a seeded random order and given out in batches; the rows short of a
   whole batch are carried into the next buffer, so batches are full until the very last
   (left out with `drop_last`).
 
 A thread fills the next buffer while this one is given out (and asks the disk for each
-next block while it reads one), so reading overlaps the consumer. Memory holds the two
-buffers (the budget), the batch being given out, and 24 bytes of bookkeeping per buffered
-row, never a shard, whatever its size or its header's claims. So a batch draws from the
+next block while it reads one; at a URL, for the next `REMOTE_AHEAD` blocks), so reading
+overlaps the consumer. Memory holds the two buffers (the budget), the batch being given
+out, and 24 bytes of bookkeeping per buffered row, never a shard, whatever its size or its
+header's claims (at a URL, up to `REMOTE_AHEAD` blocks in flight besides). So a batch draws from the
 blocks of one buffer, anywhere in the dump.
 
 The batches before `start` are passed over without reading their rows: only the

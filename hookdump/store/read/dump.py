@@ -14,7 +14,7 @@ from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS
 from hookdump.format.keys import KeyInfo, parse_key
 from hookdump.format.manifest import FORMAT, MANIFEST, Manifest
 from hookdump.format.values import format_bytes
-from hookdump.store.location import Remote, is_url
+from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
 from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.manifest import read_manifest, read_remote_manifest
@@ -209,11 +209,7 @@ class Dump(Mapping[str, torch.Tensor]):
 def _open_url(url: str, storage_options: Mapping[str, Any] | None) -> ShardReader:
     """The reader of a dump under a URL (its manifest read now, its shards when asked)."""
     remote = Remote(url, storage_options)
-    if not remote.exists(MANIFEST):
-        raise HookdumpError(
-            f"{remote.url} has no {MANIFEST}: not a dump, or its run stopped before its first shard"
-        )
-    return ShardReader(remote.url, read_remote_manifest(remote), remote=remote)
+    return ShardReader(remote.url, read_remote_manifest(remote, _no_manifest), remote=remote)
 
 
 def _open(path: Path) -> ShardReader:
@@ -229,10 +225,14 @@ def _open(path: Path) -> ShardReader:
     if not path.is_dir():
         raise HookdumpError(f"{path} is not a dump folder or a .safetensors file")
     if not os.path.lexists(path / MANIFEST):
-        raise HookdumpError(
-            f"{path} has no {MANIFEST}: not a dump, or its run stopped before its first shard"
-        )
+        raise _no_manifest(path)
     return ShardReader(path, read_manifest(path / MANIFEST))
+
+
+def _no_manifest(where: Path | UrlPath) -> HookdumpError:
+    return HookdumpError(
+        f"{where} has no {MANIFEST}: not a dump, or its run stopped before its first shard"
+    )
 
 
 def load(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> Dump:

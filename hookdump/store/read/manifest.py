@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
-from hookdump.errors import InvalidDump
+from hookdump.errors import HookdumpError, InvalidDump
 from hookdump.format.manifest import MANIFEST, Manifest
 from hookdump.store.folder import inside
-from hookdump.store.location import Remote
+from hookdump.store.location import Remote, UrlPath
 
 MAX_MANIFEST_BYTES = 1 << 30
 # what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
@@ -39,10 +40,11 @@ def read_manifest(path: Path) -> Manifest:
     return parse_manifest(data, str(path))
 
 
-def read_remote_manifest(remote: Remote) -> Manifest:
-    """The manifest under a URL, read and checked as a local one is."""
+def read_remote_manifest(remote: Remote, missing: Callable[[UrlPath], HookdumpError]) -> Manifest:
+    """The manifest under a URL, read and checked as a local one is (`missing(url)`: the
+    error where there is none)."""
     where = remote.url / MANIFEST
-    info = remote.info(MANIFEST)
+    info = remote.info(MANIFEST, missing=missing(remote.url))
     size = int(info.get("size") or 0)
     if info.get("type", "file") != "file":
         raise InvalidDump(f"{where} is not a file; refused")

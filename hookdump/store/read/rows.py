@@ -1,12 +1,14 @@
-"""Rows of a dump's shards read straight into a caller's buffer with `os.preadv`: no memory
-map, no intermediate tensor, one copy from the kernel, in as large a read as the rows make.
-`Dump.batches` reads this way.
+"""Rows of a dump's shards read straight into a caller's buffer: with `os.preadv` from a
+local file (no memory map, no intermediate tensor, one copy from the kernel, in as large a
+read as the rows make), or with ranged requests from an object at a URL, asked for
+`REMOTE_AHEAD` blocks ahead. `Dump.batches` reads this way.
 
 A shard is checked once (its run id, and its header against the manifest, by
-`Dump.open_shard`), and its tensors' byte offsets are taken from its header, each checked to
-hold exactly the rows the manifest gives it inside the file. A shard whose file changed
-since (another inode, size or time: another run wrote over the dump) is checked again, so
-a replaced shard is an `InvalidDump`, never another run's rows.
+`ShardReader.open`, on the very file or object read), and its tensors' byte offsets are
+taken from that header, each checked to hold exactly the rows the manifest gives it. A
+local shard whose file changed since (another inode, size or time: another run wrote over
+the dump) is checked again, so a replaced shard is an `InvalidDump`, never another run's
+rows; an object at a URL is looked up (size, ETag) once per pass.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from hookdump.errors import InvalidDump
 from hookdump.format.manifest import ShardEntry
 from hookdump.store.read.reader import ShardReader
-from hookdump.store.read.shard_file import Blob, SafetensorsError, read_header
+from hookdump.store.read.shard_file import Blob, SafetensorsFile
 
 # blocks asked for ahead of their read from a URL: each a request per key in flight, so
 # the memory beyond a pass's buffers is at most this many blocks (of BLOCK_BYTES)
@@ -57,22 +59,18 @@ class ShardRows:
         if self.dump.remote is not None:
             self._read_remote(shard, lo, hi, out)
             return
-        where = self.dump.path / shard.file
         blob = self.dump.blob(shard)
         try:
             layout = self._layout(shard, blob)
             for key in self.keys:
-                size = self._row_bytes[key]
-                want = (hi - lo) * size
-                if want == 0:
+                span = self._span(layout, shard, key, lo, hi)
+                if not span:
                     continue
-                target = out[key].view(torch.uint8).numpy().data.cast("B")
-                got = blob.readinto(target, layout.offsets[key] + (lo - shard.start) * size)
-                if got != want:
-                    raise InvalidDump(
-                        f"shard {where} ended inside {key!r}'s rows (read {got} of {want} bytes)"
-                    )
+                got = blob.readinto(_bytes_of(out[key]), span.start)
+                if got != len(span):
+                    raise self._short(shard, key, got, len(span))
         except OSError as exc:
+            where = self.dump.path / shard.file
             raise InvalidDump(f"cannot read shard {where}: {exc.strerror or exc}") from None
         finally:
             blob.close()
@@ -93,8 +91,8 @@ class ShardRows:
             return
         try:
             for key in self.keys:
-                size = self._row_bytes[key]
-                blob.will_need(layout.offsets[key] + (lo - shard.start) * size, (hi - lo) * size)
+                span = self._span(layout, shard, key, lo, hi)
+                blob.will_need(span.start, len(span))
         finally:
             blob.close()
 
@@ -107,14 +105,8 @@ class ShardRows:
         if blob is None:
             blob = self._objects[shard.file] = self.dump.blob(shard)
         layout = self._layout(shard, blob)
-        return [
-            remote.fetch(
-                shard.file,
-                layout.offsets[key] + (lo - shard.start) * self._row_bytes[key],
-                layout.offsets[key] + (hi - shard.start) * self._row_bytes[key],
-            )
-            for key in self.keys
-        ]
+        spans = [self._span(layout, shard, key, lo, hi) for key in self.keys]
+        return [remote.fetch(shard.file, span.start, span.stop) for span in spans]
 
     def _read_remote(
         self, shard: ShardEntry, lo: int, hi: int, out: dict[str, torch.Tensor]
@@ -126,45 +118,49 @@ class ShardRows:
             data = remote.take(shard.file, future)
             want = (hi - lo) * self._row_bytes[key]
             if len(data) != want:
-                raise InvalidDump(
-                    f"shard {self.dump.path / shard.file} ended inside {key!r}'s rows (read "
-                    f"{len(data)} of {want} bytes)"
-                )
+                raise self._short(shard, key, len(data), want)
             if want:
-                out[key].view(torch.uint8).numpy().data.cast("B")[:] = data
+                _bytes_of(out[key])[:] = data
 
     def _layout(self, shard: ShardEntry, blob: Blob) -> _Layout:
         known = self._layouts.get(shard.file)
         if known is not None and known.identity == blob.identity:
             return known
-        opened = blob if self.dump.remote is not None else None  # an object: read once
-        with self.dump.open(shard, self.keys, opened):  # its run id and header, checked
-            pass
-        layout = _Layout(blob.identity, self._offsets(shard, blob))
+        with self.dump.open(shard, self.keys, blob) as opened:  # its run id and header
+            layout = _Layout(blob.identity, self._offsets(shard, opened))
         self._layouts[shard.file] = layout
         return layout
 
-    def _offsets(self, shard: ShardEntry, blob: Blob) -> dict[str, int]:
+    def _offsets(self, shard: ShardEntry, opened: SafetensorsFile) -> dict[str, int]:
+        """Where each key's rows start in the shard, once they are exactly its rows."""
         where = f"shard {self.dump.path / shard.file}"
-        try:
-            header, data = read_header(blob)
-        except SafetensorsError as exc:
-            raise InvalidDump(f"{where}: {exc}") from None
-        size = blob.size
-        rows = shard.stop - shard.start
         offsets = {}
         for key in self.keys:
-            entry = header.get(key) if isinstance(header, dict) else None
-            span = entry.get("data_offsets") if isinstance(entry, dict) else None
-            if not (
-                isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)
-            ):
+            span = opened.span(key)
+            if span is None:
                 raise InvalidDump(f"{where}: no byte offsets for {key!r} in its header")
             begin, end = span
-            if end - begin != rows * self._row_bytes[key] or begin < 0 or data + end > size:
+            if end - begin != shard.rows * self._row_bytes[key]:
                 raise InvalidDump(
-                    f"{where}: {key!r}'s bytes {begin}:{end} are not its {rows} rows inside the "
-                    "file"
+                    f"{where}: {key!r}'s bytes {begin}:{end} are not its {shard.rows} rows "
+                    "inside the file"
                 )
-            offsets[key] = data + begin
+            offsets[key] = begin
         return offsets
+
+    def _span(self, layout: _Layout, shard: ShardEntry, key: str, lo: int, hi: int) -> range:
+        """The bytes of rows `lo:hi` of `key` in the shard."""
+        size = self._row_bytes[key]
+        start = layout.offsets[key] + (lo - shard.start) * size
+        return range(start, start + (hi - lo) * size)
+
+    def _short(self, shard: ShardEntry, key: str, got: int, want: int) -> InvalidDump:
+        return InvalidDump(
+            f"shard {self.dump.path / shard.file} ended inside {key!r}'s rows (read {got} of "
+            f"{want} bytes)"
+        )
+
+
+def _bytes_of(rows: torch.Tensor) -> memoryview:
+    """The bytes of contiguous `rows`, to read into."""
+    return rows.view(torch.uint8).numpy().data.cast("B")

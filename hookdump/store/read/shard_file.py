@@ -132,6 +132,12 @@ class SafetensorsFile:
     def metadata(self) -> dict[str, str] | None:
         return self._metadata if isinstance(self._metadata, dict) else None
 
+    def span(self, key: str) -> tuple[int, int] | None:
+        """Where `key`'s bytes lie in the file, `start:end` (checked inside it when the
+        header was read); None for a key the file lacks."""
+        entry = self._entries.get(key)
+        return None if entry is None else (self._data + entry.begin, self._data + entry.end)
+
     def get_slice(self, key: str) -> _Slice:
         return _Slice(self, self._entries[key])
 
@@ -159,8 +165,9 @@ class SafetensorsFile:
 class _Entry:
     """One tensor's dtype, shape and place in the data, checked against the file."""
 
-    def __init__(self, key: str, dtype: str, shape: list[int], begin: int) -> None:
-        self.key, self.dtype_name, self.shape, self.begin = key, dtype, shape, begin
+    def __init__(self, key: str, dtype: str, shape: list[int], begin: int, end: int) -> None:
+        self.key, self.dtype_name, self.shape = key, dtype, shape
+        self.begin, self.end = begin, end
 
     @classmethod
     def of(cls, key: str, entry: Any, data_bytes: int) -> _Entry:
@@ -181,7 +188,7 @@ class _Entry:
             raise SafetensorsError(
                 f"{where}'s bytes {begin}:{end} are not its shape {shape} inside the file"
             )
-        return cls(key, dtype, shape, begin)
+        return cls(key, dtype, shape, begin, end)
 
     @property
     def torch_dtype(self) -> torch.dtype:
