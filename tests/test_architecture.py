@@ -67,12 +67,12 @@ def test_library_errors_name_arguments_and_the_cli_names_flags(in_tests_dir: Pat
     assert str(caught.value) == "batch_size 0 must be at least 1"
     with pytest.raises(hookdump.HookdumpError) as caught:
         run(RunOptions(ModelOptions("tiny_models:TwoLinear"), dump=DumpOptions(out=in_tests_dir)))
-    assert "pass overwrite=True to replace" in str(caught.value)
+    assert "overwrite=True only replaces dumps" in str(caught.value)  # named as in Python
     assert_usage_error(invoke("run", "tiny_models:TwoLinear", "--reduce", "median"),
                        "--reduce 'median' is not one of")  # fmt: skip
     assert_usage_error(invoke("run", "tiny_models:TwoLinear", "-b", "0"), "--batch-size 0")
     line = assert_usage_error(invoke("run", "tiny_models:TwoLinear", "-o", str(in_tests_dir)))
-    assert "pass --overwrite to replace" in line
+    assert "--overwrite only replaces dumps" in line
 
 
 def test_hookdump_debug_shows_the_models_own_traceback(

@@ -147,8 +147,14 @@ def test_unbatched_and_non_tensor_values_are_noted_in_the_manifest(tmp_path: Pat
 def test_a_non_empty_out_is_refused_and_left_alone(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     result = invoke("run", "tiny_models:TwoLinear", "-o", str(tmp_path))
-    assert_usage_error(result, f"--out {tmp_path} exists and is not empty", "--overwrite")
+    # the first answer is the one that helps: --overwrite would be refused too
+    line = assert_usage_error(result, f"--out {tmp_path} holds files that are not part of")
+    assert "notes.txt" in line and "choose another folder" in line
     assert (tmp_path / "notes.txt").read_text() == "mine"
+    dump = tmp_path / "d"
+    run_ok("tiny_models:TwoLinear", "-n", "2", "-o", str(dump))
+    result = invoke("run", "tiny_models:TwoLinear", "-o", str(dump))
+    assert_usage_error(result, f"--out {dump} holds a dump already", "--overwrite")
 
 
 def test_overwrite_replaces_a_dump_but_never_foreign_files(tmp_path: Path) -> None:

@@ -140,17 +140,3 @@ def test_a_shard_replaced_under_the_manifest_is_refused(local: Path, bucket: str
     fs.pipe_file(f"{root}/{sorted(p.name for p in local.glob('shard-*'))[0]}", b"not a shard")
     with pytest.raises(hookdump.InvalidDump, match=r"shard-00000\.safetensors"):
         hookdump.load(url)[Y]
-
-
-def test_writing_to_a_url_is_refused_in_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Until the object-store writer lands, `--out URL` is refused before anything is
-    written (it used to become a local folder named `s3:`)."""
-    monkeypatch.chdir(tmp_path)
-    result = invoke("run", "resnet18", "-n", "1", "--out", "s3://bucket/acts")
-    assert result.exit_code == 2 and result.stdout == ""
-    assert result.stderr.startswith("Error: --out s3://bucket/acts: a dump is written to a local")
-    with pytest.raises(hookdump.HookdumpError, match="out s3://bucket/acts: a dump is written"):
-        hookdump.dump(TwoLinear(), [torch.ones(1, 2)], "s3://bucket/acts")
-    assert list(tmp_path.iterdir()) == []

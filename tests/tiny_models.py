@@ -302,7 +302,8 @@ class Barrier(_AtBatch):
 
         if str(n) == os.environ.get("HOOKDUMP_TEST_BARRIER_AT"):
             folder = Path(os.environ["HOOKDUMP_TEST_BARRIER"])
-            (folder / "ready").touch()
+            (folder / "ready.tmp").write_text(str(os.getpid()))  # who waits: a test may kill it
+            (folder / "ready.tmp").replace(folder / "ready")
             while not (folder / "go").exists():
                 time.sleep(0.01)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -24,21 +25,24 @@ from hookdump.cli._options import (
     NoStrictOpt,
     QuietOpt,
     SeedOpt,
+    StorageOpt,
     TrainOpt,
     TypesOpt,
     UnsafePickleOpt,
     WeightsOpt,
     as_list,
     model_options,
+    storage_options,
 )
 from hookdump.cli._progress import GCPause, progress_bar
 from hookdump.errors import CheckFailed
-from hookdump.store.location import out_folder
+from hookdump.store.location import is_url
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
     from hookdump.hooks.options import CaptureOptions
     from hookdump.hooks.tokens import TokenOptions
+    from hookdump.store.write.writer import DumpOptions
 
 
 def run(
@@ -52,11 +56,23 @@ def run(
         typer.Option(
             "--out",
             "-o",
-            metavar="DIR",
-            help="Folder for the dump (new or empty). Without it nothing is saved.",
+            metavar="DIR|URL",
+            help="Folder for the dump (new or empty), or a URL (s3://bucket/prefix; the s3 "
+            "extra). Without it nothing is saved.",
             show_default=False,
         ),
     ] = None,
+    spool: Annotated[
+        Path | None,
+        typer.Option(
+            "--spool",
+            metavar="DIR",
+            help="With --out URL: where shards are finished before they go up (at most 4 "
+            "shards at a time; default: the system's temporary folder).",
+            show_default=False,
+        ),
+    ] = None,
+    storage_option: StorageOpt = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing dump in --out.")
     ] = False,
@@ -282,12 +298,11 @@ def run(
     """Load MODEL, hook the selected modules, run input through it and write the dump."""
     pause = GCPause()  # first: the imports below bring torch in
     try:
-        from hookdump.engine.options import RunOptions, parse_size
+        from hookdump.engine.options import RunOptions
         from hookdump.engine.runner import run as run_dump
         from hookdump.inputs.samples import InputOptions, parse_shape
         from hookdump.inputs.text import TextOptions
         from hookdump.model.prepare import resolve_dtype
-        from hookdump.store.write.writer import DumpOptions
 
         # the strings of the command line become typed options here, and nowhere else
         options = RunOptions(
@@ -319,12 +334,8 @@ def run(
                 sort_by_length,
             ),
             tokens=_token_options(per_token, positions, skip_special_tokens),
-            dump=DumpOptions(
-                out=None if out is None else out_folder(out),
-                overwrite=overwrite,
-                resume=resume,
-                shard_bytes=parse_size(shard_size),
-                save_dtype=resolve_dtype(save_dtype, "save_dtype") if save_dtype else None,
+            dump=_dump_options(
+                out, spool, storage_option, overwrite, resume, shard_size, save_dtype
             ),
             dtype=resolve_dtype(dtype, "dtype"),
             command=tuple(ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]])),
@@ -404,3 +415,29 @@ def _report(result: RunResult, quiet: bool, json_output: bool, fail_on_nonfinite
 
 def _stdin_unless(reads_stdin: bool) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext() if reads_stdin else _output.no_stdin()
+
+
+def _dump_options(
+    out: str | None,
+    spool: Path | None,
+    storage_option: list[str] | None,
+    overwrite: bool,
+    resume: bool,
+    shard_size: str,
+    save_dtype: str | None,
+) -> DumpOptions:
+    from hookdump.engine.options import parse_size
+    from hookdump.model.prepare import resolve_dtype
+    from hookdump.store.write.writer import DumpOptions
+
+    url = out is not None and is_url(out)
+    return DumpOptions(
+        out=None if out is None or url else Path(out),
+        url=out if url else None,
+        storage_options=storage_options(storage_option),
+        spool=spool,
+        overwrite=overwrite,
+        resume=resume,
+        shard_bytes=parse_size(shard_size),
+        save_dtype=resolve_dtype(save_dtype, "save_dtype") if save_dtype else None,
+    )

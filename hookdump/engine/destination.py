@@ -4,6 +4,9 @@
 - resume: the rest of an interrupted dump, after the samples it already holds;
 - a torchrun rank: its own shards and manifest, merged into one dump by rank 0 at the end.
 
+Each writes a local folder, or a URL (`upload`: the shards are finished in a local spool,
+`out`, and uploaded; see `engine.at_url`).
+
 The batch loop only sees the writer (or None, without `--out`); everything that differs
 between the modes happens here, before the loop (`open`, `start`) or after it (`finish`).
 """
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hookdump.engine.at_url import keep_uploaded
 from hookdump.engine.distributed import (
     Ranks,
     RankShare,
@@ -30,6 +34,7 @@ from hookdump.store.folder import check_out_dir
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
+from hookdump.store.write.upload import Upload
 from hookdump.store.write.writer import DumpWriter
 
 
@@ -41,18 +46,30 @@ class Destination:
     ranks: Ranks | None = None
     previous: dict[str, Any] | None = None  # the interrupted dump being resumed
     overwrite: bool = False
+    upload: Upload | None = None  # the dump goes to a URL (`out` is its spool)
     writer: DumpWriter | None = field(default=None, init=False)
 
     @classmethod
-    def open(cls, options: RunOptions, ranks: Ranks | None) -> Destination:
+    def open(
+        cls, options: RunOptions, ranks: Ranks | None, upload: Upload | None = None
+    ) -> Destination:
         """Check `--out` for the run the options describe (before the slow part)."""
         dump = options.dump
-        previous = previous_dump(options, ranks) if dump.resume else None
+        previous = previous_dump(options, ranks, upload) if dump.resume else None
+        if previous is not None and upload is not None:
+            previous = keep_uploaded(upload, previous, rank_names(ranks))
         # resuming with nothing to carry on (or only a first shard cut short) starts anew
         overwrite = dump.overwrite or (dump.resume and previous is None)
-        if dump.out is not None and previous is None:
+        if upload is not None and previous is None:
+            upload.check_prefix(overwrite)
+        elif dump.out is not None and previous is None:
             check_out_dir(dump.out, overwrite)
-        return cls(dump.out, ranks, previous, overwrite)
+        return cls(dump.out, ranks, previous, overwrite, upload)
+
+    @property
+    def where(self) -> str:
+        """The dump's folder or URL, for messages."""
+        return str(self.upload.url if self.upload is not None else self.out)
 
     @property
     def done_ids(self) -> Sequence[Any]:
@@ -75,7 +92,7 @@ class Destination:
     def check_sources(self, made_from: dict[str, Any]) -> None:
         """Resuming: the model, weights and input files must be those the dump was made from."""
         if self.previous is not None and self.out is not None:
-            check_sources(self.out, self.previous.get("sources"), made_from)
+            check_sources(self.where, self.previous.get("sources"), made_from)
 
     def start(self, *, shard_bytes: int, fields: dict[str, Any]) -> None:
         """Make the writer (`fields`: what the manifest records of the run)."""
@@ -84,15 +101,21 @@ class Destination:
         names = rank_names(self.ranks)
         if self.previous is not None:
             self.writer = DumpWriter.resume(
-                self.out, self.previous, shard_bytes=shard_bytes, fields=fields, names=names
+                self.out,
+                self.previous,
+                shard_bytes=shard_bytes,
+                fields=fields,
+                names=names,
+                upload=self.upload,
             )
         else:
             self.writer = DumpWriter(
                 self.out,
-                overwrite=self.overwrite,
+                overwrite=self.overwrite and self.upload is None,  # a spool is new
                 shard_bytes=shard_bytes,
                 fields=fields,
                 names=names,
+                upload=self.upload,
             )
         if self.ranks is not None:  # one dump, one run id: the resumed dump's, or rank 0's
             ids = self.ranks.gather(self.writer.run_id)
@@ -104,16 +127,20 @@ class Destination:
 
     def summaries_before(self) -> dict[str, KeySummary]:
         """Resuming: the statistics of the samples already in the dump."""
-        if self.previous is None or self.out is None:
-            return {}
-        return summarize(ShardReader(self.out, Manifest.of_checked(self.previous)))
+        if self.previous is None or self.out is None or not self.previous["shards"]:
+            return {}  # (a torchrun rank that had written nothing)
+        manifest = Manifest.of_checked(self.previous)
+        if self.upload is not None:
+            remote = self.upload.remote
+            return summarize(ShardReader(remote.url, manifest, remote=remote))
+        return summarize(ShardReader(self.out, manifest))
 
     def interrupted(self) -> str:
         """What Ctrl-C leaves behind, and how to go on."""
         if self.writer is not None and self.writer.shards:
             rows = self.writer.shards[-1]["stop"]
             return (
-                f"{rows} samples are safe in {self.writer.out}; run the same command with "
+                f"{rows} samples are safe in {self.writer.where}; run the same command with "
                 f"{opt('resume', True)} to finish the dump"
             )
         return "nothing was written"
@@ -141,7 +168,7 @@ class Destination:
                 }
             )
             if self.ranks is not None:
-                drop_rank_manifests(self.writer.out)
+                drop_rank_manifests(self.writer.out, self.ranks.world, self.upload)
         if self.ranks is not None:
             self.ranks.close()
         return manifest

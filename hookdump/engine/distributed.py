@@ -5,8 +5,9 @@ removes the ranks' manifests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.rows import SampleIds
 from hookdump.store.stats import KeySummary
+from hookdump.store.write.upload import Upload
 from hookdump.store.write.writer import FileNames
 
 
@@ -40,11 +42,26 @@ class Ranks:
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value`, in rank order (on every rank)."""
         values: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(values, value)
+        with self._together():
+            torch.distributed.all_gather_object(values, value)
         return values
 
     def barrier(self) -> None:
-        torch.distributed.barrier()
+        with self._together():
+            torch.distributed.barrier()
+
+    @contextlib.contextmanager
+    def _together(self) -> Iterator[None]:
+        """A collective that fails because another process of the job is gone (killed,
+        its node lost) is one line: what this rank wrote is kept for `--resume`."""
+        try:
+            yield
+        except Exception as exc:  # gloo's and NCCL's errors have no common base
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise HookdumpError(
+                f"torchrun rank {self.rank}: another process of the job stopped ({reason}); "
+                f"the finished shards are kept: start the job again with {opt('resume', True)}"
+            ) from None
 
     def close(self) -> None:
         """Wait for every rank (rank 0 has written the manifest), then shut the process group
@@ -115,12 +132,13 @@ def merge_ranks(ranks: Ranks, mine: RankShare) -> RankShare | None:
                 "the ranks captured different keys: the model's control flow depends on its "
                 f"input; {opt('exclude')} the modules that differ"
             )
-    shards, offset, samples = [], 0, 0
+    shards, offset, samples, inputs_skipped = [], 0, 0, 0
     summaries: dict[str, KeySummary] = {}
     for part in everyone:
-        shards += [_moved(shard, offset, samples) for shard in part.shards]
+        shards += [_moved(shard, offset, samples, inputs_skipped) for shard in part.shards]
         offset += part.rows
         samples += len(part.ids)
+        inputs_skipped += len(part.skipped_inputs)
         for key, summary in part.summaries.items():
             if key in summaries:
                 summaries[key].merge(summary)
@@ -138,16 +156,23 @@ def merge_ranks(ranks: Ranks, mine: RankShare) -> RankShare | None:
     )
 
 
-def _moved(shard: dict[str, Any], rows: int, samples: int) -> dict[str, Any]:
-    """A rank's shard entry placed after `rows` rows of `samples` samples of earlier ranks."""
+def _moved(shard: dict[str, Any], rows: int, samples: int, skipped: int) -> dict[str, Any]:
+    """A rank's shard entry placed after `rows` rows of `samples` samples (and `skipped`
+    skipped inputs) of earlier ranks."""
     moved = {**shard, "start": shard["start"] + rows, "stop": shard["stop"] + rows}
     if "sequences" in shard:  # token rows: the samples fed up to the shard's end
         moved["sequences"] = shard["sequences"] + samples
+    if "inputs_skipped" in shard:  # a dump at a URL: the inputs skipped up to its end
+        moved["inputs_skipped"] = shard["inputs_skipped"] + skipped
     return moved
 
 
-def drop_rank_manifests(out: Path) -> None:
-    """Once `manifest.json` lists every rank's shards, the ranks' own are not needed."""
+def drop_rank_manifests(out: Path, world: int, upload: Upload | None = None) -> None:
+    """Once `manifest.json` lists every rank's shards, the ranks' own are not needed (at a
+    URL, `upload`: those of the `world` ranks)."""
+    if upload is not None:
+        upload.remove(f"manifest-r{rank:02d}.json" for rank in range(world))
+        return
     for path in out.glob(RANK_MANIFESTS):
         path.unlink(missing_ok=True)
 

@@ -30,7 +30,7 @@ from hookdump.inputs.samples import InputOptions
 from hookdump.model.loading import class_path
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
-from hookdump.store.location import out_folder
+from hookdump.store.location import is_url
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.writer import DumpOptions
 
@@ -66,6 +66,8 @@ def dump(
     model_args: dict[str, Any] | None = None,
     seed: int = 0,
     progress: bool = False,
+    storage_options: dict[str, str] | None = None,
+    spool: str | os.PathLike[str] | None = None,
 ) -> Dump:
     """Stream what the selected modules of `model` produce for `data` into a dump in `out`.
 
@@ -78,7 +80,8 @@ def dump(
             `model(*b)`, a dict as `model(**b)`. A batch's rows are the first dimension of
             its first tensor; batches may differ in size. Tensors are moved to the model's
             device.
-        out: the dump folder (new or empty, or see `overwrite` and `resume`).
+        out: the dump folder (new or empty, or see `overwrite` and `resume`), or a URL
+            (`s3://bucket/prefix`, the s3 extra; any fsspec URL).
         layers, exclude, types: which modules (globs over qualified names, class names).
         capture: any of `output`, `input`, `grad`, `ops` (the results of the ops each
             module's own forward calls, `M:op.add`); `ops`: globs of the op names kept.
@@ -104,6 +107,9 @@ def dump(
         early_stop: end each forward once the selected modules have all run.
         grad_target: the objective of `capture="grad"`: `sum` or an index into dim 1.
         progress: a progress bar on stderr.
+        storage_options: fsspec's options for a URL `out` (never recorded or printed).
+        spool: with a URL `out`, where shards are finished before they go up (default:
+            the system's temporary folder).
 
     Returns:
         The complete dump, opened (`Dump`): `d["layer4"]` is every row of that key.
@@ -168,19 +174,39 @@ def dump(
             ),
             input=InputOptions(num_samples=num_samples),
             tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,
-            dump=DumpOptions(
-                out_folder(out),
-                overwrite,
-                resume,
-                _size(shard_size),
-                _dtype(save_dtype, "save_dtype"),
+            dump=_dump_options(
+                out, storage_options, spool, overwrite, resume, shard_size, save_dtype
             ),
             dtype=_dtype(dtype, "dtype") or torch.float32,
         )
         given = PythonData(data, forward, ids, per_token, tuple(special))
         with Progress(progress, _stderr_console() if progress else None) as on_batch:
             run(options, on_batch, model=live, data=given)
+    if is_url(os.fspath(out)):
+        return Dump(os.fspath(out), storage_options=storage_options)
     return Dump(Path(out))
+
+
+def _dump_options(
+    out: str | os.PathLike[str],
+    storage_options: dict[str, str] | None,
+    spool: str | os.PathLike[str] | None,
+    overwrite: bool,
+    resume: bool,
+    shard_size: int | str,
+    save_dtype: str | torch.dtype | None,
+) -> DumpOptions:
+    url = is_url(os.fspath(out))
+    return DumpOptions(
+        None if url else Path(out),
+        os.fspath(out) if url else None,
+        dict(storage_options or {}),
+        None if spool is None else Path(spool),
+        overwrite,
+        resume,
+        _size(shard_size),
+        _dtype(save_dtype, "save_dtype"),
+    )
 
 
 def _live_module(model: object) -> nn.Module | None:

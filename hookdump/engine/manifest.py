@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 
@@ -38,7 +39,7 @@ def manifest_fields(
     modules = list(select_modules(loaded.module, capture.layers, capture.exclude, capture.types))
     fields = {
         "model": loaded.manifest_entry(),
-        "command": list(options.command),
+        "command": _scrubbed(options),
         "recipe": options.recipe(),
         "sources": sources,
         "selection": {
@@ -126,3 +127,24 @@ def _version(package: str) -> str | None:
         return version(package)
     except PackageNotFoundError:
         return None
+
+
+def _scrubbed(options: RunOptions) -> list[str]:
+    """The command line with every storage option's value, and a password in the URL,
+    blanked: the manifest never holds a secret."""
+    secrets = [str(v) for v in options.dump.storage_options.values() if str(v)]
+    password = urlsplit(options.dump.url).password if options.dump.url else None
+    if password:
+        secrets.append(password)
+    command, blank_next = [], False
+    for arg in options.command:
+        if arg.startswith("--storage-option="):
+            arg = f"--storage-option={arg.split('=')[1]}=***"
+        elif blank_next:
+            key, equals, _ = arg.partition("=")
+            arg = f"{key}=***" if equals else "***"
+        blank_next = arg == "--storage-option"
+        for secret in sorted(secrets, key=len, reverse=True):
+            arg = arg.replace(secret, "***")
+        command.append(arg)
+    return command

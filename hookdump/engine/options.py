@@ -100,7 +100,7 @@ class RunResult:
     """What a run captured and where it went."""
 
     model: str
-    out: Path | None
+    out: Path | str | None  # a folder, or a URL
     num_samples: int  # rows: samples, or tokens with per_token
     keys: list[KeySummary]
     skipped: list[dict[str, str]]

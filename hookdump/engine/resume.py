@@ -8,6 +8,7 @@ input file.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,10 @@ from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import samples_fed
 from hookdump.model.weights import sha256, state_sha256
+from hookdump.store.location import Remote
 from hookdump.store.read.dump import Dump, read_manifest
+from hookdump.store.read.manifest import read_remote_manifest
+from hookdump.store.write.upload import Upload
 from hookdump.store.write.writer import MANIFEST
 
 if TYPE_CHECKING:
@@ -53,7 +57,7 @@ def _stat(path: Path) -> list[Any]:
     return [str(path), info.st_size, info.st_mtime_ns]
 
 
-def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
+def check_sources(out: str, before: Any, now: dict[str, Any]) -> None:
     """Refuse to resume when a file the dump was made from has changed (one line naming it).
     A dump from a hookdump that did not record its sources is taken as it is."""
     if not isinstance(before, dict):
@@ -100,7 +104,7 @@ def check_sources(out: Path, before: Any, now: dict[str, Any]) -> None:
         )
 
 
-def _check_definition(out: Path, before: dict[str, Any], now: dict[str, Any], fix: str) -> None:
+def _check_definition(out: str, before: dict[str, Any], now: dict[str, Any], fix: str) -> None:
     """What defines the model (config, tokenizer files, class source) must be unchanged; a
     dump from before this was recorded is taken as it is."""
     if "definition" not in before:
@@ -117,7 +121,7 @@ def _check_definition(out: Path, before: dict[str, Any], now: dict[str, Any], fi
             )
 
 
-def _check_state(out: Path, old: Any, new: Any) -> None:
+def _check_state(out: str, old: Any, new: Any) -> None:
     """A live module's weights (`hookdump.dump`) must be those the dump began with."""
     if old != new:
         raise HookdumpError(
@@ -133,30 +137,68 @@ def _short(entry: dict[str, Any] | None) -> str:
     return str(entry.get("sha256", "?"))[:12]
 
 
-def previous_dump(options: RunOptions, ranks: Ranks | None = None) -> dict[str, Any] | None:
+class _Place:
+    """Where an interrupted dump is: a local folder, or a prefix at a URL (`upload`)."""
+
+    def __init__(self, out: Path, upload: Upload | None) -> None:
+        self.out, self.upload = out, upload
+        self.label = str(upload.url if upload is not None else out)
+
+    def exists(self) -> bool:
+        return self.upload is not None or self.out.is_dir()
+
+    def has(self, name: str) -> bool:
+        if self.upload is not None:
+            return name in self.upload.entries()
+        return (self.out / name).exists()
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        """A manifest there, read and checked."""
+        if self.upload is None:
+            return read_manifest(self.out / name).to_json()
+        remote: Remote = self.upload.remote
+        return read_remote_manifest(remote, _gone(remote.url / name), name).to_json()
+
+    def rank_manifests(self) -> list[str]:
+        if self.upload is not None:
+            names = self.upload.entries()
+        else:
+            names = [p.name for p in self.out.iterdir()] if self.out.is_dir() else []
+        return sorted(n for n in names if fnmatch.fnmatchcase(n, RANK_MANIFESTS))
+
+
+def _gone(where: str) -> Any:
+    return lambda _: HookdumpError(f"{where} is gone; start anew with {opt('overwrite', True)}")
+
+
+def previous_dump(
+    options: RunOptions, ranks: Ranks | None = None, upload: Upload | None = None
+) -> dict[str, Any] | None:
     """The incomplete dump that `resume` carries on (None: nothing there yet, start anew).
-    Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
+    Under torchrun, this rank's own part of it (empty where the rank wrote nothing).
+    `upload`: the dump is at its URL (`options.dump.out` is the local spool)."""
     out = options.dump.out
     if out is None:
         raise HookdumpError(
             f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"
         )
-    manifest = _one_process(out) if ranks is None else _this_rank(out, ranks)
+    place = _Place(out, upload)
+    manifest = _one_process(place) if ranks is None else _this_rank(place, ranks)
     if manifest is None:  # nothing there: it starts anew (a rank, beside the others' parts)
-        return dict(_NOTHING) if ranks is not None and out.is_dir() else None
-    _check_recipe(options, manifest, out)  # whatever it holds: it must be this run's dump
+        return dict(_NOTHING) if ranks is not None and place.exists() else None
+    _check_recipe(options, manifest, place.label)  # whatever it holds: it must be this run's
     if not manifest["shards"]:  # nothing was finished (by this rank): it starts anew
         return None if ranks is None else {**_NOTHING, "run_id": manifest.get("run_id")}
     listed = manifest.get("sample_ids")
     if listed is not None and len(listed) < samples_fed(manifest):
         raise HookdumpError(
-            f"{RESUME}: the manifest in {out} does not list its samples' ids, so the dump "
-            f"cannot be carried on; start anew with {opt('overwrite', True)}"
+            f"{RESUME}: the manifest in {place.label} does not list its samples' ids, so the "
+            f"dump cannot be carried on; start anew with {opt('overwrite', True)}"
         )
     return manifest
 
 
-def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: Path) -> None:
+def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: str) -> None:
     before = manifest.get("recipe") or {}
     for name, value in options.recipe().items():
         if before.get(name) != value:
@@ -167,16 +209,19 @@ def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: Path) -> N
             )
 
 
-def _one_process(out: Path) -> dict[str, Any] | None:
+def _one_process(place: _Place) -> dict[str, Any] | None:
     """The manifest a one-process run left (None: none, the run starts anew)."""
-    if (out / MANIFEST).exists():
-        manifest = Dump(out).manifest.to_json()
+    out = place.label
+    if place.has(MANIFEST):
+        manifest = (
+            Dump(place.out).manifest.to_json() if place.upload is None else place.manifest(MANIFEST)
+        )
         if manifest.get("complete"):
             raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
         return manifest
-    by_ranks = sorted(out.glob(RANK_MANIFESTS)) if out.is_dir() else []
+    by_ranks = place.rank_manifests()
     if by_ranks:
-        world = read_manifest(by_ranks[0]).get("processes", "several")
+        world = place.manifest(by_ranks[0]).get("processes", "several")
         raise HookdumpError(
             f"{RESUME}: the dump in {out} was started under torchrun; resume it with "
             f"torchrun --nproc-per-node {world}"
@@ -184,18 +229,19 @@ def _one_process(out: Path) -> dict[str, Any] | None:
     return None
 
 
-def _this_rank(out: Path, ranks: Ranks) -> dict[str, Any] | None:
+def _this_rank(place: _Place, ranks: Ranks) -> dict[str, Any] | None:
     """The manifest this torchrun rank left (None where it wrote none)."""
-    if (out / MANIFEST).exists():
+    out = place.label
+    if place.has(MANIFEST):
         raise HookdumpError(
             f"{RESUME}: the dump in {out} was started by one process; resume it without torchrun"
         )
-    if not out.is_dir():
+    if not place.exists():
         return None
-    mine = out / rank_names(ranks).manifest
-    if not mine.is_file():
+    mine = rank_names(ranks).manifest
+    if not place.has(mine):
         return None
-    manifest = read_manifest(mine).to_json()
+    manifest = place.manifest(mine)
     if manifest.get("processes") != ranks.world:
         raise HookdumpError(
             f"{RESUME}: the dump in {out} was started by {manifest.get('processes')} torchrun "

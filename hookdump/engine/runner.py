@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookdump.engine.at_url import at_url
 from hookdump.engine.destination import Destination
 from hookdump.engine.distributed import Ranks, RankShare, from_environment, rank_device
 from hookdump.engine.loop import BatchLoop
@@ -48,6 +49,7 @@ from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
 from hookdump.store.folder import locked, refuse_reads_inside
 from hookdump.store.write.sink import BatchSink
+from hookdump.store.write.upload import Upload
 
 PYTHON = "python"  # the input a run fed by Python data records (`"input"` in the recipe)
 
@@ -96,9 +98,9 @@ def run(
             options, input=dataclasses.replace(options.input, source=PYTHON)
         )
     _check(options, python=data is not None)
-    given_out = options.dump.out  # reported as given
-    if given_out is not None:  # a link is followed once, here: entries never are
-        dump = dataclasses.replace(options.dump, out=given_out.resolve())
+    given_out: Path | str | None = options.dump.url or options.dump.out  # reported as given
+    if options.dump.out is not None:  # a link is followed once, here: entries never are
+        dump = dataclasses.replace(options.dump, out=options.dump.out.resolve())
         options = dataclasses.replace(options, dump=dump)
     if data is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise HookdumpError(
@@ -106,10 +108,15 @@ def run(
             "processes (each would dump all of its data as a rank's part); run it in one process"
         )
     ranks = from_environment(options.model.device)  # set when run under torchrun
-    with interrupts_once(), locked(options.dump.out if ranks is None or ranks.main else None):
+    main = ranks is None or ranks.main
+    with (
+        interrupts_once(),
+        at_url(options, main) as (options, upload),
+        locked(options.dump.out if main or upload is not None else None),
+    ):
         try:
             return dataclasses.replace(
-                _run(options, ranks, started, on_batch, model, data), out=given_out
+                _run(options, ranks, started, on_batch, model, data, upload), out=given_out
             )
         except Exception as exc:
             if out_of_memory(exc):
@@ -241,8 +248,9 @@ def _run(
     on_batch: ProgressCallback | None,
     module: nn.Module | None,
     data: PythonData | None,
+    upload: Upload | None,
 ) -> RunResult:
-    destination = Destination.open(options, ranks)
+    destination = Destination.open(options, ranks, upload)
     if module is not None:
         loaded = live_model(module)
     else:

@@ -44,6 +44,8 @@ class ShardEntry:
     start: int
     stop: int
     sequences: int | None = None
+    bytes: int | None = None  # a dump written to a URL records each shard's size
+    sha256: str | None = None  # and checksum
 
     @property
     def rows(self) -> int:
@@ -76,7 +78,10 @@ class Manifest(Mapping[str, Any]):
     def of_checked(cls, data: dict[str, Any]) -> Manifest:
         """The record of a manifest already checked (or made here, as a writer makes one)."""
         shards = tuple(
-            ShardEntry(s["file"], s["start"], s["stop"], s.get("sequences")) for s in data["shards"]
+            ShardEntry(
+                s["file"], s["start"], s["stop"], *map(s.get, ("sequences", "bytes", "sha256"))
+            )
+            for s in data["shards"]
         )
         return cls(
             fields=MappingProxyType(data),
@@ -193,6 +198,9 @@ def _check_tensor(key: Any, meta: Any, bad: Any) -> None:
             raise bad(f"{where} has {name!r} {_kind(meta[name])}, not a string")
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
 def _check_shards(shards: list[Any], bad: Any) -> int:
     """The row count the shards cover, once each is a safe file name over the next rows."""
     rows = 0
@@ -214,6 +222,13 @@ def _check_shards(shards: list[Any], bad: Any) -> int:
                 f"shard {name!r} covers rows {start} to {stop}; shards must follow each "
                 f"other from row 0 (the next starts at {rows})"
             )
+        for field in ("bytes", "inputs_skipped"):
+            if field in shard:
+                _count(shard[field], f"shard {name!r} '{field}'", bad)
+        if "sha256" in shard and not (
+            isinstance(shard["sha256"], str) and _SHA256.match(shard["sha256"])
+        ):
+            raise bad(f"shard {name!r} 'sha256' is not 64 hexadecimal digits")
         rows = stop
     return rows
 

@@ -45,21 +45,26 @@ def check_out_dir(out: Path, overwrite: bool, ignore: Iterable[str] = ()) -> Non
     listed = [p.name for p in out.iterdir()]
     skip = set(ignore)  # read after the listing: a writer names its files before making them
     present = sorted(name for name in listed if name not in skip)
+    check_entries(str(out), present, overwrite)
+
+
+def check_entries(where: str, present: list[str], overwrite: bool, place: str = "folder") -> None:
+    """Refuse an `--out` (`where`: a folder, or a `prefix` at a URL) that holds `present`
+    entries: those of a dump are replaced with `overwrite`, others never."""
     if not present:
         return
+    files = "files" if place == "folder" else "objects"
+    foreign = [name for name in present if not DUMP_FILE.match(name)]
+    if foreign:  # said first: --overwrite would not help
+        raise HookdumpError(
+            f"{opt('out')} {where} holds {files} that are not part of a hookdump dump "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+            f"{opt('overwrite', True)} only replaces dumps, so choose another {place}"
+        )
     if not overwrite:
         raise HookdumpError(
-            f"{opt('out')} {out} exists and is not empty; pass {opt('overwrite', True)} to "
-            "replace the dump in "
-            "it, or choose another folder"
-        )
-    foreign = [name for name in present if not DUMP_FILE.match(name)]
-    if foreign:
-        raise HookdumpError(
-            f"{opt('out')} {out} holds files that are not part of a hookdump dump "
-            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
-            f"{opt('overwrite', True)} "
-            "only replaces dumps, so choose another folder"
+            f"{opt('out')} {where} holds a dump already; pass {opt('overwrite', True)} to "
+            f"replace it, or choose another {place}"
         )
 
 

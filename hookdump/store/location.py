@@ -15,11 +15,10 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from hookdump.errors import HookdumpError, InvalidDump, opt
+from hookdump.errors import HookdumpError, InvalidDump
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 T = TypeVar("T")
@@ -29,18 +28,6 @@ HEAD_BYTES = 64 << 10  # read of an object's start at once: a shard's header fit
 def is_url(where: object) -> bool:
     """Whether `where` names a dump by URL (`scheme://...`) rather than a local path."""
     return isinstance(where, str) and bool(_URL.match(where))
-
-
-def out_folder(out: str | os.PathLike[str]) -> Path:
-    """The local folder `--out` names; a URL is refused in one line (the writer for object
-    stores is not there yet: a folder uploaded as it is reads as the same dump)."""
-    if is_url(os.fspath(out)):
-        raise HookdumpError(
-            f"{opt('out')} {os.fspath(out)}: a dump is written to a local folder for now; "
-            "write it there and upload the folder as it is (aws s3 cp --recursive DIR URL): "
-            "every reader takes the URL"
-        )
-    return Path(out)
 
 
 class UrlPath(str):

@@ -40,17 +40,19 @@ def read_manifest(path: Path) -> Manifest:
     return parse_manifest(data, str(path))
 
 
-def read_remote_manifest(remote: Remote, missing: Callable[[UrlPath], HookdumpError]) -> Manifest:
-    """The manifest under a URL, read and checked as a local one is (`missing(url)`: the
-    error where there is none)."""
-    where = remote.url / MANIFEST
-    info = remote.info(MANIFEST, missing=missing(remote.url))
+def read_remote_manifest(
+    remote: Remote, missing: Callable[[UrlPath], HookdumpError], name: str = MANIFEST
+) -> Manifest:
+    """The manifest under a URL (`name`: a torchrun rank's), read and checked as a local one
+    is (`missing(url)`: the error where there is none)."""
+    where = remote.url / name
+    info = remote.info(name, missing=missing(remote.url))
     size = int(info.get("size") or 0)
     if info.get("type", "file") != "file":
         raise InvalidDump(f"{where} is not a file; refused")
     if size > MAX_MANIFEST_BYTES:
         raise InvalidDump(f"{where} is {size} bytes, too large for a manifest")
-    return parse_manifest(remote.read(MANIFEST, 0, size), str(where))
+    return parse_manifest(remote.read(name, 0, size), str(where))
 
 
 def parse_manifest(data: bytes, path: str) -> Manifest:

@@ -143,9 +143,17 @@ class ShardReader:
         """A listed shard's bytes, opened: a regular file inside the folder, or the object
         under the dump's URL."""
         if self.remote is not None:
-            return RemoteBlob(self.remote, shard.file)
-        path = self.shard_path(shard)
-        return self.guarded(shard, lambda: LocalBlob(path))
+            opened: Blob = RemoteBlob(self.remote, shard.file)
+        else:
+            path = self.shard_path(shard)
+            opened = self.guarded(shard, lambda: LocalBlob(path))
+        if shard.bytes is not None and opened.size != shard.bytes:
+            opened.close()
+            raise InvalidDump(
+                f"shard {self.path / shard.file} is {opened.size} bytes; the manifest says "
+                f"{shard.bytes} (cut short or replaced)"
+            )
+        return opened
 
     def shard_path(self, shard: ShardEntry) -> str:
         """The file of a listed shard, once it is known to be a regular file in the dump."""

@@ -8,14 +8,19 @@ flush of the whole disk) slows the writes that overlap it (benchmarks/README.md 
 figures). A crash then loses at most the shards of the last COMMIT_EVERY seconds
 (`--resume` writes them again); an error, Ctrl-C or the end of the run commits the
 finished shards at once. Over an old dump (`--overwrite`) the first shard is committed at
-once, as it is what moves the old dump aside: the disk holds both only until then."""
+once, as it is what moves the old dump aside: the disk holds both only until then.
+
+A dump at a URL has no syncs to spare: each shard is uploaded as soon as it is finished,
+and a new shard waits while SPOOL_SHARDS are in the spool (`store.write.upload`)."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from hookdump.format.rows import Rows
 from hookdump.store.write.shards import PlannedShard, ShardFile
+from hookdump.store.write.upload import SPOOL_SHARDS
 from hookdump.store.write.writer import DumpWriter
 from hookdump.worker import Worker
 
@@ -34,13 +39,28 @@ class Committer:
 
     def __init__(self, writer: DumpWriter) -> None:
         self.writer = writer
+        uploads = writer.upload is not None
+        # the shards queued or being committed, at most (besides the one being written)
+        self._room = threading.Semaphore(SPOOL_SHARDS - 1 if uploads else 1 << 30)
         self._worker: Worker[_Job] = Worker(
             "hookdump-commit",
-            group=writer.commit_shards,  # drops the shards of its group it did not list
-            hold=COMMIT_EVERY,
-            hold_first=not writer.replaces_old_dump(),
-            drop=_drop,
+            group=self._commit,
+            hold=0.0 if uploads else COMMIT_EVERY,
+            hold_first=not writer.replaces_old_dump() and not uploads,
+            drop=self._drop,
         )
+
+    def _commit(self, jobs: list[_Job]) -> None:
+        try:
+            self.writer.commit_shards(jobs)  # drops the shards of its group it did not list
+        finally:
+            self._room.release(len(jobs))
+
+    def _drop(self, job: _Job) -> None:
+        try:
+            _drop(job)
+        finally:
+            self._room.release()
 
     def commit(self, shard: ShardFile | PlannedShard, rows: Rows) -> None:
         """Queue `shard`, holding `rows` (see `DumpWriter.commit_shards`), or drop it and
@@ -48,7 +68,12 @@ class Committer:
         try:
             self.raise_if_failed()
             self.writer.fix_keys()  # the first shard's keys are the dump's from now on
-            self._worker.submit((shard, rows))
+            self._room.acquire()
+            try:
+                self._worker.submit((shard, rows))
+            except BaseException:
+                self._room.release()
+                raise
         except BaseException:
             shard.abort()
             raise

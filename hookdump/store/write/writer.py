@@ -31,6 +31,7 @@ from hookdump.store.folder import (
 )
 from hookdump.store.write.direct_io import allocate
 from hookdump.store.write.shards import PlannedShard, ShardFile, fsync_file, header_room
+from hookdump.store.write.upload import SPOOL_SHARDS, Upload
 from hookdump.worker import Worker
 
 DEFAULT_SHARD_BYTES = 1 << 30
@@ -43,7 +44,12 @@ class DumpOptions:
     """Where the dump goes and how it is written.
 
     Args:
-        out: the dump folder (None: nothing is written, statistics only).
+        out: the dump folder (None: nothing is written, statistics only); for a dump at a
+            URL, the local folder its shards are finished in before they go up.
+        url: the URL the dump is written to (None: `out` is the dump).
+        storage_options: fsspec's options for `url` (never recorded or printed).
+        spool: where `url`'s shards are finished (a new folder in it; None: the system's
+            temporary folder).
         overwrite: replace a dump already in `out`.
         resume: finish an interrupted dump in `out`.
         shard_bytes: about how many bytes go into one shard file.
@@ -51,6 +57,9 @@ class DumpOptions:
     """
 
     out: Path | None = None
+    url: str | None = None
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
+    spool: Path | None = None
     overwrite: bool = False
     resume: bool = False
     shard_bytes: int = DEFAULT_SHARD_BYTES
@@ -159,9 +168,11 @@ class DumpWriter:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         names: FileNames = FileNames(),
         fields: dict[str, Any] | None = None,
+        upload: Upload | None = None,
     ) -> None:
         check_out_dir(out, overwrite)
-        self.out = out
+        self.out = out  # a dump at a URL: the spool its shards are finished in
+        self.upload = upload
         self.names = names
         self.shard_bytes = shard_bytes
         self.fields = dict(fields or {})
@@ -170,9 +181,9 @@ class DumpWriter:
         # the ids of the samples listed, and the inputs skipped before them (see `Rows`)
         self.fed: tuple[SampleIds, list[dict[str, str]]] = (SampleIds(), [])
         self._named = 0  # shard files named so far (listed ones may lag behind: `Committer`)
-        self._made: set[str] = set()  # temporary files of this writer's shards, in `out`
         self._keys_fixed = False  # the first shard is complete: its keys are the dump's
-        self._old = _OldDump(out, overwrite, self._made)
+        # `_old.made`: the temporary files of this writer's shards, in `out`
+        self._old = _OldDump(out, overwrite, set())
         # in the manifest and every shard: a reader can tell a shard of another run
         self.run_id: str | None = uuid.uuid4().hex
 
@@ -184,13 +195,13 @@ class DumpWriter:
         """
         reserve = header_room(dict.fromkeys([*self.tensors, *keys_expected]))
         name = self._next_name()
-        self._made.add(name + ".tmp")  # before it exists: see `_OldDump._files`
+        self._old.made.add(name + ".tmp")  # before it exists: see `_OldDump._files`
         return ShardFile(self.out / name, reserve)
 
     def plan_shard(self, rows: int) -> PlannedShard:
         """A shard of `rows` rows laid out from the keys seen so far (see PlannedShard)."""
         name = self._next_name()
-        self._made.add(name + ".tmp2")
+        self._old.made.add(name + ".tmp2")
         layout = [
             (key, getattr(torch, meta["dtype"]), meta["shape"])
             for key, meta in self.tensors.items()
@@ -243,8 +254,11 @@ class DumpWriter:
         try:
             self.write_manifest(complete=False)
         except BaseException:
-            for entry in self.shards[listed:]:
-                remove_entry(self.out / entry["file"])
+            unlisted = [entry["file"] for entry in self.shards[listed:]]
+            if self.upload is not None:
+                self.upload.remove(unlisted)
+            for name in unlisted:
+                remove_entry(self.out / name)
             del self.shards[listed:]
             ids, inputs = self.fed
             ids.truncate(self._samples_listed())
@@ -257,17 +271,24 @@ class DumpWriter:
             raise ValueError(f"shards out of order: a shard starting at row {rows.start}")
         ids, skipped = self.fed
         before = len(ids)
+        stored: dict[str, Any] = {}
         try:
             ids.extend(rows.ids)  # first: ids that the manifest could not hold refuse it
             assert shard.sealed is not None  # finished (`finish_shard`)
-            fsync_file(shard.sealed)
-            self._old.clear(keep=shard.sealed.name)
-            publish(shard.sealed, shard.path)
+            if self.upload is not None:
+                self.upload.clear_old()
+                stored = self.upload.put_shard(shard.sealed, shard.path.name)
+                # what `--resume` needs to drop this shard and those after it
+                stored["inputs_skipped"] = len(skipped) + len(rows.skipped)
+            else:
+                fsync_file(shard.sealed)
+                self._old.clear(keep=shard.sealed.name)
+                publish(shard.sealed, shard.path)
         except BaseException:
             ids.truncate(before)
             shard.abort()
             raise
-        self.shards.append(rows.shard_entry(shard.path.name))
+        self.shards.append({**rows.shard_entry(shard.path.name), **stored})
         skipped.extend(rows.skipped)
 
     def _samples_listed(self) -> int:
@@ -293,6 +314,14 @@ class DumpWriter:
         """Refuse a dump of about `needed` bytes (`written` of them already in the first
         shard's temporary file) that the disk under `out` cannot hold."""
         free = shutil.disk_usage(self.out).free + written + self._old.bytes_to_free()
+        if self.upload is not None:  # the spool holds a few shards at a time
+            needed = min(needed, SPOOL_SHARDS * self.shard_bytes)
+            if needed > free:
+                raise HookdumpError(
+                    f"the spool needs about {_gb(needed)} but only {_gb(free)} is free under "
+                    f"{self.out.parent}; make room, lower {opt('shard_size')}, or give "
+                    f"{opt('spool')} a folder on another disk"
+                )
         if needed > free:
             raise HookdumpError(
                 f"the dump needs about {_gb(needed)} but only {_gb(free)} is free under "
@@ -331,8 +360,17 @@ class DumpWriter:
         now, the other ranks leave the folder alone."""
         if here:
             self._old.clear()
+            if self.upload is not None:
+                self.upload.clear_old()
         else:
             self._old.cleared = True
+            if self.upload is not None:
+                self.upload.forget_old()
+
+    @property
+    def where(self) -> str:
+        """Where the dump is, for messages: its folder or its URL."""
+        return str(self.upload.url if self.upload is not None else self.out)
 
     def replaces_old_dump(self) -> bool:
         """Whether the folder still holds files of an old dump (`overwrite`), which the
@@ -366,6 +404,10 @@ class DumpWriter:
         """
         self._old.clear()
         manifest = self.manifest(complete, extra)
+        if self.upload is not None:
+            self.upload.clear_old()
+            self.upload.put_json(self.names.manifest, manifest)
+            return manifest
         written = write_json(self.out / self.names.manifest, manifest)  # in the room's place
         if not complete:
             self._keep_room(MANIFEST_ROOM + 2 * written)
@@ -375,9 +417,11 @@ class DumpWriter:
         """Keep the manifest's next temporary file allocated, `nbytes` big: on a disk that
         fills, the manifest listing the finished shards is written where it was (removed
         just before), never refused for want of space. Best effort: a disk already full
-        gets none."""
+        gets none. (A dump at a URL writes no manifest on the local disk.)"""
+        if self.upload is not None:
+            return
         room = self.out / (self.names.manifest + ".tmp")
-        self._made.add(room.name)
+        self._old.made.add(room.name)
         try:
             fd = create_new(room)
             try:
@@ -406,10 +450,14 @@ class DumpWriter:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         names: FileNames = FileNames(),
         fields: dict[str, Any] | None = None,
+        upload: Upload | None = None,
     ) -> DumpWriter:
         """Carry on an incomplete (validated) dump: keep its listed shards, drop half-written
-        files. A torchrun rank (its own shard prefix and manifest) touches only its own files."""
-        writer = cls(out, overwrite=True, shard_bytes=shard_bytes, names=names, fields=fields)
+        files. A torchrun rank (its own shard prefix and manifest) touches only its own files.
+        (At a URL, the engine has checked what the prefix holds: `out` is a new spool.)"""
+        writer = cls(
+            out, overwrite=True, shard_bytes=shard_bytes, names=names, fields=fields, upload=upload
+        )
         writer.tensors, writer.shards = dict(manifest["tensors"]), list(manifest["shards"])
         listed_ids = manifest.get("sample_ids")
         writer.fed = (

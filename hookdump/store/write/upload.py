@@ -1,0 +1,194 @@
+"""A dump written to a URL (`--out s3://bucket/prefix`): the objects under the prefix are
+the local layout, byte for byte, on a store that has no rename and no lock.
+
+- Each shard is finished in a local spool folder (`--spool`), then uploaded whole with the
+  client's own `put_file` (s3fs sends large files as multipart uploads), checked (the
+  object's size), and deleted from the spool. Its size and SHA-256 go into the manifest.
+- A manifest is one PUT, made only after every shard it lists is uploaded and checked; the
+  complete one is written last. Between them, manifests say `complete: false`.
+- Only names a dump uses are ever written or removed, and only directly under the prefix:
+  `run1` never touches `run10/` or `run1-notes.txt`.
+- The client's own retries handle throttling and dropped connections; a failure that
+  outlasts them is one line naming the object (values of storage options blanked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.format.manifest import MANIFEST
+from hookdump.store.folder import DUMP_FILE, check_entries
+from hookdump.store.location import Remote
+
+T = TypeVar("T")
+LOCK = "hookdump.lock"  # the one-writer lock object (see `store.write.url_lock`)
+CHUNK = 8 << 20  # bytes hashed at a time
+# shard files in the spool at most: one being written, two waiting, one going up
+SPOOL_SHARDS = 4
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Upload:
+    """The prefix a dump is written under, and what goes up to it."""
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+        self.url = remote.url
+        # an old dump's objects, removed before the first upload (None: nothing to remove)
+        self._old: list[str] | None = None
+
+    def attempt(self, what: str, action: Callable[[], T], writing: bool = True) -> T:
+        """`action()`, a storage client's failure made one line naming `what` (and, while
+        `writing`, how to go on)."""
+        try:
+            return action()
+        except HookdumpError:
+            raise
+        except Exception as exc:  # botocore, aiohttp, OSError: no common base
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            then = (
+                f"; the shards uploaded so far are kept: run the same command with "
+                f"{opt('resume', True)} to finish the dump"
+                if writing
+                else ""
+            )
+            raise HookdumpError(f"cannot {what}: {self.remote.scrub(text)[:200]}{then}") from None
+
+    def entries(self) -> list[str]:
+        """The names directly under the prefix (a folder's with a trailing '/')."""
+        fs, root = self.remote.fs, self.remote.root
+
+        def listing() -> list[dict[str, Any]]:
+            try:
+                return list(fs.ls(root, detail=True, refresh=True))
+            except FileNotFoundError:
+                return []
+
+        found = []
+        for entry in self.attempt(f"list {self.url}", listing, writing=False):
+            path = str(entry.get("name", "")).rstrip("/")
+            if not path.startswith(root + "/"):
+                continue  # the prefix itself, as some stores list it
+            name = path[len(root) + 1 :]
+            found.append(name + "/" if entry.get("type") == "directory" else name)
+        return sorted(found)
+
+    def check_prefix(self, overwrite: bool, ignore: Iterable[str] = (LOCK,)) -> None:
+        """Refuse a prefix that cannot take a dump, as `store.folder.check_out_dir` refuses
+        a folder; with `overwrite`, note the old dump's objects, removed before the first
+        upload (`clear_old`)."""
+        present = [name for name in self.entries() if name not in set(ignore)]
+        if overwrite:
+            self._old = []  # a killed run's unfinished uploads may be there all the same
+        check_entries(str(self.url), present, overwrite, "prefix")
+        # the manifest first: a half-removed dump never reads as complete
+        self._old = sorted(present, key=lambda name: name != MANIFEST)
+
+    def clear_old(self) -> None:
+        """Remove the old dump's objects (`check_prefix` with `overwrite`), and abort its
+        unfinished uploads, once."""
+        if self._old is None:
+            return
+        old, self._old = self._old, None
+        self.abort_unfinished(lambda name: bool(DUMP_FILE.match(name)))
+        self.remove(old)
+
+    def forget_old(self) -> None:
+        """Leave the old dump to another process (torchrun's rank 0 removes it)."""
+        self._old = None
+
+    def remove(self, names: Iterable[str]) -> None:
+        """Remove objects by name, in order; those already gone are no error."""
+        fs = self.remote.fs
+        for name in names:
+            path = self.remote.object(name)
+
+            def gone(path: str = path) -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm_file(path)
+
+            self.attempt(f"remove {self.url / name}", gone)
+
+    def put_shard(self, local: Path, name: str) -> dict[str, Any]:
+        """Upload a finished shard file as object `name`, check it, and delete the local
+        file; its size and SHA-256, for the manifest."""
+        size = local.stat().st_size
+        digest = sha256_file(local)
+        path, fs = self.remote.object(name), self.remote.fs
+        self.attempt(f"upload {self.url / name}", lambda: fs.put_file(str(local), path))
+        info = self.attempt(f"check {self.url / name}", lambda: fs.info(path))
+        if int(info.get("size") or 0) != size:
+            raise HookdumpError(
+                f"{self.url / name} holds {info.get('size')} bytes after its upload, not "
+                f"{size}; run the same command with {opt('resume', True)} to upload it again"
+            )
+        local.unlink()
+        return {"bytes": size, "sha256": digest}
+
+    def put_json(self, name: str, data: Mapping[str, Any]) -> int:
+        """One PUT of a JSON object (a manifest); the bytes written."""
+        raw = (json.dumps(data, indent=2) + "\n").encode()
+        path, fs = self.remote.object(name), self.remote.fs
+        self.attempt(f"write {self.url / name}", lambda: fs.pipe_file(path, raw))
+        return len(raw)
+
+    def matches(self, name: str, size: int | None, sha256: str | None) -> bool:
+        """Whether object `name` is there with this size and SHA-256 (read back whole;
+        what is not recorded is not compared)."""
+        fs, path = self.remote.fs, self.remote.object(name)
+
+        def check() -> bool:
+            try:
+                info = fs.info(path)
+            except FileNotFoundError:
+                return False
+            if size is not None and int(info.get("size") or 0) != size:
+                return False
+            if sha256 is None:
+                return True
+            digest = hashlib.sha256()
+            with fs.open(path, "rb", block_size=CHUNK) as file:
+                while chunk := file.read(CHUNK):
+                    digest.update(chunk)
+            return digest.hexdigest() == sha256
+
+        return self.attempt(f"read {self.url / name}", check)
+
+    def abort_unfinished(self, mine: Callable[[str], bool]) -> int:
+        """Abort the unfinished multipart uploads of objects directly under the prefix
+        whose names `mine` claims (a killed run's); how many. Only S3 has them."""
+        fs = self.remote.fs
+        if not hasattr(fs, "call_s3"):
+            return 0
+        bucket, _, key = self.remote.root.partition("/")
+        prefix = f"{key}/" if key else ""
+
+        def abort() -> int:
+            listed = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+            done = 0
+            for upload in listed.get("Uploads", []) or []:
+                name = str(upload.get("Key", ""))[len(prefix) :]
+                if "/" not in name and mine(name):
+                    fs.call_s3(
+                        "abort_multipart_upload",
+                        Bucket=bucket,
+                        Key=upload["Key"],
+                        UploadId=upload["UploadId"],
+                    )
+                    done += 1
+            return done
+
+        return self.attempt(f"list the unfinished uploads under {self.url}", abort)

@@ -1,0 +1,171 @@
+"""One writer per dump at a URL, on a store with no lock: a lock object under the prefix,
+made with a conditional put (`If-None-Match: *`, which S3 honours) so that of two runs
+only one makes it. It names its holder (run id, host, process, start time) and is rewritten
+every LOCK_BEAT seconds while the run lives; the run removes it when it ends, however it
+ends, short of being killed.
+
+A lock left by a killed run is taken over only by `--resume` or `--overwrite`, and only
+once it is stale: its process is gone (same host), or it has not been rewritten for
+LOCK_STALE seconds (another host)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.store.write.upload import LOCK, Upload
+
+LOCK_BEAT = 60.0  # seconds between rewrites of a live run's lock
+LOCK_STALE = 600.0  # a lock not rewritten for this long is a killed run's (other hosts)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a dump's lock."""
+
+    run_id: str
+    host: str
+    pid: int
+    started: float
+    beat: float  # when the holder last rewrote the lock
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Holder | None:
+        """The holder a lock object names (None: unreadable, as a killed write leaves it)."""
+        try:
+            data = json.loads(raw)
+            return cls(
+                str(data["run_id"])[:64],
+                str(data["host"])[:100],
+                int(data["pid"]),
+                float(data["started"]),
+                float(data["beat"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    def alive(self, now: float) -> bool:
+        """Whether the run may still be writing: its process exists (this host), or its
+        lock was rewritten less than LOCK_STALE seconds ago (another host)."""
+        if self.host == socket.gethostname():
+            return process_alive(self.pid)
+        return now - self.beat < LOCK_STALE
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
+        host = "".join(c if c.isprintable() else "?" for c in self.host)
+        run = "".join(c if c.isalnum() else "?" for c in self.run_id)
+        return f"run {run} on {host} (pid {self.pid}) since {since}"
+
+
+class UrlLock:
+    """The lock on the dump at `upload`'s prefix, taken by `take` and given back by `release`."""
+
+    def __init__(self, upload: Upload, run_id: str | None = None) -> None:
+        self.upload = upload
+        now = time.time()
+        run_id = run_id or uuid.uuid4().hex
+        self.holder = Holder(run_id, socket.gethostname(), os.getpid(), now, now)
+        self._path = upload.remote.object(LOCK)
+        self._held = False
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def take(self, take_over: bool) -> None:
+        """Make the lock object, or refuse in one line naming the run that holds it; with
+        `take_over` (`--resume`, `--overwrite`), a stale lock is replaced."""
+        if not self._create():
+            found = self._read()
+            if found is not None and found.alive(time.time()):
+                raise HookdumpError(self._busy(found, take_over))
+            if not take_over:
+                who = found.describe() if found else "a run whose lock cannot be read"
+                raise HookdumpError(
+                    f"{opt('out')} {self.upload.url} is locked by {who}, which is gone; pass "
+                    f"{opt('resume', True)} to finish its dump, or {opt('overwrite', True)} to "
+                    "replace it"
+                )
+            self.upload.remove([LOCK])
+            if not self._create():  # another run took it over meanwhile
+                again = self._read()
+                raise HookdumpError(self._busy(again, take_over) if again else "lost the lock")
+        self._held = True
+        self._beat = threading.Thread(target=self._keep_alive, name="hookdump-lock", daemon=True)
+        self._beat.start()
+
+    def _busy(self, holder: Holder, take_over: bool) -> str:
+        later = ""
+        if take_over and holder.host != socket.gethostname():
+            later = f" (a lock not rewritten for {LOCK_STALE:.0f} s is taken over)"
+        return (
+            f"{opt('out')} {self.upload.url} is being written by {holder.describe()}; wait "
+            f"for it to end{later}, or choose another prefix"
+        )
+
+    def _create(self) -> bool:
+        fs = self.upload.remote.fs
+
+        def put() -> bool:
+            try:
+                fs.pipe_file(self._path, self.holder.encode(), mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+        return self.upload.attempt(f"lock {self.upload.url}", put, writing=False)
+
+    def _read(self) -> Holder | None:
+        fs = self.upload.remote.fs
+
+        def read() -> bytes:
+            try:
+                return bytes(fs.cat_file(self._path, start=0, end=4096))
+            except FileNotFoundError:
+                return b""
+
+        lock = self.upload.url / LOCK
+        return Holder.parse(self.upload.attempt(f"read {lock}", read, writing=False))
+
+    def _keep_alive(self) -> None:
+        """Rewrite the lock every LOCK_BEAT seconds while it is this run's."""
+        while not self._stop.wait(LOCK_BEAT):
+            with contextlib.suppress(Exception):
+                found = self._read()
+                if found is None or found.run_id != self.holder.run_id:
+                    return  # taken over: never write over another run's lock
+                beat = Holder(**{**asdict(self.holder), "beat": time.time()})
+                self.upload.remote.fs.pipe_file(self._path, beat.encode())
+
+    def release(self) -> None:
+        """Remove the lock (the run is over); raises nothing: a lock left behind is taken
+        over by the next `--resume` or `--overwrite`."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if self._held:
+            with contextlib.suppress(Exception):
+                found = self._read()
+                if found is not None and found.run_id == self.holder.run_id:
+                    self.upload.remove([LOCK])
+            self._held = False
