@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -89,13 +89,32 @@ def s3_server() -> Iterator[str]:
             server.stop()
 
 
-@pytest.fixture
-def bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
-    """A new, empty bucket of the loopback S3 server, for one test: its URL."""
+def new_bucket(name: str) -> str:
+    """A new, empty bucket of the loopback S3 server (`s3_server` is up): its URL."""
     import re
 
     import fsspec
 
-    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") + "-b"
-    fsspec.filesystem("s3", skip_instance_cache=True).mkdir(name)
-    return f"s3://{name}"
+    bucket = re.sub(r"[^a-z0-9]+", "-", name.lower())[:40].strip("-") + "-b"
+    fsspec.filesystem("s3", skip_instance_cache=True).mkdir(bucket)
+    return f"s3://{bucket}"
+
+
+@pytest.fixture(scope="module", params=["folder", "url"])
+def place(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path | str]:
+    """Where a module's dumps go, by name: a local folder, and (each test once more) a
+    prefix in a bucket of the loopback S3 server, so every reader test runs on both."""
+    if request.param == "folder":
+        root = tmp_path_factory.mktemp("place")
+        return lambda name: root / name
+    request.getfixturevalue("s3_server")
+    url = new_bucket(request.module.__name__.rsplit(".", 1)[-1])
+    return lambda name: f"{url}/{name}"
+
+
+@pytest.fixture
+def bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket of the loopback S3 server, for one test: its URL."""
+    return new_bucket(request.node.name)

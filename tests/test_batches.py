@@ -5,6 +5,7 @@ batch, and DataLoader workers times ranks reading every row once."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from hookdump.store.read.reader import ShardReader
 X, Y = "linear_1:input.0", "linear_1"
 
 
-def _two_linear(out: Path, rows: int, capture: tuple[str, ...] = ("output",)) -> Dump:
+def _two_linear(out: Path | str, rows: int, capture: tuple[str, ...] = ("output",)) -> Dump:
     """A dump of TwoLinear's first layer for `rows` random rows, in shards of one batch of
     4 each (made through hookdump.dump: the engine's Python door)."""
     from tiny_models import TwoLinear
@@ -31,10 +32,11 @@ def _two_linear(out: Path, rows: int, capture: tuple[str, ...] = ("output",)) ->
 
 
 @pytest.fixture(scope="module")
-def dump(tmp_path_factory: pytest.TempPathFactory) -> Dump:
+def dump(place: Callable[[str], Path | str]) -> Dump:
     """37 random rows in 10 shards (nine of 4 rows, one of 1): TwoLinear's first layer,
-    whose weights are all 1, so each output row is the sum of its input row plus 1."""
-    loaded = _two_linear(tmp_path_factory.mktemp("batches") / "d", 37, ("input", "output"))
+    whose weights are all 1, so each output row is the sum of its input row plus 1 (in a
+    folder, and once more at a URL: `place`)."""
+    loaded = _two_linear(place("d"), 37, ("input", "output"))
     assert len(loaded.manifest.shards) == 10
     return loaded
 
@@ -221,9 +223,9 @@ def test_readers_split_the_blocks_and_together_read_every_row_once() -> None:
 
 
 @pytest.fixture(scope="module")
-def sixteen(tmp_path_factory: pytest.TempPathFactory) -> Dump:
-    """64 rows of TwoLinear in 16 shards of 4."""
-    loaded = _two_linear(tmp_path_factory.mktemp("sixteen") / "d", 64)
+def sixteen(place: Callable[[str], Path | str]) -> Dump:
+    """64 rows of TwoLinear in 16 shards of 4 (in a folder, and at a URL)."""
+    loaded = _two_linear(place("sixteen"), 64)
     assert len(loaded.manifest.shards) == 16
     return loaded
 

@@ -128,30 +128,17 @@ def test_python_writes_to_a_url(bucket: str, tmp_path: Path) -> None:
     only_the_dump(bucket, "p")
 
 
-def test_a_second_writer_is_refused_while_one_runs(
+def test_one_writer_at_a_time_and_a_killed_run_resumes_to_the_same_dump(
     reference: Path, bucket: str, tmp_path: Path
 ) -> None:
     url = f"{bucket}/d"
-    first, barrier = barrier_run(tmp_path, url, 3)
-    try:
-        for extra in ([], ["--overwrite"], ["--resume"]):
-            line = assert_usage_error(invoke(*RUN, "-o", url, *extra), f"--out {url}")
-            assert "is being written by run" in line and f"pid {first.pid}" in line, line
-            assert socket.gethostname()[:20] in line
-    finally:
-        (barrier / "go").touch()
-    assert finish(first)[0] == 0
-    only_the_dump(bucket, "d")  # the lock is gone
-    same_dump(reference, url)
-
-
-def test_a_killed_run_is_resumed_to_the_same_dump(
-    reference: Path, bucket: str, tmp_path: Path
-) -> None:
-    url = f"{bucket}/d"
-    killed, _ = barrier_run(tmp_path, url, 5)
-    killed.send_signal(signal.SIGKILL)
-    killed.communicate(timeout=60)
+    first, _ = barrier_run(tmp_path, url, 5)
+    for extra in ([], ["--overwrite"], ["--resume"]):  # refused while it runs
+        line = assert_usage_error(invoke(*RUN, "-o", url, *extra), f"--out {url}")
+        assert "is being written by run" in line and f"pid {first.pid}" in line, line
+        assert socket.gethostname()[:20] in line
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=60)
     assert "d/hookdump.lock" in objects(bucket)  # a killed run cannot remove its lock
     # an upload the killed run left unfinished, and a stray object of its names
     fs = _fs()
@@ -161,10 +148,10 @@ def test_a_killed_run_is_resumed_to_the_same_dump(
                UploadId=upload["UploadId"], Body=b"x" * (5 << 20))  # fmt: skip
     fs.pipe_file(f"{bucket[5:]}/d/shard-00010.safetensors", b"half")
     line = assert_usage_error(invoke(*RUN, "-o", url), "which is gone", "--resume")
-    assert f"pid {killed.pid}" in line
+    assert f"pid {first.pid}" in line
     result = invoke(*RUN, "-o", url, "--resume")
     assert result.exit_code == 0, result.stderr
-    only_the_dump(bucket, "d")
+    only_the_dump(bucket, "d")  # no lock, no stray, no unfinished upload
     same_dump(reference, url)
 
 
@@ -234,8 +221,9 @@ def test_throttling_and_dropped_connections_are_retried(
 
 
 def test_a_fault_that_outlasts_the_retries_is_one_line_and_resumable(
-    reference: Path, bucket: str, proxy: FaultProxy
+    reference: Path, bucket: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's retries: none (s3fs's remain)
     proxy.rules.append(Rule("PUT", r"/d/shard-00003", 500))
     planted = ["--storage-option", f"key={PLANTED}", "--storage-option", f"secret={PLANTED}x"]
     result = invoke(*RUN, "-o", f"{bucket}/d", *planted)
@@ -246,6 +234,7 @@ def test_a_fault_that_outlasts_the_retries_is_one_line_and_resumable(
         f"shard-{i:05d}.safetensors" for i in range(3)
     ], line
     assert "d/hookdump.lock" not in objects(bucket)
+    assert invoke("inspect", f"{bucket}/d", "--check").exit_code == 1  # incomplete
     proxy.rules.clear()
     result = invoke(*RUN, "-o", f"{bucket}/d", "--resume", *planted)
     assert result.exit_code == 0, result.stderr
@@ -324,3 +313,37 @@ def test_two_nodes_without_a_shared_disk_survive_a_lost_node(bucket: str, tmp_pa
     assert {f[:10] for f in files} == {"shard-r00-", "shard-r01-"}
     for node in (0, 1):  # each node's spool is gone (the killed run's too, by the next)
         assert not list((tmp_path / f"node{node}").glob("hookdump-spool-*"))
+
+
+def test_the_spool_holds_a_few_shards_at_most() -> None:
+    """While uploads wait, the committer takes SPOOL_SHARDS - 1 shards (the one being
+    written makes SPOOL_SHARDS); the next waits for room, given back as each is committed."""
+    import threading
+
+    from hookdump.store.write.commit import Committer
+    from hookdump.store.write.upload import SPOOL_SHARDS
+
+    release, committed = threading.Event(), []
+
+    class Writer:  # a DumpWriter whose uploads wait for `release`
+        upload = object()
+
+        def replaces_old_dump(self) -> bool:
+            return False
+
+        def fix_keys(self) -> None:
+            pass
+
+        def commit_shards(self, jobs: list[Any]) -> None:
+            release.wait()
+            committed.extend(jobs)
+
+    committer = Committer(Writer())  # type: ignore[arg-type]
+    for n in range(SPOOL_SHARDS - 1):
+        committer.commit(n, None)  # type: ignore[arg-type]
+    assert not committer._room.acquire(blocking=False)  # the next shard would wait
+    release.set()
+    committer.wait()
+    assert [shard for shard, _ in committed] == list(range(SPOOL_SHARDS - 1))
+    assert committer._room.acquire(blocking=False)  # room again
+    committer.close()
