@@ -40,6 +40,7 @@ def at_url(options: RunOptions, main: bool) -> Iterator[tuple[RunOptions, Upload
     try:
         if lock is not None:
             lock.take(take_over=dump.resume or dump.overwrite)
+            upload.run_id = lock.holder.run_id
         yield dataclasses.replace(options, dump=dataclasses.replace(dump, out=spool)), upload
     finally:
         if lock is not None:
@@ -78,7 +79,7 @@ def keep_uploaded(
     shards = previous["shards"]
     kept = 0
     for entry in shards:
-        if not upload.matches(entry["file"], entry.get("bytes"), entry.get("sha256")):
+        if not upload.matches(entry["file"], entry):
             break
         kept += 1
     listed = {entry["file"] for entry in shards[:kept]}

@@ -229,6 +229,8 @@ def _check_shards(shards: list[Any], bad: Any) -> int:
             isinstance(shard["sha256"], str) and _SHA256.match(shard["sha256"])
         ):
             raise bad(f"shard {name!r} 'sha256' is not 64 hexadecimal digits")
+        if "etag" in shard and not (isinstance(shard["etag"], str) and len(shard["etag"]) <= 200):
+            raise bad(f"shard {name!r} 'etag' is not a short string")
         rows = stop
     return rows
 

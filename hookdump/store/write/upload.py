@@ -47,6 +47,7 @@ class Upload:
     def __init__(self, remote: Remote) -> None:
         self.remote = remote
         self.url = remote.url
+        self.run_id: str | None = None  # the lock's: a new dump's shards and manifest carry it
         # an old dump's objects, removed before the first upload (None: nothing to remove)
         self._old: list[str] | None = None
 
@@ -136,7 +137,10 @@ class Upload:
                 f"{size}; run the same command with {opt('resume', True)} to upload it again"
             )
         local.unlink()
-        return {"bytes": size, "sha256": digest}
+        entry: dict[str, Any] = {"bytes": size, "sha256": digest}
+        if _etag(info):  # what this version of the object is: `--resume` compares it
+            entry["etag"] = _etag(info)
+        return entry
 
     def put_json(self, name: str, data: Mapping[str, Any]) -> int:
         """One PUT of a JSON object (a manifest); the bytes written."""
@@ -145,19 +149,22 @@ class Upload:
         self.attempt(f"write {self.url / name}", lambda: fs.pipe_file(path, raw))
         return len(raw)
 
-    def matches(self, name: str, size: int | None, sha256: str | None) -> bool:
-        """Whether object `name` is there with this size and SHA-256 (read back whole;
-        what is not recorded is not compared)."""
+    def matches(self, name: str, entry: Mapping[str, Any]) -> bool:
+        """Whether object `name` is there with the size and SHA-256 its manifest `entry`
+        records: the object uploaded then (the ETag recorded, where the store gives one)
+        is taken as checked; another is read back whole. What is not recorded is not
+        compared."""
         fs, path = self.remote.fs, self.remote.object(name)
+        size, sha256 = entry.get("bytes"), entry.get("sha256")
 
         def check() -> bool:
             try:
-                info = fs.info(path)
+                info = fs.info(path, refresh=True)
             except FileNotFoundError:
                 return False
             if size is not None and int(info.get("size") or 0) != size:
                 return False
-            if sha256 is None:
+            if sha256 is None or (entry.get("etag") and entry.get("etag") == _etag(info)):
                 return True
             digest = hashlib.sha256()
             with fs.open(path, "rb", block_size=CHUNK) as file:
@@ -192,3 +199,7 @@ class Upload:
             return done
 
         return self.attempt(f"list the unfinished uploads under {self.url}", abort)
+
+
+def _etag(info: Mapping[str, Any]) -> str:
+    return str(info.get("ETag") or info.get("etag") or "").strip('"')[:200]

@@ -185,7 +185,7 @@ class DumpWriter:
         # `_old.made`: the temporary files of this writer's shards, in `out`
         self._old = _OldDump(out, overwrite, set())
         # in the manifest and every shard: a reader can tell a shard of another run
-        self.run_id: str | None = uuid.uuid4().hex
+        self.run_id: str | None = (upload.run_id if upload else None) or uuid.uuid4().hex
 
     def open_shard(self, keys_expected: list[str]) -> ShardFile:
         """A new shard file; `keys_expected` (names) size the room kept for its header.
