@@ -13,6 +13,9 @@ above a child that only loads the dump (the memory the pass itself held). Passes
 turns, `--reps` times; medians with min-max.
 
     python benchmarks/reader.py [--reps 5] [--only read]
+
+With `READER_LOAD=N` in the environment, N busy processes (`while True: pass`) share the
+cores with every pass, `dd`'s included: a machine with a load of about N.
 """
 
 from __future__ import annotations
@@ -111,15 +114,23 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def bench_read(job: Job, reps: int) -> dict[str, Any]:
+    import os
+
     import hookdump
 
     dump = hookdump.load(job.dump)
     runs: dict[str, list[dict[str, Any]]] = {"dd": [], "in_order": [], "shuffled": []}
     base = child(job.dump, "load")["peak_kib"]
-    for _ in range(reps):
-        runs["dd"].append(dd(job.dump))
-        runs["in_order"].append(child(job.dump, "in_order"))
-        runs["shuffled"].append(child(job.dump, "shuffled"))
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(int(os.environ.get("READER_LOAD", "0")))]  # fmt: skip
+    try:
+        for _ in range(reps):
+            runs["dd"].append(dd(job.dump))
+            runs["in_order"].append(child(job.dump, "in_order"))
+            runs["shuffled"].append(child(job.dump, "shuffled"))
+    finally:
+        for process in busy:
+            process.kill()
     mb_s = {name: [r["bytes"] / r["seconds"] / 1e6 for r in found] for name, found in runs.items()}
     rows_s = {name: [r["rows"] / r["seconds"] for r in runs[name]]
               for name in ("in_order", "shuffled")}  # fmt: skip
