@@ -347,3 +347,18 @@ def test_the_spool_holds_a_few_shards_at_most() -> None:
     assert [shard for shard, _ in committed] == list(range(SPOOL_SHARDS - 1))
     assert committer._room.acquire(blocking=False)  # room again
     committer.close()
+
+
+def test_other_protocols_write_through_the_same_code(tmp_path: Path) -> None:
+    """`memory://` (an object store with no folders) and `file://` (a local folder made
+    for the prefix) get the same objects, and read as the same dump."""
+    torch.manual_seed(1)
+    data = list(torch.rand(7, 2).split(3))
+    local = hookdump.dump(TwoLinear(), data, tmp_path / "d", layers="linear_1", shard_size=1)
+    for url in ("memory://hookdump-tests/write", f"file://{tmp_path}/via-url/d"):
+        remote = hookdump.dump(TwoLinear(), data, url, layers="linear_1", shard_size=1)
+        assert torch.equal(remote["linear_1"], local["linear_1"]) and remote.complete
+        fs, root = fsspec.core.url_to_fs(url)
+        names = sorted(p.rsplit("/", 1)[-1] for p in fs.find(root))
+        assert names == ["manifest.json", *[f"shard-{i:05d}.safetensors" for i in range(3)]]
+    assert torch.equal(hookdump.load(tmp_path / "via-url" / "d")["linear_1"], local["linear_1"])

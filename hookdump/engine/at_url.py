@@ -39,6 +39,7 @@ def at_url(options: RunOptions, main: bool) -> Iterator[tuple[RunOptions, Upload
     lock = UrlLock(upload) if main else None
     try:
         if lock is not None:
+            upload.make_prefix()
             lock.take(take_over=dump.resume or dump.overwrite)
             upload.run_id = lock.holder.run_id
         yield dataclasses.replace(options, dump=dataclasses.replace(dump, out=spool)), upload

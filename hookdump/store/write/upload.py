@@ -68,6 +68,14 @@ class Upload:
             )
             raise HookdumpError(f"cannot {what}: {self.remote.scrub(text)[:200]}{then}") from None
 
+    def make_prefix(self) -> None:
+        """A file system with folders (`file://`) gets the prefix's; an object store has
+        no folders to make (and a bucket is never made here)."""
+        fs = self.remote.fs
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        if protocols & {"file", "local"}:
+            self.attempt(f"make {self.url}", lambda: fs.makedirs(self.remote.root, exist_ok=True))
+
     def entries(self) -> list[str]:
         """The names directly under the prefix (a folder's with a trailing '/')."""
         fs, root = self.remote.fs, self.remote.root
