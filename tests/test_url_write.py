@@ -153,6 +153,7 @@ def test_one_writer_at_a_time_and_a_killed_run_resumes_to_the_same_dump(
     assert result.exit_code == 0, result.stderr
     only_the_dump(bucket, "d")  # no lock, no stray, no unfinished upload
     same_dump(reference, url)
+    assert f"run {manifest(url)['run_id']} on" in line  # the lock named the dump's run id
 
 
 def test_resume_redoes_the_shards_that_do_not_match(

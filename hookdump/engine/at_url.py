@@ -12,6 +12,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,14 +35,13 @@ def at_url(options: RunOptions, main: bool) -> Iterator[tuple[RunOptions, Upload
     if dump.url is None:
         yield options, None
         return
-    upload = Upload(Remote(dump.url, dump.storage_options))
+    upload = Upload(Remote(dump.url, dump.storage_options), uuid.uuid4().hex)
     spool = _new_spool(dump.spool)
-    lock = UrlLock(upload) if main else None
+    lock = UrlLock(upload, upload.run_id) if main else None
     try:
         if lock is not None:
             upload.make_prefix()
             lock.take(take_over=dump.resume or dump.overwrite)
-            upload.run_id = lock.holder.run_id
         yield dataclasses.replace(options, dump=dataclasses.replace(dump, out=spool)), upload
     finally:
         if lock is not None:

@@ -44,10 +44,10 @@ def sha256_file(path: Path) -> str:
 class Upload:
     """The prefix a dump is written under, and what goes up to it."""
 
-    def __init__(self, remote: Remote) -> None:
+    def __init__(self, remote: Remote, run_id: str | None = None) -> None:
         self.remote = remote
         self.url = remote.url
-        self.run_id: str | None = None  # the lock's: a new dump's shards and manifest carry it
+        self.run_id = run_id  # the run's (its lock names it): a new dump's shards carry it
         # an old dump's objects, removed before the first upload (None: nothing to remove)
         self._old: list[str] | None = None
 
