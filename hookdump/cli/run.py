@@ -36,7 +36,7 @@ from hookdump.cli._options import (
 )
 from hookdump.cli._progress import GCPause, progress_bar
 from hookdump.errors import CheckFailed
-from hookdump.store.location import is_url
+from hookdump.store.location import out_place
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
@@ -430,10 +430,10 @@ def _dump_options(
     from hookdump.model.prepare import resolve_dtype
     from hookdump.store.write.writer import DumpOptions
 
-    url = out is not None and is_url(out)
+    folder, url = out_place(out)
     return DumpOptions(
-        out=None if out is None or url else Path(out),
-        url=out if url else None,
+        out=folder,
+        url=url,
         storage_options=storage_options(storage_option),
         spool=spool,
         overwrite=overwrite,

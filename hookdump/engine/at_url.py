@@ -23,7 +23,7 @@ from hookdump.store.folder import DUMP_FILE, describe_os_error
 from hookdump.store.location import Remote
 from hookdump.store.write.upload import Upload
 from hookdump.store.write.url_lock import UrlLock, process_alive
-from hookdump.store.write.writer import MANIFEST, FileNames
+from hookdump.store.write.writer import FileNames
 
 
 @contextlib.contextmanager
@@ -37,7 +37,7 @@ def at_url(options: RunOptions, main: bool) -> Iterator[tuple[RunOptions, Upload
         return
     upload = Upload(Remote(dump.url, dump.storage_options), uuid.uuid4().hex)
     spool = _new_spool(dump.spool)
-    lock = UrlLock(upload, upload.run_id) if main else None
+    lock = UrlLock(upload) if main else None
     try:
         if lock is not None:
             upload.make_prefix()
@@ -85,12 +85,12 @@ def keep_uploaded(
         kept += 1
     listed = {entry["file"] for entry in shards[:kept]}
 
-    def stray(name: str) -> bool:
-        ours = name.startswith(names.shard_prefix) or name == names.manifest
-        return bool(DUMP_FILE.match(name)) and ours and name not in listed
+    def stray(name: str) -> bool:  # a shard object of this run's names that is not kept
+        ours = name.startswith(names.shard_prefix) and bool(DUMP_FILE.match(name))
+        return ours and name not in listed
 
-    upload.abort_unfinished(stray)
-    upload.remove(n for n in upload.entries() if stray(n) and n not in (names.manifest, MANIFEST))
+    upload.abort_unfinished(lambda name: stray(name) or name == names.manifest)
+    upload.remove(name for name in upload.entries() if stray(name))
     if kept == len(shards):
         return previous
     if kept == 0:

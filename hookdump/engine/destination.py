@@ -140,7 +140,7 @@ class Destination:
         if self.writer is not None and self.writer.shards:
             rows = self.writer.shards[-1]["stop"]
             return (
-                f"{rows} samples are safe in {self.writer.where}; run the same command with "
+                f"{rows} samples are safe in {self.where}; run the same command with "
                 f"{opt('resume', True)} to finish the dump"
             )
         return "nothing was written"

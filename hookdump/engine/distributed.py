@@ -101,9 +101,11 @@ RANK_MANIFESTS = "manifest-r*.json"
 
 def rank_names(ranks: Ranks | None) -> FileNames:
     """A torchrun rank's file names: its shards' prefix and its own manifest."""
-    if ranks is None:
-        return FileNames()
-    return FileNames(f"shard-r{ranks.rank:02d}-", f"manifest-r{ranks.rank:02d}.json")
+    return FileNames() if ranks is None else _rank_files(ranks.rank)
+
+
+def _rank_files(rank: int) -> FileNames:
+    return FileNames(f"shard-r{rank:02d}-", f"manifest-r{rank:02d}.json")
 
 
 @dataclass
@@ -171,7 +173,7 @@ def drop_rank_manifests(out: Path, world: int, upload: Upload | None = None) -> 
     """Once `manifest.json` lists every rank's shards, the ranks' own are not needed (at a
     URL, `upload`: those of the `world` ranks)."""
     if upload is not None:
-        upload.remove(f"manifest-r{rank:02d}.json" for rank in range(world))
+        upload.remove(_rank_files(rank).manifest for rank in range(world))
         return
     for path in out.glob(RANK_MANIFESTS):
         path.unlink(missing_ok=True)

@@ -30,7 +30,7 @@ from hookdump.inputs.samples import InputOptions
 from hookdump.model.loading import class_path
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
-from hookdump.store.location import is_url
+from hookdump.store.location import out_place
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.writer import DumpOptions
 
@@ -182,9 +182,9 @@ def dump(
         given = PythonData(data, forward, ids, per_token, tuple(special))
         with Progress(progress, _stderr_console() if progress else None) as on_batch:
             run(options, on_batch, model=live, data=given)
-    if is_url(os.fspath(out)):
-        return Dump(os.fspath(out), storage_options=storage_options)
-    return Dump(Path(out))
+    written = options.dump.url or options.dump.out  # the dump's URL, or its folder
+    assert written is not None  # `out` is required
+    return Dump(written, storage_options=storage_options)
 
 
 def _dump_options(
@@ -196,10 +196,8 @@ def _dump_options(
     shard_size: int | str,
     save_dtype: str | torch.dtype | None,
 ) -> DumpOptions:
-    url = is_url(os.fspath(out))
     return DumpOptions(
-        None if url else Path(out),
-        os.fspath(out) if url else None,
+        *out_place(out),
         dict(storage_options or {}),
         None if spool is None else Path(spool),
         overwrite,

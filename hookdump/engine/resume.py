@@ -9,6 +9,7 @@ input file.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,9 +148,15 @@ class _Place:
     def exists(self) -> bool:
         return self.upload is not None or self.out.is_dir()
 
+    @functools.cached_property
+    def _listed(self) -> list[str]:
+        """The prefix's entries, listed once: nothing writes there while a resume looks."""
+        assert self.upload is not None
+        return self.upload.entries()
+
     def has(self, name: str) -> bool:
         if self.upload is not None:
-            return name in self.upload.entries()
+            return name in self._listed
         return (self.out / name).exists()
 
     def manifest(self, name: str) -> dict[str, Any]:
@@ -161,7 +168,7 @@ class _Place:
 
     def rank_manifests(self) -> list[str]:
         if self.upload is not None:
-            names = self.upload.entries()
+            names = self._listed
         else:
             names = [p.name for p in self.out.iterdir()] if self.out.is_dir() else []
         return sorted(n for n in names if fnmatch.fnmatchcase(n, RANK_MANIFESTS))

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -28,6 +29,14 @@ HEAD_BYTES = 64 << 10  # read of an object's start at once: a shard's header fit
 def is_url(where: object) -> bool:
     """Whether `where` names a dump by URL (`scheme://...`) rather than a local path."""
     return isinstance(where, str) and bool(_URL.match(where))
+
+
+def out_place(out: str | os.PathLike[str] | None) -> tuple[Path | None, str | None]:
+    """What `--out` (or `out=`) names: (a local folder, None) or (None, a URL); neither for
+    no `--out`."""
+    if out is None:
+        return None, None
+    return (None, os.fspath(out)) if is_url(os.fspath(out)) else (Path(out), None)
 
 
 class UrlPath(str):
@@ -116,8 +125,11 @@ class Remote:
         except FileNotFoundError:
             raise missing or InvalidDump(f"{what} does not exist") from None
         except Exception as exc:  # the client's errors have no common base: botocore, aiohttp
-            reason = self.scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            raise InvalidDump(f"cannot read {what}: {reason[:200]}") from None
+            raise InvalidDump(f"cannot read {what}: {self.reason(exc)}") from None
+
+    def reason(self, exc: BaseException) -> str:
+        """A storage client's error as one short line, every option's value blanked out."""
+        return self.scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:200]
 
     def info(self, name: str, missing: HookdumpError | None = None) -> dict[str, Any]:
         """The object's size and what identifies this version of it (ETag, time)."""

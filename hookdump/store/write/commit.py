@@ -46,7 +46,7 @@ class Committer:
             "hookdump-commit",
             group=self._commit,
             hold=0.0 if uploads else COMMIT_EVERY,
-            hold_first=not writer.replaces_old_dump() and not uploads,
+            hold_first=not writer.replaces_old_dump(),
             drop=self._drop,
         )
 

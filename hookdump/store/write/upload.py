@@ -28,17 +28,9 @@ from hookdump.store.location import Remote
 
 T = TypeVar("T")
 LOCK = "hookdump.lock"  # the one-writer lock object (see `store.write.url_lock`)
-CHUNK = 8 << 20  # bytes hashed at a time
+CHUNK = 8 << 20  # bytes read at a time from an object hashed on `--resume`
 # shard files in the spool at most: one being written, two waiting, one going up
 SPOOL_SHARDS = 4
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class Upload:
@@ -59,14 +51,13 @@ class Upload:
         except HookdumpError:
             raise
         except Exception as exc:  # botocore, aiohttp, OSError: no common base
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             then = (
                 f"; the shards uploaded so far are kept: run the same command with "
                 f"{opt('resume', True)} to finish the dump"
                 if writing
                 else ""
             )
-            raise HookdumpError(f"cannot {what}: {self.remote.scrub(text)[:200]}{then}") from None
+            raise HookdumpError(f"cannot {what}: {self.remote.reason(exc)}{then}") from None
 
     def make_prefix(self) -> None:
         """A file system with folders (`file://`) gets the prefix's; an object store has
@@ -135,7 +126,8 @@ class Upload:
         """Upload a finished shard file as object `name`, check it, and delete the local
         file; its size and SHA-256, for the manifest."""
         size = local.stat().st_size
-        digest = sha256_file(local)
+        with open(local, "rb") as file:
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
         path, fs = self.remote.object(name), self.remote.fs
         self.attempt(f"upload {self.url / name}", lambda: fs.put_file(str(local), path))
         info = self.attempt(f"check {self.url / name}", lambda: fs.info(path))
@@ -174,11 +166,8 @@ class Upload:
                 return False
             if sha256 is None or (entry.get("etag") and entry.get("etag") == _etag(info)):
                 return True
-            digest = hashlib.sha256()
             with fs.open(path, "rb", block_size=CHUNK) as file:
-                while chunk := file.read(CHUNK):
-                    digest.update(chunk)
-            return digest.hexdigest() == sha256
+                return bool(hashlib.file_digest(file, "sha256").hexdigest() == sha256)
 
         return self.attempt(f"read {self.url / name}", check)
 

@@ -82,10 +82,10 @@ class Holder:
 class UrlLock:
     """The lock on the dump at `upload`'s prefix, taken by `take` and given back by `release`."""
 
-    def __init__(self, upload: Upload, run_id: str | None = None) -> None:
+    def __init__(self, upload: Upload) -> None:
         self.upload = upload
         now = time.time()
-        run_id = run_id or uuid.uuid4().hex
+        run_id = upload.run_id or uuid.uuid4().hex
         self.holder = Holder(run_id, socket.gethostname(), os.getpid(), now, now)
         self._path = upload.remote.object(LOCK)
         self._held = False

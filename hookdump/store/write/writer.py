@@ -367,11 +367,6 @@ class DumpWriter:
             if self.upload is not None:
                 self.upload.forget_old()
 
-    @property
-    def where(self) -> str:
-        """Where the dump is, for messages: its folder or its URL."""
-        return str(self.upload.url if self.upload is not None else self.out)
-
     def replaces_old_dump(self) -> bool:
         """Whether the folder still holds files of an old dump (`overwrite`), which the
         first commit moves aside."""
