@@ -2,7 +2,8 @@
 
 - plain: a new dump in `--out` (or, with `--overwrite`, one that replaces the dump there);
 - resume: the rest of an interrupted dump, after the samples it already holds;
-- a torchrun rank: its own shards and manifest, merged into one dump by rank 0 at the end.
+- a torchrun rank: its own shards and manifest, merged into one dump by rank 0 at the end;
+- a part: likewise, for a process that joins the parts (a Ray job's: `engine.on_ray`).
 
 Each writes a local folder, or a URL (`upload`: the shards are finished in a local spool,
 `out`, and uploaded; see `engine.at_url`).
@@ -27,6 +28,7 @@ from hookdump.engine.distributed import (
     rank_names,
 )
 from hookdump.engine.options import RunOptions
+from hookdump.engine.parts import clear_part
 from hookdump.engine.resume import check_sources, previous_dump
 from hookdump.errors import opt
 from hookdump.format.manifest import Manifest, samples_fed
@@ -35,7 +37,7 @@ from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
 from hookdump.store.write.upload import Upload
-from hookdump.store.write.writer import DumpWriter
+from hookdump.store.write.writer import DumpWriter, Part
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Destination:
     previous: dict[str, Any] | None = None  # the interrupted dump being resumed
     overwrite: bool = False
     upload: Upload | None = None  # the dump goes to a URL (`out` is its spool)
+    part: Part | None = None  # a part of a dump that another process finishes
     writer: DumpWriter | None = field(default=None, init=False)
 
     @classmethod
@@ -55,6 +58,9 @@ class Destination:
     ) -> Destination:
         """Check `--out` for the run the options describe (before the slow part)."""
         dump = options.dump
+        if dump.part is not None:  # the folder or prefix holds the other parts: no check
+            clear_part(dump.part.names, dump.out, upload)
+            return cls(dump.out, ranks, None, True, upload, dump.part)
         previous = previous_dump(options, ranks, upload) if dump.resume else None
         if previous is not None and upload is not None:
             previous = keep_uploaded(upload, previous, rank_names(ranks))
@@ -98,7 +104,7 @@ class Destination:
         """Make the writer (`fields`: what the manifest records of the run)."""
         if self.out is None:
             return
-        names = rank_names(self.ranks)
+        names = self.part.names if self.part is not None else rank_names(self.ranks)
         if self.previous is not None:
             self.writer = DumpWriter.resume(
                 self.out,
@@ -117,6 +123,9 @@ class Destination:
                 names=names,
                 upload=self.upload,
             )
+        if self.part is not None:  # the dump's process has moved an old dump aside
+            self.writer.clear_old_dump(here=False)
+            self.writer.share_run_id(self.part.run_id)
         if self.ranks is not None:  # one dump, one run id: the resumed dump's, or rank 0's
             ids = self.ranks.gather(self.writer.run_id)
             self.writer.share_run_id(next((i for i in ids if i is not None), None))

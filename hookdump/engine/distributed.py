@@ -122,18 +122,19 @@ class RankShare:
 
 
 def merge_ranks(ranks: Ranks, mine: RankShare) -> RankShare | None:
-    """Every rank's part gathered onto rank 0 and joined in sample order: the shards' rows
-    renumbered, statistics merged, ids and skipped lists concatenated. None on other ranks."""
+    """Every rank's part gathered onto rank 0 and joined in sample order (`join_shares`).
+    None on other ranks."""
     everyone: list[RankShare] = ranks.gather(mine)
-    if not ranks.main:
-        return None
+    return join_shares(everyone) if ranks.main else None
+
+
+def join_shares(everyone: list[RankShare]) -> RankShare:
+    """Parts of one dump joined in this order: the shards' rows renumbered, statistics
+    merged, ids and skipped lists concatenated (the first part's skipped keys first)."""
+    mine = everyone[0]
     with_rows = [p for p in everyone if p.rows]
     for part in with_rows[1:]:
-        if list(part.tensors) != list(with_rows[0].tensors):
-            raise HookdumpError(
-                "the ranks captured different keys: the model's control flow depends on its "
-                f"input; {opt('exclude')} the modules that differ"
-            )
+        _check_same_keys(with_rows[0].tensors, part.tensors)
     shards, offset, samples, inputs_skipped = [], 0, 0, 0
     summaries: dict[str, KeySummary] = {}
     for part in everyone:
@@ -156,6 +157,23 @@ def merge_ranks(ranks: Ranks, mine: RankShare) -> RankShare | None:
         skipped=mine.skipped + [s for p in everyone[1:] for s in p.skipped if s["key"] not in seen],
         skipped_inputs=[s for p in everyone for s in p.skipped_inputs],
     )
+
+
+def _check_same_keys(first: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]) -> None:
+    """Parts of one dump hold the same keys, each of one per-sample shape and dtype."""
+    if list(other) != list(first):
+        raise HookdumpError(
+            "the processes captured different keys: the model's control flow depends on its "
+            f"input; {opt('exclude')} the modules that differ"
+        )
+    for key, meta in other.items():
+        for what in ("shape", "dtype"):
+            if meta[what] != first[key][what]:
+                raise HookdumpError(
+                    f"{key!r} has the {what} {first[key][what]} in one process's samples and "
+                    f"{meta[what]} in another's; give every sample the same shape, or "
+                    f"{opt('exclude')} that module"
+                )
 
 
 def _moved(shard: dict[str, Any], rows: int, samples: int, skipped: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ restored on every exit."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -129,14 +130,81 @@ def dump(
         torch.Size([10000, 2048])
     """
     live = _live_module(model)
+    options = run_options(
+        model,
+        live,
+        out,
+        layers=layers,
+        exclude=exclude,
+        types=types,
+        capture=capture,
+        ops=ops,
+        reduce=reduce,
+        per_token=per_token,
+        positions=positions,
+        skip_special_tokens=skip_special_tokens,
+        num_samples=num_samples,
+        save_dtype=save_dtype,
+        dtype=dtype,
+        train=train,
+        shard_size=shard_size,
+        overwrite=overwrite,
+        resume=resume,
+        early_stop=early_stop,
+        grad_target=grad_target,
+        weights=weights,
+        model_args=model_args,
+        seed=seed,
+        progress=progress,
+        storage_options=storage_options,
+        spool=spool,
+    )
+    special = _special_ids(tokenizer, skip_special_tokens, str(model) if live is None else "")
+    with _as_asked(live, device, train) as (where, mode):
+        chosen = dataclasses.replace(options.model, device=where, train=mode)
+        options = dataclasses.replace(options, model=chosen)
+        given = PythonData(data, forward, ids, per_token, tuple(special))
+        with Progress(progress, _stderr_console() if progress else None) as on_batch:
+            run(options, on_batch, model=live, data=given)
+    written = options.dump.url or options.dump.out  # the dump's URL, or its folder
+    assert written is not None  # `out` is required
+    return Dump(written, storage_options=storage_options)
+
+
+def run_options(
+    model: nn.Module | str,
+    live: nn.Module | None,
+    out: str | os.PathLike[str],
+    *,
+    layers: str | Sequence[str] = (),
+    exclude: str | Sequence[str] = (),
+    types: str | Sequence[str] = (),
+    capture: str | Sequence[str] = ("output",),
+    ops: str | Sequence[str] = (),
+    reduce: Reduction = "none",
+    per_token: bool = False,
+    positions: str | slice | None = None,
+    skip_special_tokens: bool = False,
+    num_samples: int | None = None,
+    save_dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    train: bool | None = None,
+    shard_size: int | str = "1GiB",
+    overwrite: bool = False,
+    resume: bool = False,
+    early_stop: bool = True,
+    grad_target: str | int = "sum",
+    weights: str = "none",
+    model_args: dict[str, Any] | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    storage_options: dict[str, str] | None = None,
+    spool: str | os.PathLike[str] | None = None,
+) -> RunOptions:
+    """The run `hookdump.dump`'s keywords describe (the model's device and mode as they
+    are, `auto` and eval for a MODEL string), each keyword's type checked as Python would."""
     _check_types(
-        {
-            "layers": layers,
-            "exclude": exclude,
-            "types": types,
-            "capture": capture,
-            "ops": ops,
-        },
+        {"layers": layers, "exclude": exclude, "types": types, "capture": capture, "ops": ops},
         {
             "per_token": per_token,
             "skip_special_tokens": skip_special_tokens,
@@ -150,41 +218,30 @@ def dump(
     )
     if num_samples is not None and num_samples < 1:
         raise HookdumpError(f"{opt('num_samples')} {num_samples} must be at least 1")
-    special = _special_ids(tokenizer, skip_special_tokens, str(model) if live is None else "")
-    kinds = parse_capture(capture)
-    with _as_asked(live, device, train) as (where, mode):
-        options = RunOptions(
-            model=ModelOptions(
-                model=str(model) if live is None else class_path(live),
-                weights=weights,
-                model_args=dict(model_args or {}),
-                seed=seed,
-                device=where,
-                train=mode,
-            ),
-            capture=CaptureOptions(
-                _names(layers),
-                _names(exclude),
-                _names(types),
-                kinds,
-                _names(ops),
-                reduce,
-                _grad_target(grad_target),
-                early_stop,
-            ),
-            input=InputOptions(num_samples=num_samples),
-            tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,
-            dump=_dump_options(
-                out, storage_options, spool, overwrite, resume, shard_size, save_dtype
-            ),
-            dtype=_dtype(dtype, "dtype") or torch.float32,
-        )
-        given = PythonData(data, forward, ids, per_token, tuple(special))
-        with Progress(progress, _stderr_console() if progress else None) as on_batch:
-            run(options, on_batch, model=live, data=given)
-    written = options.dump.url or options.dump.out  # the dump's URL, or its folder
-    assert written is not None  # `out` is required
-    return Dump(written, storage_options=storage_options)
+    return RunOptions(
+        model=ModelOptions(
+            model=str(model) if live is None else class_path(live),
+            weights=weights,
+            model_args=dict(model_args or {}),
+            seed=seed,
+            device="auto",
+            train=bool(train),
+        ),
+        capture=CaptureOptions(
+            _names(layers),
+            _names(exclude),
+            _names(types),
+            parse_capture(capture),
+            _names(ops),
+            reduce,
+            _grad_target(grad_target),
+            early_stop,
+        ),
+        input=InputOptions(num_samples=num_samples),
+        tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,
+        dump=_dump_options(out, storage_options, spool, overwrite, resume, shard_size, save_dtype),
+        dtype=_dtype(dtype, "dtype") or torch.float32,
+    )
 
 
 def _dump_options(

@@ -108,7 +108,8 @@ def run(
             "processes (each would dump all of its data as a rank's part); run it in one process"
         )
     ranks = from_environment(options.model.device)  # set when run under torchrun
-    main = ranks is None or ranks.main
+    # a part's process writes into a dump another process has locked and finishes
+    main = (ranks is None or ranks.main) and options.dump.part is None
     with (
         interrupts_once(),
         at_url(options, main) as (options, upload),
@@ -291,12 +292,16 @@ def _run(
     )
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
-    nothing = None if ranks else lambda: _nothing_read(options, bool(loop.fed.ids))
-    rows = loop.run(batches, destination, feed, on_batch, nothing)
+    alone = ranks is None and options.dump.part is None
+
+    def nothing() -> HookdumpError:
+        return _nothing_read(options, bool(loop.fed.ids))
+
+    rows = loop.run(batches, destination, feed, on_batch, nothing if alone else None)
     looped_at = time.perf_counter()
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
-    if whole.rows == 0:
-        raise _nothing_read(options, bool(loop.fed.ids))
+    if whole.rows == 0 and options.dump.part is None:
+        raise nothing()
     manifest = destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
     timings = {
         "load": loaded_at - started,

@@ -28,7 +28,9 @@ from hookdump.errors import HookdumpError, opt
 TRASH_PREFIX = ".hookdump-old-"  # an old dump being deleted (left behind if that was cut short)
 # every name a dump (or an interrupted run) leaves in its folder
 DUMP_FILE = re.compile(
-    r"^(manifest(-r\d+)?\.json(\.tmp)?|shard-(r\d+-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
+    # a torchrun rank's files are `-rNN-`, a part's (a Ray task's: engine.parts) `-pHEX-`
+    r"^(manifest(-(r\d+|p[0-9a-f]+))?\.json(\.tmp)?"
+    r"|shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
     r"|\.hookdump-old-[\w-]+)$"
 )
 # the names that are never part of a finished dump: half-written files and old dumps' trash

@@ -54,6 +54,8 @@ class DumpOptions:
         resume: finish an interrupted dump in `out`.
         shard_bytes: about how many bytes go into one shard file.
         save_dtype: the dtype written for floating tensors (None: as captured).
+        part: this run writes one part of a dump that another process locked, checked and
+            finishes (a Ray task's): its files are named for the part.
     """
 
     out: Path | None = None
@@ -64,6 +66,7 @@ class DumpOptions:
     resume: bool = False
     shard_bytes: int = DEFAULT_SHARD_BYTES
     save_dtype: torch.dtype | None = field(default=None, metadata=recipe())
+    part: Part | None = None
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> int:
@@ -85,6 +88,19 @@ class FileNames:
     @property
     def own_manifest(self) -> bool:
         return self.manifest != MANIFEST
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a dump that another process finishes (`DumpOptions.part`): its name
+    (hex digits, made from its samples' ids) and the dump's run id."""
+
+    name: str
+    run_id: str
+
+    @property
+    def names(self) -> FileNames:
+        return FileNames(f"shard-p{self.name}-", f"manifest-p{self.name}.json")
 
 
 class _OldDump:
@@ -431,10 +447,18 @@ class DumpWriter:
         if self._named:
             remove_entry(self.out / (self.names.manifest + ".tmp"))
 
-    def take_over(self, shards: list[dict[str, Any]], tensors: dict[str, dict[str, Any]]) -> None:
-        """Become the writer of the whole dump (torchrun's rank 0, once every rank is done):
-        list every rank's shards and write the one `manifest.json`."""
+    def take_over(
+        self,
+        shards: list[dict[str, Any]],
+        tensors: dict[str, dict[str, Any]],
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        """Become the writer of the whole dump (torchrun's rank 0 once every rank is done, or
+        the process that joins a dump's parts): list every part's shards and write the one
+        `manifest.json` (`fields`: the manifest's other fields, if this writer had none)."""
         self.shards, self.tensors, self.names = shards, tensors, FileNames()
+        if fields is not None:
+            self.fields = dict(fields)
 
     @classmethod
     def resume(

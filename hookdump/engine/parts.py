@@ -1,0 +1,98 @@
+"""A dump written in parts by other processes (the tasks of a Ray job, `engine.on_ray`).
+
+One process locks and checks `--out` and moves an old dump aside; each task writes its part
+as a run of its own (`DumpOptions.part`: `shard-pHEX-NNNNN.safetensors` and
+`manifest-pHEX.json`, with the dump's run id) and hands back what it wrote (`share_of`);
+the first process joins the parts in the data's order into the one `manifest.json` and
+removes the parts' manifests (`drop_parts`).
+
+A part is named by a hash of its samples' ids, so a task run again (its process was killed)
+writes the same names, after removing what the killed attempt left (`clear_part`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hookdump.engine.distributed import RankShare
+from hookdump.engine.options import RunResult
+from hookdump.store.folder import DUMP_FILE, remove_entry
+from hookdump.store.write.upload import Upload
+from hookdump.store.write.writer import FileNames
+
+PART_FILE = re.compile(r"^(shard|manifest)-p[0-9a-f]+[-.]")
+# the manifest's fields that each part has its own of; the joined dump's are made anew
+_GROWING = {
+    "format",
+    "run_id",
+    "complete",
+    "num_samples",
+    "num_sequences",
+    "sample_ids",
+    "skipped_inputs",
+    "skipped",
+    "wall_time_s",
+    "tensors",
+    "shards",
+}
+
+
+def part_name(ids: Sequence[Any]) -> str:
+    """The name of the part holding the samples `ids` (the same for the same ids)."""
+    text = json.dumps(list(ids), separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def clear_part(names: FileNames, out: Path | None, upload: Upload | None) -> None:
+    """Remove what an earlier attempt at this part left (its process was killed)."""
+    if upload is not None:
+
+        def mine(name: str) -> bool:
+            return name == names.manifest or name.startswith(names.shard_prefix)
+
+        upload.abort_unfinished(mine)
+        upload.remove(name for name in upload.entries() if mine(name) and DUMP_FILE.match(name))
+    elif out is not None and out.is_dir():
+        for path in out.iterdir():
+            if path.name.startswith((names.shard_prefix, names.manifest)) and DUMP_FILE.match(
+                path.name
+            ):
+                remove_entry(path)
+
+
+def share_of(result: RunResult) -> tuple[RankShare, dict[str, Any]]:
+    """What a part's run wrote, to be joined with the other parts, and its manifest's other
+    fields (the model, the selection, the versions...)."""
+    manifest = result.manifest or {}
+    ids = manifest.get("sample_ids")
+    fed = result.num_sequences if result.num_sequences is not None else result.num_samples
+    share = RankShare(
+        rows=result.num_samples,
+        shards=list(manifest.get("shards", [])),
+        tensors=dict(manifest.get("tensors", {})),
+        summaries={summary.info.key: summary for summary in result.keys},
+        ids=range(fed) if ids is None else list(ids),
+        skipped=list(result.skipped),
+        skipped_inputs=list(result.skipped_inputs),
+    )
+    return share, {name: value for name, value in manifest.items() if name not in _GROWING}
+
+
+def drop_parts(out: Path | None, upload: Upload | None, listed: set[str]) -> None:
+    """Once `manifest.json` lists every part's shards: the parts' manifests, and any part's
+    file it does not list, removed."""
+
+    def stray(name: str) -> bool:
+        return bool(PART_FILE.match(name) and DUMP_FILE.match(name)) and name not in listed
+
+    if upload is not None:
+        upload.remove(name for name in upload.entries() if stray(name))
+    elif out is not None:
+        for path in out.iterdir():
+            if stray(path.name):
+                remove_entry(path)
