@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_url_write import only_the_dump
@@ -159,7 +160,7 @@ class Tokens(nn.Module):
         return self.mix(self.embed(input_ids)) * attention_mask[..., None]
 
 
-def test_token_sequences_to_a_url_and_an_error_in_a_task(cluster: None, bucket: str) -> None:
+def test_token_sequences_to_a_url(cluster: None, bucket: str) -> None:
     token_ids = torch.randint(0, 20, (ROWS, 8), generator=torch.Generator().manual_seed(3))
     mask = (torch.arange(8) < torch.arange(ROWS)[:, None] % 8 + 1).long()  # right padding
     rows = [
@@ -174,7 +175,7 @@ def test_token_sequences_to_a_url_and_an_error_in_a_task(cluster: None, bucket: 
         layers=["embed", "mix"],
         part_size=PART,
         batch_size=BATCH,
-        concurrency=2,
+        concurrency=1,
     )
     only_the_dump(bucket, "ray/run1")
     net = Tokens().eval()
@@ -182,10 +183,27 @@ def test_token_sequences_to_a_url_and_an_error_in_a_task(cluster: None, bucket: 
         torch.testing.assert_close(dump["embed"], net.embed(token_ids))
         torch.testing.assert_close(dump["mix"], net.mix(net.embed(token_ids)))
     assert list(dump.sample_ids) == list(range(ROWS))
+
+
+def test_an_error_in_a_task_is_its_one_line(tmp_path: Path) -> None:
+    """A task's HookdumpError comes back as its row (Ray keeps only a traceback's text of
+    an exception), and the driver raises it as it was, its options named; the task's actor
+    class run here in this process, as an actor runs it."""
+    from hookdump.engine.live import run_options
+    from hookdump.engine.on_ray import _collected, _PartWriter, _Task
+
+    options = run_options("m", None, tmp_path / "d", layers="nomatch")
+    task = _Task(options, "run-id", "id", ["x"], None, BATCH, "cpu")
+    row = _PartWriter(model, task)({"id": np.array(["a", "b"]), "x": np.zeros((2, 6), np.float32)})
+
+    class Mapped:  # what map_batches gives back: every task's row
+        def take_all(self) -> list[dict[str, Any]]:
+            return [{"part": row["part"][0], "done": row["done"][0]}]
+
     with pytest.raises(HookdumpError, match=r"^layers 'nomatch' matches no module") as failed:
-        hookdump.ray.dump(ray.data.from_items(rows), Tokens, f"{bucket}/ray/run2", layers="nomatch")
+        _collected(Mapped())
     assert "\n" not in str(failed.value)
-    only_the_dump(bucket, "ray/run1")  # the failed run left nothing, and the lock is gone
+    assert not (tmp_path / "d").exists()  # the part wrote nothing
 
 
 def test_checked_before_ray_runs_anything(cluster: None, tmp_path: Path) -> None:
