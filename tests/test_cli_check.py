@@ -74,16 +74,41 @@ def test_keys_glob_compares_a_subset(tmp_path: Path) -> None:
     assert_usage_error(invoke("diff", str(a), str(b), "--keys", "conv*"), "--keys 'conv*'")
 
 
-def test_missing_keys_shapes_and_dtypes_are_failures(tmp_path: Path) -> None:
+def test_missing_keys_are_failures(tmp_path: Path) -> None:
     a = dump(tmp_path / "a")
     fewer = dump(tmp_path / "fewer", "-l", "linear_1", "-l", "relu", "-l", "linear_2")
-    half = dump(tmp_path / "half", "--save-dtype", "float16")
     data = json.loads(invoke("diff", str(a), str(fewer), "--json").stdout)
     assert data["first_diverging"]["key"] == "relu6"
     assert data["first_diverging"]["status"] == "only in A"
-    data = json.loads(invoke("diff", str(a), str(half), "--json", "--atol", "1").stdout)
-    assert data["first_diverging"]["status"] == "dtype"
-    assert data["first_diverging"]["detail"] == "float32 vs float16"
+
+
+def test_another_dtype_is_compared_by_value_in_the_wider_one(tmp_path: Path) -> None:
+    """float32 against bfloat16: the values B holds are A's rounded, so the differences are
+    the rounding's (computed here from A's own values); within a tolerance that admits the
+    rounding, the dumps match, the change noted; `--strict-dtype` makes it a failure."""
+    a = dump(tmp_path / "a", "-m", "bias=0.3")  # 0.3 + ... is not a bfloat16 number
+    half = dump(tmp_path / "half", "-m", "bias=0.3", "--save-dtype", "bfloat16")
+    values = hookdump.load(a)["linear_1"]
+    rounding = (values - values.bfloat16().float()).abs()
+    assert rounding.max() > 0
+
+    strict = invoke("diff", str(a), str(half), "--json")  # default tolerances: the rounding
+    assert strict.exit_code == 1
+    row = next(k for k in json.loads(strict.stdout)["keys"] if k["key"] == "linear_1")
+    assert (row["status"], row["dtypes"]) == ("differ", "float32 vs bfloat16")
+    assert row["max_abs"] == pytest.approx(float(rounding.max()), rel=1e-6)
+
+    loose = invoke("diff", str(a), str(half), "--rtol", "0.01", "--all")
+    assert loose.exit_code == 0, loose.stdout
+    assert "match (float32 vs bfloat16)" in loose.stdout and "all 4 keys match" in loose.stdout
+    ci = invoke("diff", str(a), str(half), "--rtol", "0.01", "--strict-dtype", "--json")
+    assert ci.exit_code == 1
+    first = json.loads(ci.stdout)["first_diverging"]
+    assert (first["status"], first["detail"], first["mismatched"]) == (
+        "dtype",
+        "float32 vs bfloat16",
+        0,
+    )
 
 
 def test_different_sample_counts_fail(tmp_path: Path) -> None:

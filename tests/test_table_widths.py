@@ -97,8 +97,8 @@ def _diff() -> DiffResult:
     keys = [
         KeyDiff("encoder.layer.11.attention.self.query:output.0", "encoder.layer.11", "differ",
                 "", 0.08831, 664.8, 100269, 100352, 0.9, 1.0, 1.0),
-        KeyDiff("layer4.0.relu", "layer4.0.relu", "dtype", "float32 vs bfloat16", 0.08834,
-                math.inf, 49760, 100352, 0.99996820, 1.0, 1.0),
+        KeyDiff("layer4.0.relu", "layer4.0.relu", "differ", "", 0.08834,
+                math.inf, 49760, 100352, 0.99996820, 1.0, 1.0, "float32 vs bfloat16"),
         KeyDiff("pooler", "pooler", "only in A"),
     ]  # fmt: skip
     return DiffResult(Path("a"), Path("b"), 1e-8, 1e-5, keys, (8, 8))

@@ -21,6 +21,14 @@ def diff(
         float, typer.Option("--rtol", metavar="X", help="Relative tolerance (as allclose).")
     ] = 1e-5,
     keys: KeysOpt = None,
+    strict_dtype: Annotated[
+        bool,
+        typer.Option(
+            "--strict-dtype",
+            help="A key saved in another dtype fails, whatever its values (for CI); without "
+            "it, such keys are compared by value in the wider dtype.",
+        ),
+    ] = False,
     show_all: Annotated[
         bool, typer.Option("--all", help="List matching keys too, not only the failures.")
     ] = False,
@@ -45,7 +53,9 @@ def diff(
         from hookdump.tools.pictures.canvas import check_format
 
         check_format(plot, "plot")  # before the comparison, which may take a while
-    result = diff_dumps(a, b, atol, rtol, list(keys or []), storage_options(storage_option))
+    result = diff_dumps(
+        a, b, atol, rtol, list(keys or []), storage_options(storage_option), strict_dtype
+    )
     if plot is not None:
         from hookdump.tools.pictures.curves import diff_plot
 

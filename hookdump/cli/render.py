@@ -341,7 +341,7 @@ def _diff_columns(rows: Sequence[KeyDiff]) -> list[_Column]:
             "status",
             [
                 Text(
-                    printable(f"{item.status} {item.detail}".strip()),
+                    printable(f"{item.status} {item.detail}".strip() + _dtypes(item)),
                     style="green" if item.ok else "bold red",
                 )
                 for item in rows
@@ -361,6 +361,11 @@ def _diff_columns(rows: Sequence[KeyDiff]) -> list[_Column]:
             "right",
         ),
     ]
+
+
+def _dtypes(item: KeyDiff) -> str:
+    """A key B holds in another dtype, compared by value: the change, beside its verdict."""
+    return f" ({item.dtypes})" if item.dtypes and item.status != "dtype" else ""
 
 
 def _all_match(keys: int) -> str:

@@ -3,6 +3,10 @@
 Elements pass where both are finite and `|a - b| <= atol + rtol * |b|` (as
 `torch.allclose`), or where both are the same non-finite value (NaN in both, or the same
 Inf): a dump always matches itself, and an Inf matches nothing but the same Inf.
+
+A key saved in another dtype in B (float32 against bfloat16, say) is compared by value, in
+the wider dtype, and passes or fails by the tolerance like any other; the change is noted
+(`KeyDiff.dtypes`), and is a failure in itself only with `strict_dtype` (for CI).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class KeyDiff:
     _dot: float = 0.0
     _norm_a: float = 0.0
     _norm_b: float = 0.0
+    dtypes: str = ""  # "float32 vs bfloat16": B holds the key in another dtype
 
     @property
     def ok(self) -> bool:
@@ -67,6 +72,7 @@ class KeyDiff:
             "cosine": clean(self.cosine),
             "mismatched": self.mismatched,
             "numel": self.numel,
+            "dtypes": self.dtypes or None,
         }
 
 
@@ -112,9 +118,11 @@ def diff_dumps(
     rtol: float = 1e-5,
     keys: list[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    strict_dtype: bool = False,
 ) -> DiffResult:
     """Compare dump B against dump A (the reference order is A's forward order); either may
-    be a URL, read with fsspec's `storage_options`."""
+    be a URL, read with fsspec's `storage_options`. `strict_dtype`: a key saved in another
+    dtype fails whatever its values (without it, its values are compared)."""
     if atol < 0 or rtol < 0:
         raise HookdumpError(f"{opt('atol')} {atol} and {opt('rtol')} {rtol} must not be negative")
     a, b = Dump(path_a, storage_options).reader, Dump(path_b, storage_options).reader
@@ -132,7 +140,7 @@ def diff_dumps(
         ):
             rows_ab = f"{a.rows_of(key)} vs {b.rows_of(key)} rows"
             results[key] = KeyDiff(key, results[key].module, "shape", rows_ab)
-    compared = [key for key in order if results[key].status in ("match", "dtype")]
+    compared = [key for key in order if results[key].status == "match"]
     per_row = max(a.row_bytes(compared), b.row_bytes(compared))
     # a slice a quarter of the readers': comparing makes several temporaries of its size
     step = rows_per_slice(per_row, SLICE_BYTES // 4)
@@ -148,8 +156,10 @@ def diff_dumps(
                 _accumulate(results[key], ta, b.read_rows(fb, shard_b, key, lo, top), atol, rtol)
                 del ta  # before the next key's slice is read
     for key in compared:
-        if results[key].status == "match" and results[key].mismatched:
+        if results[key].mismatched:
             results[key].status = "differ"
+        elif strict_dtype and results[key].dtypes:
+            results[key].status, results[key].detail = "dtype", results[key].dtypes
     return DiffResult(
         a.path,
         b.path,
@@ -177,15 +187,16 @@ def _selected(order: list[str], patterns: list[str]) -> list[str]:
 def _compare_meta(
     key: str, meta_a: Mapping[str, Any] | None, meta_b: Mapping[str, Any] | None
 ) -> KeyDiff:
-    """How a key compares by its manifest entries alone (match or dtype: compare values)."""
+    """How a key compares by its manifest entries alone (match: compare its values)."""
     module = (meta_a or meta_b or {}).get("module")
     if meta_a is None or meta_b is None:
         return KeyDiff(key, module, "only in B" if meta_a is None else "only in A")
     if meta_a["shape"] != meta_b["shape"]:
         return KeyDiff(key, module, "shape", f"{meta_a['shape']} vs {meta_b['shape']}")
-    if meta_a["dtype"] != meta_b["dtype"]:
-        return KeyDiff(key, module, "dtype", f"{meta_a['dtype']} vs {meta_b['dtype']}")
-    return KeyDiff(key, module, "match")
+    changed = (
+        f"{meta_a['dtype']} vs {meta_b['dtype']}" if meta_a["dtype"] != meta_b["dtype"] else ""
+    )
+    return KeyDiff(key, module, "match", dtypes=changed)
 
 
 def _problems(a: ShardReader, b: ShardReader, rows: int) -> list[str]:
@@ -223,7 +234,7 @@ def _accumulate(
 ) -> None:
     """Fold a slice of rows in, with a few temporaries of the slice's size (sums of
     products in float64)."""
-    work = torch.float64 if torch.float64 in (ta.dtype, tb.dtype) else torch.float32
+    work = _wider(ta.dtype, tb.dtype)
     x, y = ta.to(work).reshape(-1), tb.to(work).reshape(-1)
     delta = (x - y).abs_()
     scale = y.abs()
@@ -249,6 +260,17 @@ def _accumulate(
     diff._dot += float((x * y).sum(dtype=torch.float64))
     diff._norm_a += float((x * x).sum(dtype=torch.float64))
     diff._norm_b += float((y * y).sum(dtype=torch.float64))
+
+
+def _wider(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """The dtype both sides are compared in: the wider of the two, at least float32, and
+    float64 for 64-bit integers (exact to 2**53) or float64."""
+    if torch.float64 in (a, b) or torch.int64 in (a, b):
+        return torch.float64
+    promoted = torch.promote_types(a, b)
+    if promoted.is_complex:
+        return promoted
+    return torch.float64 if promoted.itemsize > 4 else torch.float32
 
 
 def _value(v: torch.Tensor) -> str:
