@@ -228,3 +228,52 @@ def test_a_name_that_is_not_a_picture_format_is_refused(convdump: Path, tmp_path
     result = invoke("show", str(convdump), "features.0", "--out", str(tmp_path / "x.jpg"))
     assert_usage_error(result, ".jpg is not a picture format; end the name in .png, .svg, .pdf")
     assert not (tmp_path / "x.jpg").exists()
+
+
+def test_sample_is_a_row_number_or_a_sample_id(tmp_path: Path) -> None:
+    """The contract (2026-11-25): `--sample` takes a sample id as the manifest records it
+    (a file path here) as well as a row number, and draws the same row; with token rows, an
+    id is its sequence's first token row (counted here from the mask)."""
+    from tiny_models import ConvNet
+
+    import hookdump
+
+    ids = [f"photos/cats/cat_{i:02d}.jpg" for i in range(4)]
+    images = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    out = tmp_path / "d"
+    hookdump.dump(ConvNet().eval(), [images[:2], images[2:]], out, layers="features.0", ids=ids)
+    by_id, by_row = tmp_path / "id.png", tmp_path / "row.png"
+    result = invoke("show", str(out), "features.0", "-s", ids[2], "-o", str(by_id))
+    assert result.exit_code == 0, result.stderr
+    assert f"features.0 sample {ids[2]}, 4 channels" in result.stdout
+    assert invoke("show", str(out), "features.0", "-s", "2", "-o", str(by_row)).exit_code == 0
+    assert by_id.read_bytes() == by_row.read_bytes()
+    assert_usage_error(
+        invoke("show", str(out), "features.0", "-s", "photos/cats/cat_9.jpg", "-o", str(by_id)),
+        "--sample 'photos/cats/cat_9.jpg' is neither a row number nor a sample id",
+    )
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    tokens = {"input_ids": torch.arange(12).reshape(3, 4) % 5, "attention_mask": mask}
+    words = tmp_path / "t"
+    embed = torch.nn.Sequential(torch.nn.Embedding(5, 4))
+    hookdump.dump(
+        embed,
+        [tokens],
+        words,
+        layers="0",
+        per_token=True,
+        ids=["a", "b", "c"],
+        forward=lambda m, b: m(b["input_ids"]),
+    )
+    first_of_c = int(mask[:2].sum())  # the tokens of "a" and "b" come first
+    assert invoke("show", str(words), "0", "-s", "c", "-o", str(by_id)).exit_code == 0
+    assert invoke("show", str(words), "0", "-s", str(first_of_c), "-o", str(by_row)).exit_code == 0
+    assert by_id.read_bytes() == by_row.read_bytes()
+    assert hookdump.load(words)["__sample__"][first_of_c] == 2
+    plain = tmp_path / "plain"
+    hookdump.dump(ConvNet().eval(), [images], plain, layers="features.0")
+    assert_usage_error(
+        invoke("show", str(plain), "features.0", "-s", "cat", "-o", str(by_id)),
+        "have no ids but their row numbers",
+    )

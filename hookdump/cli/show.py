@@ -32,8 +32,16 @@ def show(
         ),
     ] = None,
     sample: Annotated[
-        int, typer.Option("--sample", "-s", metavar="N", help="Which sample (row) to draw.")
-    ] = 0,
+        str,
+        typer.Option(
+            "--sample",
+            "-s",
+            metavar="N|ID",
+            help="Which sample to draw: a row number, or a sample id as the manifest records "
+            "it (a file path, an id given to hookdump.dump; with token rows, the sequence's "
+            "first token).",
+        ),
+    ] = "0",
     channels: Annotated[
         str | None,
         typer.Option(

@@ -79,7 +79,7 @@ class Picture:
     tiles: int = 0  # a grid's or heads' tiles, and which they are
     which: str = ""
 
-    def describe(self, key: str, sample: int) -> str:
+    def describe(self, key: str, sample: int | str) -> str:
         if self.chart == "grid":
             return (
                 f"wrote {self.path}: {key} sample {sample}, {self.which}, as a "

@@ -25,18 +25,21 @@ from hookdump.tools.pictures import charts, grids
 from hookdump.tools.pictures.canvas import Picture, check_format
 
 MAX_ROW_BYTES = 256 << 20
+MAX_SUGGESTED = 100_000  # the most sample ids searched for a did-you-mean
+SAMPLE = "__sample__"  # token rows: the sequence each row is a token of
 
 
 def draw_sample(
     dump_path: str | Path,
     key: str,
     out: Path,
-    sample: int = 0,
+    sample: int | str = 0,
     tiling: grids.Tiling | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Picture:
-    """Draw `key` of sample `sample` from a dump into `out`; `tiling` picks and colours the
-    tiles of a feature-map grid or of attention heads."""
+    """Draw `key` of sample `sample` (a row number, or a sample id: see `pick_row`) from a
+    dump into `out`; `tiling` picks and colours the tiles of a feature-map grid or of
+    attention heads."""
     tiling = tiling or grids.Tiling()
     check_format(out)
     tiling.check()
@@ -46,6 +49,7 @@ def draw_sample(
             f"KEY {key!r} is not in {dump.path}{did_you_mean(key, dump.keys())}; "
             f"`hookdump inspect {dump_path}` lists the keys"
         )
+    sample = pick_row(dump, sample)
     if not 0 <= sample < dump.num_samples:
         raise HookdumpError(
             f"{opt('sample')} {sample} is out of range: {dump.path} holds samples 0 to "
@@ -63,6 +67,49 @@ def draw_sample(
             f"show draws ({MAX_ROW_BYTES >> 20} MiB); read it with hookdump.load(...).row(...)"
         )
     return _draw(dump, key, sample, dump.row(key, sample).float(), out, tiling)
+
+
+def pick_row(dump: Dump, sample: int | str) -> int:
+    """The row `sample` names: a row number (an int, or digits), or a sample id as the
+    manifest records it (a file path, an id given to `hookdump.dump`); with token rows, the
+    first row of that sequence."""
+    text = str(sample).strip()
+    if isinstance(sample, int) or text.lstrip("-").isdigit():
+        return int(text)
+    ids = dump.manifest.sample_ids
+    if ids is None:
+        raise HookdumpError(
+            f"{opt('sample')} {text!r}: the samples of {dump.path} have no ids but their row "
+            "numbers; give a row number"
+        )
+    listed = [str(i) for i in ids]
+    if text not in listed:
+        near = did_you_mean(text, listed) if len(listed) <= MAX_SUGGESTED else ""
+        raise HookdumpError(
+            f"{opt('sample')} {text!r} is neither a row number nor a sample id of "
+            f"{dump.path}{near or f' (its ids are like {listed[0]!r})'}"
+        )
+    index = listed.index(text)
+    if not dump.manifest.token_rows:
+        return index
+    return _first_token_row(dump, index)
+
+
+def _first_token_row(dump: Dump, sequence: int) -> int:
+    """The first token row of sequence `sequence` (`__sample__` grows along the rows: a
+    binary search, a row read at each step)."""
+    lo, hi = 0, dump.num_samples
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if int(dump.row(SAMPLE, middle)) < sequence:
+            lo = middle + 1
+        else:
+            hi = middle
+    if lo == dump.num_samples or int(dump.row(SAMPLE, lo)) != sequence:
+        raise HookdumpError(
+            f"{opt('sample')}: sequence {sequence} kept no token row in {dump.path}"
+        )
+    return lo
 
 
 def _draw(
