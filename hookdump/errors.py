@@ -9,8 +9,11 @@ message, two audiences, and the mapping lives at the edge, in the CLI.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import re
 from collections.abc import Callable, Iterable
+from typing import ParamSpec, TypeVar
 
 _OPTION = re.compile("\x00([A-Za-z_]+)(?:\x01([^\x00]*))?\x00")
 
@@ -129,3 +132,26 @@ def did_you_mean(word: str, candidates: Iterable[str], n: int = 3) -> str:
     """A ' (did you mean a, b?)' suffix, or '' when nothing is close."""
     found = nearest(word, candidates, n)
     return f" (did you mean {', '.join(found)}?)" if found else ""
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def keywords_checked(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`func` with Python's own TypeError for an unknown keyword, and a did-you-mean
+    (`hookdump.dump(..., layer=...)`: did you mean layers?). The signature is `func`'s."""
+    parameters = inspect.signature(func).parameters.values()
+    names = [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    @functools.wraps(func)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        for name in kwargs:
+            if name not in names:
+                raise TypeError(
+                    f"{func.__name__}() got an unexpected keyword argument {name!r}"
+                    f"{did_you_mean(name, names)}"
+                )
+        return func(*args, **kwargs)
+
+    return checked

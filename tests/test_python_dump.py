@@ -248,8 +248,11 @@ def test_one_python_vocabulary_at_the_top_level() -> None:
     assert (
         inspect.signature(hookdump.export).parameters["to"].kind is inspect.Parameter.KEYWORD_ONLY
     )
-    with pytest.raises(TypeError, match="unexpected keyword argument 'layer'"):
+    with pytest.raises(TypeError, match=r"argument 'layer' \(did you mean layers\?\)"):
         hookdump.dump(nn.Linear(2, 2), [torch.randn(1, 2)], "never", layer=["x"])
+    with pytest.raises(TypeError, match=r"^export\(\) got .* 'keyz' \(did you mean keys\?\)"):
+        hookdump.export("never", "never2", to="npy", keyz=["x"])  # type: ignore[call-arg]
+    assert not Path("never").exists()
     assert hookdump.__doc__ is not None
     opening = hookdump.__doc__.split("Example:")[0]
     for verb in ("dump(", "load(", "capture(", "export("):
@@ -388,3 +391,20 @@ def test_run_takes_a_live_module_and_python_data(tmp_path: Path) -> None:
     both = dataclasses.replace(options, input=InputOptions("images/"))
     with pytest.raises(HookdumpError, match="give the input once"):
         hookdump.run(both, model=model, data=batches)
+
+
+def test_pairs_without_forward_are_told_to_give_forward(tmp_path: Path) -> None:
+    """A DataLoader of (input, label) pairs, as every notebook has: the batch is called as
+    model(x, y), and the one line says what to give."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    pairs = DataLoader(TensorDataset(torch.randn(8, 4), torch.arange(8)), batch_size=4)
+    with pytest.raises(hookdump.HookdumpError) as failed:
+        hookdump.dump(nn.Linear(4, 2), pairs, tmp_path / "d")
+    assert str(failed.value).endswith(
+        "each batch is a tuple or list of 2, called as model(*batch); for (input, label) "
+        "pairs give forward=lambda m, b: m(b[0])"
+    )
+    assert not (tmp_path / "d").exists()
+    d = hookdump.dump(nn.Linear(4, 2), pairs, tmp_path / "d", forward=lambda m, b: m(b[0]))
+    assert d.num_samples == 8

@@ -20,7 +20,7 @@ from hookdump.choices import Reduction
 from hookdump.engine.options import RunOptions, parse_size
 from hookdump.engine.progress import Progress
 from hookdump.engine.runner import run
-from hookdump.errors import ArgumentTypeError, HookdumpError, opt
+from hookdump.errors import ArgumentTypeError, HookdumpError, keywords_checked, opt
 from hookdump.format.values import is_integer
 from hookdump.hooks.capture import parse_capture
 from hookdump.hooks.gradients import parse_grad_target
@@ -36,6 +36,7 @@ from hookdump.store.read.dump import Dump
 from hookdump.store.write.writer import DumpOptions
 
 
+@keywords_checked
 def dump(
     model: nn.Module | str,
     data: Any,

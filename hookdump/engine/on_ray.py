@@ -31,7 +31,7 @@ from hookdump.engine.options import RunOptions
 from hookdump.engine.parts import drop_parts, part_name, share_of
 from hookdump.engine.runner import run
 from hookdump.engine.signals import interrupts_once
-from hookdump.errors import HookdumpError, opt
+from hookdump.errors import HookdumpError, keywords_checked, opt
 from hookdump.inputs.python import PythonData
 from hookdump.store.folder import locked
 from hookdump.store.read.dump import Dump
@@ -40,6 +40,7 @@ from hookdump.store.write.writer import Part
 ModelMaker = Callable[[], nn.Module]
 
 
+@keywords_checked
 def dump(
     dataset: Any,
     model: nn.Module | ModelMaker,

@@ -29,7 +29,7 @@ from hookdump.choices import (
     Reduction,
     parse_reduction,
 )
-from hookdump.errors import HookdumpError, opt
+from hookdump.errors import HookdumpError, keywords_checked, opt
 from hookdump.format.keys import RESERVED_KEYS, KeyInfo, tensor_key
 from hookdump.hooks.attention import AttentionTap, check_selection
 from hookdump.hooks.ops import OpRecorder, check_patterns
@@ -501,6 +501,7 @@ def _origin(info: KeyInfo) -> str:
     return f"the {what} of module {info.module!r} ({info.module_type}{call})"
 
 
+@keywords_checked
 def capture(
     model: nn.Module,
     layers: str | Sequence[str] | None = None,

@@ -47,6 +47,11 @@ def _advice(batch: Batch) -> str:
     """What to check after a forward that raised, for the input it was given."""
     if batch.forward is not None:
         return f"check {opt('forward')} and the batch it was given"
+    if len(batch.args) > 1:  # only a Python caller's tuple or list is called as model(*b)
+        return (
+            f"each batch is a tuple or list of {len(batch.args)}, called as model(*batch); "
+            f"for (input, label) pairs give {opt('forward')}=lambda m, b: m(b[0])"
+        )
     if "input_ids" in batch.kwargs:  # text or token ids: no --input-shape to blame
         return f"check the model's config.json and {opt('model_args')}"
     return f"check {opt('input_shape')} and {opt('model_args')}"

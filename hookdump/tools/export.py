@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from hookdump.choices import ExportTarget, parse_export_target
-from hookdump.errors import HookdumpError, did_you_mean, opt, printable
+from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
 from hookdump.store.folder import inside
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.direct_io import allocate, pwrite_all
@@ -64,6 +64,7 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)  # e.g. a dtype written as another
 
 
+@keywords_checked
 def export(
     dump: Dump | str | os.PathLike[str],
     out: str | os.PathLike[str],
