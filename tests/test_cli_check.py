@@ -234,3 +234,48 @@ def test_diff_shows_how_far_the_cosine_is_from_one(tmp_path: Path) -> None:
     cosine = float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
     assert f"{1 - cosine:.4g}" in row and cosine > 0.99
     assert "1 of 1 key differs" in result.stdout
+
+
+def test_what_is_not_a_dump_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """A model's weights file is not "a dump of 420 samples, complete"; a shard is one
+    shard; an export folder is an export, with how to open it; two dumps with no key in
+    common are said to be so, in one line before any table."""
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "model.safetensors"
+    save_file({"embed.weight": torch.randn(420, 8), "head.bias": torch.randn(3)}, weights)
+    result = invoke("inspect", str(weights))
+    assert result.exit_code == 0, result.stderr
+    said = " ".join(result.stdout.split())  # the line wraps at 80 columns
+    assert said.endswith(
+        f"{weights}: a safetensors file, not a hookdump dump (2 tensors, 13.1 KiB, shapes "
+        "whole); show and diff read its tensors' first dimension as rows"
+    )
+    assert "420×8" in result.stdout and "sample" not in result.stdout
+    assert "complete" not in result.stdout
+    assert json.loads(invoke("inspect", str(weights), "--json").stdout)["kind"] == "safetensors"
+
+    a = dump(tmp_path / "a")
+    shard = next(a.glob("shard-*.safetensors"))
+    one = " ".join(invoke("inspect", str(shard)).stdout.split())
+    assert one.endswith(
+        "one shard of a hookdump dump (4 tensors, 120 B, 5 rows); inspect its folder for the "
+        "whole dump"
+    )
+
+    exported = tmp_path / "npy"
+    assert invoke("export", str(a), str(exported), "--to", "npy").exit_code == 0
+    for command in (["inspect", str(exported)], ["diff", str(a), str(exported)]):
+        assert_usage_error(
+            invoke(*command),
+            f"{exported} is an export of a dump to npy (it holds hookdump-export.json), not a "
+            "dump; open it with numpy.load",
+        )
+
+    unrelated = invoke("diff", str(a), str(weights))
+    assert unrelated.exit_code == 1 and unrelated.stdout == ""
+    assert unrelated.stderr == (
+        f"Error: A ({a}) and B ({weights}) share no key: 4 keys ('linear_1', 'relu', ...) "
+        "against 2 keys ('embed.weight', 'head.bias'); they are dumps of different models or "
+        "layers\n"
+    )

@@ -253,6 +253,9 @@ def print_summary(result: RunResult, console: Console) -> None:
 def print_inspection(found: Inspection, console: Console) -> None:
     """The table of a dump on disk, then whether it is complete and what is missing."""
     _print_summary_table(found.keys, console)
+    if found.kind != "dump":
+        console.print(_lone_file(found), markup=False, highlight=False)
+        return
     model = found.manifest.get("model", {}).get("spec")
     source = f" of {model}" if model else ""
     shards = counted(found.shards, "shard")
@@ -268,6 +271,20 @@ def print_inspection(found: Inspection, console: Console) -> None:
     )
     for problem in found.problems:
         console.print(f"  - {for_cli(problem)}", markup=False, highlight=False, style="red")
+
+
+def _lone_file(found: Inspection) -> str:
+    """What a lone .safetensors file is, with no samples or completeness to claim."""
+    tensors = f"{counted(len(found.keys), 'tensor')}, {format_bytes(found.total_bytes)}"
+    if found.kind == "shard":
+        return (
+            f"{found.path}: one shard of a hookdump dump ({tensors}, "
+            f"{counted(found.num_samples, 'row')}); inspect its folder for the whole dump"
+        )
+    return (
+        f"{found.path}: a safetensors file, not a hookdump dump ({tensors}, shapes whole); "
+        "show and diff read its tensors' first dimension as rows"
+    )
 
 
 def layers_table(rows: Sequence[LayerRow], width: int | None = None) -> Table:

@@ -20,6 +20,7 @@ from hookdump.format.values import is_integer
 
 FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
+EXPORT_MARKER = "hookdump-export.json"  # in every folder `hookdump export` writes
 KINDS = TENSOR_KINDS  # a key's `kind` in the manifest
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from hookdump.choices import DiffStatus
-from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.errors import CheckFailed, HookdumpError, did_you_mean, opt
 from hookdump.format.manifest import ShardEntry
 from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
@@ -127,6 +127,7 @@ def diff_dumps(
         raise HookdumpError(f"{opt('atol')} {atol} and {opt('rtol')} {rtol} must not be negative")
     a, b = Dump(path_a, storage_options).reader, Dump(path_b, storage_options).reader
     order = _selected(a.keys() + [k for k in b if k not in a], keys or [])
+    _check_shared(a, b, order, (path_a, path_b), bool(keys))
     rows = min(a.num_samples, b.num_samples)
     results = {
         key: _compare_meta(key, a.manifest.tensors.get(key), b.manifest.tensors.get(key))
@@ -169,6 +170,24 @@ def diff_dumps(
         (a.num_samples, b.num_samples),
         _problems(a, b, rows),
     )
+
+
+def _check_shared(
+    a: ShardReader, b: ShardReader, order: list[str], paths: tuple[object, object], chosen: bool
+) -> None:
+    """Two dumps with no key in common are not compared key by key: one line, exit 1."""
+    if not any(key in a and key in b for key in order):
+        raise CheckFailed(
+            f"A ({paths[0]}) and B ({paths[1]}) share no key"
+            f"{' of ' + opt('keys') if chosen else ''}: {_some(a.keys())} against "
+            f"{_some(b.keys())}; they are dumps of different models or layers"
+        )
+
+
+def _some(keys: list[str]) -> str:
+    """`n keys ('a', 'b', ...)`, for a line."""
+    shown = ", ".join(repr(k) for k in keys[:2]) + (", ..." if len(keys) > 2 else "")
+    return f"{len(keys)} key{'s' if len(keys) != 1 else ''} ({shown})"
 
 
 def _selected(order: list[str], patterns: list[str]) -> list[str]:

@@ -38,11 +38,12 @@ import torch
 
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
+from hookdump.format.manifest import EXPORT_MARKER
 from hookdump.store.folder import inside
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.direct_io import allocate, pwrite_all
 
-MARKER = "hookdump-export.json"  # in every export: what `overwrite` may replace
+MARKER = EXPORT_MARKER  # in every export: what `overwrite` may replace
 CHUNK_BYTES = 64 << 20  # rows read and written at a time, at most
 CHUNK_ROWS = 1 << 20
 ARROW_FILE_BYTES = 512 << 20  # a `datasets` folder's arrow files are about this large

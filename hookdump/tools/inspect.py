@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,12 @@ class Inspection:
     problems: list[str] = field(default_factory=list)
 
     @property
+    def kind(self) -> str:
+        """What was inspected: a `dump`, one `shard` of a dump, or another `safetensors`
+        file (a model's weights, say), whose tensors are shown whole."""
+        return str((self.manifest.get("lone_file") or {}).get("kind", "dump"))
+
+    @property
     def total_bytes(self) -> int:
         return sum(k.nbytes for k in self.keys)
 
@@ -37,6 +44,7 @@ class Inspection:
         """As JSON holds it, options in messages named by `name` (the CLI's flags, say)."""
         return {
             "path": str(self.path),
+            "kind": self.kind,
             "complete": self.complete,
             "num_samples": self.num_samples,
             "shards": self.shards,
@@ -83,6 +91,13 @@ def inspect_dump(path: str | Path, storage_options: Mapping[str, Any] | None = N
             f"first {where}"
         )
     summaries = summarize(dump.reader, readable)
+    lone = dump.manifest.get("lone_file") or {}
+    if lone.get("kind") == "safetensors":  # rows mean nothing here: each tensor whole
+        shapes = lone.get("shapes", {})
+        summaries = {
+            key: dataclasses.replace(summary, shape=tuple(shapes.get(key, summary.shape)))
+            for key, summary in summaries.items()
+        }
     return Inspection(
         dump.path if folder or dump.reader.remote is not None else Path(path),
         dump.complete and not problems,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from hookdump.errors import HookdumpError, InvalidDump, printable
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS
 from hookdump.format.keys import KeyInfo, parse_key
-from hookdump.format.manifest import FORMAT, MANIFEST, Manifest
+from hookdump.format.manifest import EXPORT_MARKER, FORMAT, MANIFEST, Manifest
 from hookdump.format.values import format_bytes
 from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
@@ -225,8 +226,34 @@ def _open(path: Path) -> ShardReader:
     if not path.is_dir():
         raise HookdumpError(f"{path} is not a dump folder or a .safetensors file")
     if not os.path.lexists(path / MANIFEST):
-        raise _no_manifest(path)
+        raise _not_an_export(path) or _no_manifest(path)
     return ShardReader(path, read_manifest(path / MANIFEST))
+
+
+# how each export opens, as `hookdump export --to FORMAT` writes it (see tools.export)
+_OPEN_EXPORT = {
+    "hf": "datasets.load_from_disk({path!r})",
+    "saelens": "SAELens, with cached_activations_path={path!r}",
+    "npy": "numpy.load on its .npy files (index.json names each key's file)",
+}
+
+
+def _not_an_export(path: Path) -> HookdumpError | None:
+    """A folder `hookdump export` wrote, said so, with how to open it (None: not one)."""
+    marker = path / EXPORT_MARKER
+    if not marker.is_file() or marker.is_symlink():
+        return None
+    try:
+        written = json.loads(marker.read_text(encoding="utf-8")[:1_000_000]).get("format")
+    except (OSError, ValueError, AttributeError):
+        written = None
+    how = _OPEN_EXPORT.get(written) if isinstance(written, str) else None
+    made = f"to {written} " if how else ""
+    opened = f"; open it with {how.format(path=str(path))}" if how else ""
+    return HookdumpError(
+        f"{path} is an export of a dump {made}(it holds {EXPORT_MARKER}), not a dump{opened}; "
+        "hookdump reads the dump it was exported from"
+    )
 
 
 def _no_manifest(where: Path | UrlPath) -> HookdumpError:
@@ -263,6 +290,7 @@ def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:
         with SafetensorsFile(str(path)) as f:
             shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
             dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
+            meta = f.metadata() or {}
     except OSError as exc:
         raise HookdumpError(f"cannot read {path} as safetensors: {exc}") from None
     # its metadata's start/stop are another dump's row numbers: a lone file's rows start at 0
@@ -286,5 +314,10 @@ def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:
         "num_samples": num_rows,
         "tensors": tensors,
         "shards": [{"file": path.name, "start": 0, "stop": num_rows}],
+        # not a dump: one file, a shard of a dump or any safetensors file (weights, say)
+        "lone_file": {
+            "kind": "shard" if meta.get("format") == FORMAT else "safetensors",
+            "shapes": {key: list(shape) for key, shape in shapes.items()},
+        },
     }
     return Manifest.of_checked(manifest), rows
