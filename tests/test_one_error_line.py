@@ -188,3 +188,20 @@ def test_a_text_run_whose_forward_fails_blames_the_config_not_input_shape(
                     "-n", "2", "-q")  # fmt: skip
     line = assert_usage_error(result, "raised", "check the model's config.json and --model-arg")
     assert "--input-shape" not in line
+
+
+def test_a_timm_name_without_timm_and_text_for_an_image_model(tmp_path: Path) -> None:
+    """A timm name given bare is pointed at timm:NAME, not at torchvision's names; --text
+    for an image model blames the model, not a missing tokenizer (issue 35)."""
+    pytest.importorskip("timm")
+    assert_usage_error(
+        invoke("run", "resnet10t", "-n", "1", "-q"),
+        "unknown torchvision model 'resnet10t'; timm has one of that name: give timm:resnet10t",
+    )
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a few words\n")
+    assert_usage_error(
+        invoke("run", "resnet18", "--text", str(corpus), "-n", "1", "-q"),
+        "--text feeds text to a language model, and MODEL resnet18 is a torchvision "
+        "classification model that takes images; give it --input images",
+    )

@@ -79,6 +79,12 @@ def _input_feed(
 
 def _text_feed(source: Source, text: TextOptions, model: LoadedModel, place: Place) -> Feed:
     folder = text.tokenizer or model.about.get("folder")
+    if folder is None and model.family not in ("custom", "tokens"):
+        raise HookdumpError(
+            f"{opt('text')} feeds text to a language model, and {opt('model')} {model.spec} is "
+            f"a torchvision {model.family} model that takes images; give it {opt('input')} "
+            "images, or give a language model (an hf: folder) for the text"
+        )
     if folder is None:
         raise HookdumpError(
             f"{opt('text')} needs a tokenizer: an hf: model folder that has one, or "

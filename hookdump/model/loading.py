@@ -266,12 +266,27 @@ def _load_zoo(spec: str, weights: str, kwargs: dict[str, Any], strict: bool) -> 
 _WARNS_OF_ITS_INIT = ("googlenet", "inception_v3")
 
 
+def _is_timm_name(name: str) -> bool:
+    """Whether timm, where it is installed, has a model of this name (asked only once the
+    name is not torchvision's: importing timm takes a while)."""
+    try:
+        import timm
+    except ImportError:
+        return False
+    return bool(timm.list_models(name))
+
+
 def _load_torchvision(spec: str, weights: str, kwargs: dict[str, Any]) -> LoadedModel:
     models = torchvision_models()
     if spec not in models:
+        if _is_timm_name(spec):
+            raise HookdumpError(
+                f"unknown torchvision model {spec!r}; timm has one of that name: give timm:{spec}"
+            )
         raise HookdumpError(
             f"unknown model {spec!r}{did_you_mean(spec, models)}; `hookdump models` lists "
-            "the torchvision names, and package.module:attribute loads your own"
+            "the torchvision names, timm:NAME loads a timm model, and package.module:attribute "
+            "your own"
         )
     import torchvision.models as tvm
 
