@@ -28,6 +28,7 @@ def test_json_has_class_params_calls_and_per_sample_shapes() -> None:
     model = torchvision.models.resnet18(weights=None)
     assert rows["layer1.0.conv1"] == {
         "name": "layer1.0.conv1",
+        "depth": 3,
         "class": "Conv2d",
         "params": sum(p.numel() for p in model.layer1[0].conv1.parameters()),
         "calls": 1,
@@ -119,3 +120,38 @@ def test_models_that_warn_of_their_init_build_quietly_with_the_same_weights(mode
         reference = torchvision.models.get_model(model)
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(loaded.module.state_dict()[name], value, msg=name)
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_layers_tree_shows_the_module_tree_with_its_parameters() -> None:
+    """`--depth N` and `--tree`, as torchinfo users expect them: every module to that depth
+    (containers too), indented, its parameters counted with its children's, and the
+    model's totals; the names stay whole, to paste into --layers (issue 35)."""
+    from tiny_models import ConvNet
+
+    net = ConvNet()
+    result = invoke("layers", "tiny_models:ConvNet", "--input-shape", "3,8,8", "--depth", "1")
+    assert result.exit_code == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines()[1:-1]]
+    assert names == ["features", "pool", "head"]  # the model's children, in order
+    features = next(line for line in result.stdout.splitlines() if line.split()[0] == "features")
+    assert f"{sum(p.numel() for p in net.features.parameters()):,}" in features.split()
+    total = sum(p.numel() for p in net.parameters())
+    assert " ".join(result.stdout.split()).endswith(
+        f"3 modules shown; the model has {total:,} parameters ({total:,} trainable); a "
+        "container's count includes its children's"
+    )
+    tree = invoke("layers", "tiny_models:ConvNet", "--input-shape", "3,8,8", "--tree")
+    lines = tree.stdout.splitlines()
+    assert any(line.startswith("   features.0 ") for line in lines)  # indented one level
+    listed = invoke(
+        "layers", "tiny_models:ConvNet", "--input-shape", "3,8,8", "--tree", "--names"
+    ).stdout.split()
+    assert listed == [name for name, _ in net.named_modules() if name]
+    rows = json.loads(
+        invoke("layers", "tiny_models:ConvNet", "--input-shape", "3,8,8", "--tree", "--json").stdout
+    )
+    assert {row["name"]: row["depth"] for row in rows}["features.3"] == 2
+    assert_usage_error(
+        invoke("layers", "tiny_models:ConvNet", "--depth", "0"), "--depth 0 must be at least 1"
+    )

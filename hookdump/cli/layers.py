@@ -36,6 +36,23 @@ def layers(
     names: Annotated[
         bool, typer.Option("--names", help="Print bare names, one a line (for pipelines).")
     ] = False,
+    tree: Annotated[
+        bool,
+        typer.Option(
+            "--tree",
+            help="The module tree: every module (containers too), indented by depth, each "
+            "with its parameters, and the model's totals.",
+        ),
+    ] = False,
+    depth: Annotated[
+        int | None,
+        typer.Option(
+            "--depth",
+            metavar="N",
+            help="The module tree down to depth N (1: the model's children).",
+            show_default=False,
+        ),
+    ] = None,
     weights: WeightsOpt = "none",
     no_strict: NoStrictOpt = False,
     unsafe_pickle: UnsafePickleOpt = False,
@@ -48,12 +65,15 @@ def layers(
     json_output: JsonOpt = False,
 ) -> None:
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""
-    from hookdump.cli.render import layers_table
+    from hookdump.cli.render import layers_table, tree_footer
     from hookdump.hooks.capture import parse_capture
     from hookdump.inputs.samples import parse_shape, sample_form
     from hookdump.model.prepare import prepare
-    from hookdump.tools.layers import list_layers
+    from hookdump.tools.layers import down_to, list_layers, parameter_totals
 
+    if depth is not None and depth < 1:
+        raise HookdumpError(f"{opt('depth')} {depth} must be at least 1 (the model's children)")
+    as_tree = tree or depth is not None
     kinds = parse_capture(capture)
     if set(kinds) - {"output", "ops"}:
         raise HookdumpError(f"{opt('capture')} {capture!r}: layers lists output and ops only")
@@ -64,12 +84,14 @@ def layers(
     rows = list_layers(
         loaded,
         sample_form(loaded, shape),
-        layers=as_list(layers),
+        layers=as_list(layers) or (["*"] if as_tree else []),
         exclude=as_list(exclude),
         types=as_list(types),
         seed=seed,
         ops="ops" in kinds,
     )
+    if as_tree:
+        rows = down_to(rows, depth)
     if json_output:
         _output.print_json([row.as_dict() for row in rows])
     elif names:
@@ -77,4 +99,6 @@ def layers(
             print(row.name)
     else:
         console = _output.stdout()
-        console.print(layers_table(rows, console.width), crop=False)
+        console.print(layers_table(rows, console.width, indent=as_tree), crop=False)
+        if as_tree:
+            console.print(tree_footer(rows, *parameter_totals(loaded.module)), markup=False)

@@ -287,11 +287,13 @@ def _lone_file(found: Inspection) -> str:
     )
 
 
-def layers_table(rows: Sequence[LayerRow], width: int | None = None) -> Table:
-    """One row per selected module: name, class, parameters, output shape, calls. At a
-    narrow console `width` the names, classes, shapes and ops fold; numbers never do."""
+def layers_table(rows: Sequence[LayerRow], width: int | None = None, indent: bool = False) -> Table:
+    """One row per selected module: name, class, parameters, output shape, calls (`indent`:
+    names indented by their depth in the tree, whole, to paste). At a narrow console `width`
+    the names, classes, shapes and ops fold; numbers never do."""
+    names = [("  " * (row.depth - 1) if indent else "") + row.name for row in rows]
     columns = [
-        _Column("name", [Text(printable(row.name)) for row in rows]),
+        _Column("name", [Text(printable(name)) for name in names]),
         _Column(
             "class",
             [
@@ -308,6 +310,15 @@ def layers_table(rows: Sequence[LayerRow], width: int | None = None) -> Table:
         columns.append(_Column("ops (its own forward's)", ops))
     folding = ("name", "class", "output (per sample)", "ops (its own forward's)")
     return _table(columns, width, folding)
+
+
+def tree_footer(rows: Sequence[LayerRow], params: int, trainable: int) -> str:
+    """Under `layers --tree`: the model's parameters, and how many modules are shown."""
+    frozen = f", {params - trainable:,} frozen" if trainable != params else ""
+    return (
+        f"{counted(len(rows), 'module')} shown; the model has {params:,} parameters "
+        f"({trainable:,} trainable{frozen}); a container's count includes its children's"
+    )
 
 
 def format_outputs(row: LayerRow) -> str:

@@ -10,7 +10,7 @@ import torch
 from hookdump.hooks.attention import is_attention
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import forward
-from hookdump.hooks.selection import module_type_name
+from hookdump.hooks.selection import ROOT, module_type_name
 from hookdump.inputs.samples import SampleForm, random_batches
 from hookdump.model.loading import LoadedModel
 
@@ -31,9 +31,15 @@ class LayerRow:
     ops: list[str] | None = None
     attention: bool = False  # takes --capture pattern, scores, q, k, v, z (hooks.attention)
 
+    @property
+    def depth(self) -> int:
+        """How deep in the module tree: 1 for a child of the model, 0 for the model."""
+        return 0 if self.name == ROOT else self.name.count(".") + 1
+
     def as_dict(self) -> dict[str, Any]:
         found = {
             "name": self.name,
+            "depth": self.depth,
             "class": self.module_type,
             "params": self.params,
             "calls": self.calls,
@@ -92,3 +98,15 @@ def list_layers(
             row.outputs[part] = [info.rows, *info.shape] if info.rows is not None else []
             row.unbatched.append(part)
     return list(rows.values())
+
+
+def down_to(rows: list[LayerRow], depth: int | None) -> list[LayerRow]:
+    """The tree's rows (the model itself left out) no deeper than `depth` (None: all)."""
+    return [r for r in rows if r.depth >= 1 and (depth is None or r.depth <= depth)]
+
+
+def parameter_totals(module: torch.nn.Module) -> tuple[int, int]:
+    """The model's parameters, and how many of them are trainable (`requires_grad`); a
+    parameter shared by several modules counts once."""
+    unique = {id(p): p for p in module.parameters()}.values()
+    return sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad)
