@@ -61,7 +61,9 @@ def test_diff_plot_marks_the_first_diverging_key(tmp_path: Path) -> None:
     png = tmp_path / "diff.png"
     result = invoke("diff", str(a), str(b), "--plot", str(png))
     assert result.exit_code == 1  # the check still fails, picture or not
-    assert "relative error of 4 keys; marked 'linear_1'" in result.stderr
+    assert "errors (max relative, 1 - cos, mismatched) of 4 keys; marked 'linear_1'" in (
+        result.stderr
+    )
     pixels = pixels_of(png)
     assert pixels.shape == (600, 1200, 3)
     assert _red_columns(pixels)
@@ -102,3 +104,65 @@ def test_pictures_make_their_missing_folders(tmp_path: Path) -> None:
         result = invoke(*args, *flag, str(picture))
         assert result.exit_code == 0, result.stderr
         assert picture.stat().st_size > 0
+
+
+def test_depth_leaves_out_bookkeeping_and_keeps_the_band_within_the_values(
+    tmp_path: Path,
+) -> None:
+    """A token-row dump: `__token_ids__`, `__sample__` and `__position__` are not drawn
+    (`--bookkeeping` brings them back); a ReLU's mean ± std band never dips below its
+    minimum of 0; the legend lies beside the plot, off the data; the title counts tokens
+    and sequences (issue 35)."""
+    import torch
+    from torch import nn
+
+    from hookdump.tools.inspect import inspect_dump
+    from hookdump.tools.pictures.curves import depth_plot
+
+    batch = {
+        "input_ids": torch.arange(24).reshape(4, 6) % 7,
+        "attention_mask": (torch.arange(6) < torch.tensor([[6], [4], [5], [2]])).long(),
+    }
+    net = nn.Sequential(nn.Embedding(7, 16), nn.ReLU())
+    out = tmp_path / "t"
+    hookdump.dump(net, [batch], out, per_token=True, forward=lambda m, b: m(b["input_ids"]))
+    keys = inspect_dump(out).keys
+    drawn = depth_plot(keys, tmp_path / "depth.png", "t")
+    assert drawn.names == ["0", "1"] and drawn.legend_clear
+    relu = drawn.names.index("1")
+    assert drawn.series["min"][relu] == 0 and drawn.series["band low"][relu] >= 0
+    assert all(lo <= b for lo, b in zip(drawn.series["min"], drawn.series["band low"], strict=True))
+    assert all(
+        b <= hi for b, hi in zip(drawn.series["band high"], drawn.series["max"], strict=True)
+    )
+    every = depth_plot(keys, tmp_path / "every.png", "t", bookkeeping=True)
+    assert {"__token_ids__", "__sample__", "__position__"} <= set(every.names)
+    result = invoke("show", str(out), "--depth", "-o", str(tmp_path / "cli.png"))
+    assert result.exit_code == 0 and "of 2 keys" in result.stdout
+    assert (
+        "of 5 keys"
+        in invoke(
+            "show", str(out), "--depth", "--bookkeeping", "-o", str(tmp_path / "cli.png")
+        ).stdout
+    )
+
+
+def test_diff_plot_draws_one_minus_cos_and_the_fraction_mismatched(tmp_path: Path) -> None:
+    """Beside the max relative error (near-zero denominators make it huge), `1 - cos` and
+    the fraction of values mismatched, each as computed here from the two dumps."""
+    import torch
+
+    from hookdump.tools.diff import diff_dumps
+    from hookdump.tools.pictures.curves import diff_plot
+
+    a = _run(tmp_path / "a", "tiny_models:TwoLinear", "-n", "4", "--seed", "1")
+    b = _run(tmp_path / "b", "tiny_models:TwoLinear", "-n", "4", "--seed", "2")
+    drawn = diff_plot(diff_dumps(a, b), tmp_path / "d.png", "t")
+    da, db = hookdump.load(a), hookdump.load(b)
+    for n, key in enumerate(drawn.names):
+        x, y = da[key].double().flatten(), db[key].double().flatten()
+        cos = float(torch.dot(x, y) / (x.norm() * y.norm()))
+        assert drawn.series["1 - cos"][n] == pytest.approx(max(1 - cos, 1e-12), rel=1e-6)
+        off = float((~torch.isclose(x.float(), y.float(), rtol=1e-5, atol=1e-8)).double().mean())
+        assert drawn.series["mismatched"][n] == pytest.approx(max(off, 1e-12))
+    assert drawn.legend_clear

@@ -37,7 +37,8 @@ def diff(
         typer.Option(
             "--plot",
             metavar="FILE",
-            help="Draw each key's relative error along the forward order (.png, .svg, .pdf).",
+            help="Draw each key's max relative error, 1 - cos and fraction mismatched along the "
+            "forward order, with the tolerance (.png, .svg, .pdf).",
             show_default=False,
         ),
     ] = None,
@@ -59,9 +60,9 @@ def diff(
     if plot is not None:
         from hookdump.tools.pictures.curves import diff_plot
 
-        drawn = diff_plot(result, plot, f"{a} against {b}: relative error per key")
+        drawn = diff_plot(result, plot, f"{a} against {b}: errors per key")
         if not json_output:
-            typer.echo(drawn.describe("relative error"), err=True)
+            typer.echo(drawn.describe("errors (max relative, 1 - cos, mismatched)"), err=True)
     if json_output:
         _output.print_json(result.as_dict())
     elif not quiet:

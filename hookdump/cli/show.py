@@ -78,6 +78,14 @@ def show(
             ".svg or .pdf): where values blow up.",
         ),
     ] = False,
+    bookkeeping: Annotated[
+        bool,
+        typer.Option(
+            "--bookkeeping",
+            help="With --depth: draw the keys kept beside token rows too (__token_ids__, "
+            "__sample__, __position__, ...), which are left out.",
+        ),
+    ] = False,
     storage_option: StorageOpt = None,
 ) -> None:
     """Draw one sample of one key (a feature-map grid, a heatmap of token rows, attention
@@ -104,11 +112,16 @@ def show(
         check_format(out)
         found = inspect_dump(path, storage_options(storage_option))
         model = found.manifest.get("model", {}).get("spec")
-        title = (
-            f"{found.path}{f' ({model})' if model else ''}: {counted(found.num_samples, 'sample')}"
-        )
-        print(depth_plot(found.keys, out, title).describe("statistics along the forward order"))
+        rows = counted(found.num_samples, "sample")
+        if found.manifest.get("rows") == "tokens":
+            sequences = int(found.manifest.get("num_sequences") or 0)
+            rows = f"{counted(found.num_samples, 'token')} from {counted(sequences, 'sequence')}"
+        title = f"{found.path}{f' ({model})' if model else ''}: {rows}"
+        curves = depth_plot(found.keys, out, title, bookkeeping)
+        print(curves.describe("statistics along the forward order"))
         return
+    if bookkeeping:
+        raise HookdumpError(f"{opt('bookkeeping', True)} is for {opt('depth', True)}")
     if key is None:
         raise HookdumpError(f"give the KEY to draw, or {opt('depth', True)} for every key")
     from hookdump.tools.pictures.sample import draw_sample

@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hookdump.format.keys import RESERVED_KEYS
 from hookdump.store.stats import KeySummary
 from hookdump.tools.diff import DiffResult
 from hookdump.tools.pictures.canvas import check_format, plain, pyplot, save
@@ -31,17 +32,23 @@ class Drawn:
     path: Path
     keys: int
     marked: str | None  # the key marked: the first non-finite, or the first diverging
+    names: list[str] = field(default_factory=list)  # the keys along the x axis, in order
+    series: dict[str, list[float]] = field(default_factory=dict)  # each curve drawn, by label
+    legend_clear: bool = False  # the legend lies outside the plotted area
 
     def describe(self, what: str) -> str:
         mark = f"; marked {self.marked!r}" if self.marked else ""
         return f"wrote {self.path}: {what} of {self.keys} keys{mark}"
 
 
-def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
-    """Mean, mean ± std and min..max of every key along the forward order, on a symmetric
-    log scale; keys holding NaN or Inf marked in red, the first one named."""
+def depth_plot(keys: list[KeySummary], out: Path, title: str, bookkeeping: bool = False) -> Drawn:
+    """Mean, mean ± std (within min..max) and min..max of every key along the forward
+    order, on a symmetric log scale; keys holding NaN or Inf marked in red, the first one
+    named. The keys hookdump keeps beside token rows (`__token_ids__`, `__sample__`,
+    `__position__`, ...) are left out unless `bookkeeping`: they are not activations."""
     check_format(out)
     plt = pyplot()
+    keys = [k for k in keys if bookkeeping or k.info.key not in RESERVED_KEYS]
     x = list(range(len(keys)))
     stats = [k.stats for k in keys]
 
@@ -52,17 +59,13 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
     std = [s.std if s.count else math.nan for s in stats]
     low = [value(s.min, s) for s in stats]
     high = [value(s.max, s) for s in stats]
+    # the band is clipped to the values there are: a ReLU's never dips below its min of 0
+    below = [max(m - d, lo) for m, d, lo in zip(mean, std, low, strict=True)]
+    above = [min(m + d, hi) for m, d, hi in zip(mean, std, high, strict=True)]
     bad = [i for i, s in enumerate(stats) if s.nan + s.inf]
     with _figure(plt) as axes:
         axes.fill_between(x, low, high, color="tab:blue", alpha=0.15, label="min to max")
-        axes.fill_between(
-            x,
-            [m - d for m, d in zip(mean, std, strict=True)],
-            [m + d for m, d in zip(mean, std, strict=True)],
-            color="tab:blue",
-            alpha=0.35,
-            label="mean ± std",
-        )
+        axes.fill_between(x, below, above, color="tab:blue", alpha=0.35, label="mean ± std")
         axes.plot(x, mean, color="tab:blue", marker=".", label="mean")
         for index in bad:
             axes.axvline(index, color="tab:red", alpha=0.4)
@@ -75,10 +78,13 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str) -> Drawn:
         _key_axis(axes, [k.info.key for k in keys])
         axes.set_ylabel("value (symmetric log scale)")
         axes.set_title(plain(title))
-        axes.legend(loc="best")
+        clear = _legend_beside(axes)
         axes.grid(True, alpha=0.3)
         save(axes.figure, out)
-    return Drawn(out, len(keys), keys[bad[0]].info.key if bad else None)
+    series = {"mean": mean, "band low": below, "band high": above, "min": low, "max": high}
+    names = [k.info.key for k in keys]
+    marked = keys[bad[0]].info.key if bad else None
+    return Drawn(out, len(keys), marked, names, series, clear)
 
 
 def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
@@ -95,8 +101,17 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
     infinite = [n for n, i in enumerate(items) if i.numel and not math.isfinite(i.max_rel)]
     top = 10 * max([e for e in errors if not math.isnan(e)] + [1.0])
     failing = [n for n, i in enumerate(items) if not i.ok]
+    cosine = [
+        max(1 - i.cosine, tiny) if i.cosine is not None and math.isfinite(i.cosine) else math.nan
+        for i in items
+    ]
+    mismatched = [max(i.mismatched / i.numel, tiny) if i.numel else math.nan for i in items]
     with _figure(plt) as axes:
         axes.plot(x, errors, color="tab:blue", marker=".", label="max relative error")
+        axes.plot(x, cosine, color="tab:orange", marker=".", label="1 - cos")
+        axes.plot(
+            x, mismatched, color="tab:green", marker=".", label="fraction of values mismatched"
+        )
         axes.scatter(
             [n for n in failing if not math.isnan(errors[n])],
             [errors[n] for n in failing if not math.isnan(errors[n])],
@@ -121,16 +136,31 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
                 label=plain(f"first diverging: {items[failing[0]].key}"),
             )
         axes.axhline(
-            max(result.rtol, tiny), color="grey", linestyle="--", label=f"rtol {result.rtol:g}"
+            max(result.rtol, tiny),
+            color="grey",
+            linestyle="--",
+            label=f"rtol {result.rtol:g} (and atol {result.atol:g}: |a - b| <= atol + rtol |b|)",
         )
         axes.set_yscale("log")
         _key_axis(axes, [i.key for i in items])
-        axes.set_ylabel("max |a - b| / |b|")
+        axes.set_ylabel("error (log scale)")
         axes.set_title(plain(title))
-        axes.legend(loc="best")
+        clear = _legend_beside(axes)
         axes.grid(True, alpha=0.3)
         save(axes.figure, out, "plot")
-    return Drawn(out, len(items), items[failing[0]].key if failing else None)
+    series = {"max relative error": errors, "1 - cos": cosine, "mismatched": mismatched}
+    marked = items[failing[0]].key if failing else None
+    return Drawn(out, len(items), marked, [i.key for i in items], series, clear)
+
+
+def _legend_beside(axes: Any) -> bool:
+    """The legend to the right of the plot, off the data; whether it lies clear of the
+    plotted area once the figure is laid out."""
+    legend = axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    figure = axes.figure
+    figure.tight_layout()
+    renderer = figure.canvas.get_renderer()
+    return bool(legend.get_window_extent(renderer).x0 >= axes.get_window_extent(renderer).x1)
 
 
 @contextlib.contextmanager
