@@ -271,6 +271,9 @@ def test_sample_is_a_row_number_or_a_sample_id(tmp_path: Path) -> None:
     assert invoke("show", str(words), "0", "-s", str(first_of_c), "-o", str(by_row)).exit_code == 0
     assert by_id.read_bytes() == by_row.read_bytes()
     assert hookdump.load(words)["__sample__"][first_of_c] == 2
+    assert repr(hookdump.load(words)).startswith(
+        f"Dump({str(words)!r}, 4 keys, {int(mask.sum())} token rows from 3 sequences)"
+    )
     plain = tmp_path / "plain"
     hookdump.dump(ConvNet().eval(), [images], plain, layers="features.0")
     assert_usage_error(

@@ -193,7 +193,13 @@ class Dump(Mapping[str, torch.Tensor]):
     def __repr__(self) -> str:
         """The summary in short: the dump, then a line per key (the first REPR_KEYS)."""
         state = "" if self.complete else ", incomplete"
-        head = f"Dump({str(self.path)!r}, {len(self)} keys, {self.num_samples} samples{state})"
+        manifest = self.manifest
+        rows = f"{self.num_samples} samples"
+        if manifest.token_rows:
+            rows = f"{self.num_samples} token rows from {manifest.samples_fed} sequences"
+        elif manifest.get("lone_file", {}).get("kind") == "safetensors":
+            rows = f"{self.num_samples} rows (a safetensors file, not a dump)"
+        head = f"Dump({str(self.path)!r}, {len(self)} keys, {rows}{state})"
         infos = [self.info(key) for key in self.keys()[:REPR_KEYS]]
         width = max((len(printable(i.key)) for i in infos), default=0)
         lines = [  # names escaped: a key cannot retitle the terminal a repr is printed to
