@@ -46,24 +46,51 @@ def test_the_title_is_drawn(tmp_path: Path) -> None:
     assert (titled[:40] != bare[:40]).any(axis=2).sum() > 100
 
 
-def test_text_rows_are_named_by_their_tokens_and_heads_are_drawn(
+def test_text_rows_are_named_by_their_tokens_and_padding_is_left_out(
     gpt2: Path, corpus: Path, tmp_path: Path
 ) -> None:
+    """The rows of a [T, D] sample and both axes of its attention heads are labelled with
+    the tokens as the tokenizer writes them (its own decode of each id, here), whitespace
+    drawn as `·`; padding positions are left out, or with `--padding` drawn as `[pad]`; a
+    token row's title names its token, sequence and position (issue 35)."""
     out = tmp_path / "d"
-    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--max-length", "6", "-l",
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--max-length", "9", "-l",
                     "h.0", "-l", "h.0.attn", "--capture", "output,pattern", "-q",
                     "-o", str(out))  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    from hookdump.tools.pictures.charts import token_strings
     from hookdump.tools.pictures.sample import draw_sample
+    from hookdump.tools.pictures.tokens import visible
 
     dump = hookdump.load(out)
+    masks = dump["__attention_mask__"]
+    sample = next(i for i in range(len(masks)) if 0 < int(masks[i].sum()) < masks.shape[1])
+    real = int(masks[sample].sum())
     tokenizer = transformers.AutoTokenizer.from_pretrained(gpt2)
-    expected = tokenizer.convert_ids_to_tokens(dump["__input_ids__"][1].tolist())
-    assert token_strings(dump, 1, 6) == expected
-    drawn = draw_sample(out, "h.0", tmp_path / "rows.png", 1)
-    assert drawn.describe("h.0", 1).endswith("heatmap of 6x32 of h.0 sample 1")
-    shown = invoke("show", str(out), "h.0.attn:pattern", "-o", str(tmp_path / "heads.png"))
+    ids = dump["__input_ids__"][sample].tolist()
+    words = [tokenizer.decode([i]).replace(" ", "·") or "∅" for i in ids]
+
+    rows = draw_sample(out, "h.0", tmp_path / "rows.png", sample)
+    assert (rows.rows, rows.labels) == (real, words[:real])  # read back from the figure
+    assert f"{masks.shape[1] - real} padding positions left out" in rows.title
+    padded = draw_sample(out, "h.0", tmp_path / "pad.png", sample, padding=True)
+    assert padded.rows == masks.shape[1]
+    assert padded.labels == words[:real] + [w + " [pad]" for w in words[real:]]
+
+    shown = invoke("show", str(out), "h.0.attn:pattern", "-s", str(sample), "-o",
+                   str(tmp_path / "heads.png"))  # fmt: skip
     assert shown.exit_code == 0, shown.stderr
-    assert "pattern per head" in shown.stdout
-    assert pixels_of(tmp_path / "heads.png").shape == (600, 1000, 3)
+    heads = draw_sample(out, "h.0.attn:pattern", tmp_path / "heads.png", sample)
+    assert heads.labels == words[:real]  # the query tokens; the keys' are the same
+    assert visible(" heads\n") == "·heads↵" and visible("") == "∅"
+
+    per_token = tmp_path / "t"
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--per-token", "-l", "h.0",
+                    "-q", "-o", str(per_token))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    rows_of = hookdump.load(per_token)
+    row = 3
+    token = tokenizer.decode([int(rows_of["__token_ids__"][row])]).replace(" ", "·")
+    sequence = rows_of.sample_ids[int(rows_of["__sample__"][row])]
+    position = int(rows_of["__position__"][row])
+    titled = draw_sample(per_token, "h.0", tmp_path / "row.png", row)
+    assert f"token {token!r} (sequence {sequence}, position {position})" in titled.title

@@ -78,6 +78,14 @@ def show(
             ".svg or .pdf): where values blow up.",
         ),
     ] = False,
+    padding: Annotated[
+        bool,
+        typer.Option(
+            "--padding",
+            help="Draw a text sample's padding positions too (labelled [pad], in grey); "
+            "they are left out.",
+        ),
+    ] = False,
     bookkeeping: Annotated[
         bool,
         typer.Option(
@@ -126,5 +134,7 @@ def show(
         raise HookdumpError(f"give the KEY to draw, or {opt('depth', True)} for every key")
     from hookdump.tools.pictures.sample import draw_sample
 
-    drawn = draw_sample(path, key, out, sample, tiling, storage_options(storage_option))
+    drawn = draw_sample(
+        path, key, out, sample, tiling, storage_options(storage_option), padding=padding
+    )
     print(drawn.describe(key, sample))

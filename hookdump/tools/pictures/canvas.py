@@ -5,8 +5,9 @@ was drawn, for the one-line report."""
 from __future__ import annotations
 
 import io
+import textwrap
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,11 @@ def plain(text: str) -> str:
     """A key or a path drawn as it is: a `$` is not the start of mathtext, and a control
     character is shown as its escape (`\x1b`), as everywhere hookdump writes for a person."""
     return printable(text).replace("$", r"\$")
+
+
+def fitted(title: str, inches: float) -> str:
+    """`title` wrapped onto lines that fit a figure `inches` wide (at the title's size)."""
+    return "\n".join(textwrap.fill(line, max(30, int(inches * 11))) for line in title.splitlines())
 
 
 def save(figure: Any, out: Path, option: str = "out") -> None:
@@ -78,6 +84,8 @@ class Picture:
     cols: int = 0
     tiles: int = 0  # a grid's or heads' tiles, and which they are
     which: str = ""
+    labels: list[str] = field(default_factory=list)  # the token labels drawn on the rows
+    title: str = ""  # as drawn
 
     def describe(self, key: str, sample: int | str) -> str:
         if self.chart == "grid":
@@ -100,10 +108,15 @@ def saved(
     which: str = "",
 ) -> Picture:
     save(figure, out)
+    first = axes if axes is not None else (figure.axes[0] if figure.axes else None)
+    labels = [t.get_text() for t in first.get_yticklabels()] if first is not None else []
+    title = figure.get_suptitle() or (first.get_title() if first is not None else "")
     width, height = figure.canvas.get_width_height()
     box = None
     if axes is not None:  # the cells' box, in the saved picture's pixels (y from the top)
         x0, y0, x1, y1 = axes.get_window_extent().extents
         box = (x0, height - y1, x1, height - y0)
     rows, cols = (shape[0], shape[1]) if len(shape) == 2 else (0, 0)
-    return Picture(chart, out, width, height, box, rows, cols, tiles, which)
+    numbered = not labels or all(label.lstrip("\u2212-").isdigit() for label in labels)
+    labels = [] if numbered else labels  # tick numbers are not labels
+    return Picture(chart, out, width, height, box, rows, cols, tiles, which, labels, title)

@@ -1,6 +1,6 @@
 """One sample of one key drawn with matplotlib (tiles, feature maps and attention heads, are
-`pictures.grids`): `[T, D]` rows (tokens x width) as a heatmap, with the token strings on the
-axis when the dump holds the ids fed and their tokenizer is at hand; vectors as bars (or,
+`pictures.grids`): `[T, D]` rows (tokens x width) as a heatmap, with the tokens on the axis
+when the dump holds the ids fed (`pictures.tokens`); vectors as bars (or,
 when long, a sorted profile) with the top units named; one number as itself; anything else
 as a histogram of its values.
 
@@ -23,7 +23,8 @@ from hookdump.tools.pictures.canvas import CMAP, Picture, plain, pyplot, saved
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
 MAX_BARS = 256  # longer vectors are drawn as a sorted profile
 TOP_UNITS = 5  # the largest units named on a vector's picture
-TOKEN_LABELS = 64  # token strings written on the axis, at most
+TOKEN_LABELS = 48  # token strings written on the axis, at most
+PAD_MARK = " [pad]"  # a padding position's label, where padding is drawn
 BINS = 64
 SIZE, DPI = (10.0, 6.0), 100
 
@@ -161,24 +162,6 @@ def number(value: float, out: Path, title: str) -> Picture:
         plt.close(figure)
 
 
-def token_strings(dump: Any, sample: int, rows: int) -> list[str] | None:
-    """The tokens of sample `sample` as strings, when the dump holds the ids it fed
-    (`__input_ids__`) and the tokenizer it names can be read (never any of its code run)."""
-    if "__input_ids__" not in dump:
-        return None
-    ids = dump.row("__input_ids__", sample).tolist()
-    folder = (dump.manifest.get("input") or {}).get("tokenizer")
-    if folder and Path(folder).is_dir():
-        try:
-            from hookdump.model.zoo import load_tokenizer
-
-            tokenizer, _ = load_tokenizer(folder, str(folder))
-            return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)][:rows]
-        except Exception:  # a tokenizer that will not load: the ids will do
-            pass
-    return [str(i) for i in ids][:rows]
-
-
 def _cut(values: torch.Tensor) -> torch.Tensor:
     """At most MAX_CELLS cells: the first rows, and the first columns of each."""
     cols = min(values.shape[1], MAX_CELLS)
@@ -186,7 +169,11 @@ def _cut(values: torch.Tensor) -> torch.Tensor:
 
 
 def _label_rows(axes: Any, labels: list[str]) -> None:
+    """Token labels on the rows (every Nth beyond TOKEN_LABELS), padding's in grey."""
     step = max(1, math.ceil(len(labels) / TOKEN_LABELS))
     shown = list(range(0, len(labels), step))
     axes.set_yticks(shown)
-    axes.set_yticklabels([plain(repr(labels[i])[1:-1]) for i in shown], fontsize=7)
+    ticks = axes.set_yticklabels([plain(labels[i]) for i in shown], fontsize=9)
+    for tick, index in zip(ticks, shown, strict=True):
+        if labels[index].endswith(PAD_MARK):
+            tick.set_color("grey")

@@ -18,7 +18,7 @@ from typing import Any
 
 from hookdump.format.keys import RESERVED_KEYS
 from hookdump.store.stats import KeySummary
-from hookdump.tools.diff import DiffResult
+from hookdump.tools.diff import DiffResult, KeyDiff
 from hookdump.tools.pictures.canvas import check_format, plain, pyplot, save
 
 MAX_LABELS = 40  # keys named on the x axis; the others are ticks only
@@ -94,18 +94,11 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
     plt = pyplot()
     items = result.keys
     x = list(range(len(items)))
-    tiny = 1e-12  # a relative error of 0 drawn at the axis' floor
-    errors = [
-        max(i.max_rel, tiny) if i.numel and math.isfinite(i.max_rel) else math.nan for i in items
-    ]
+    series = _error_series(items)
+    errors, cosine, mismatched = series.values()
     infinite = [n for n, i in enumerate(items) if i.numel and not math.isfinite(i.max_rel)]
     top = 10 * max([e for e in errors if not math.isnan(e)] + [1.0])
     failing = [n for n, i in enumerate(items) if not i.ok]
-    cosine = [
-        max(1 - i.cosine, tiny) if i.cosine is not None and math.isfinite(i.cosine) else math.nan
-        for i in items
-    ]
-    mismatched = [max(i.mismatched / i.numel, tiny) if i.numel else math.nan for i in items]
     with _figure(plt) as axes:
         axes.plot(x, errors, color="tab:blue", marker=".", label="max relative error")
         axes.plot(x, cosine, color="tab:orange", marker=".", label="1 - cos")
@@ -136,7 +129,7 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
                 label=plain(f"first diverging: {items[failing[0]].key}"),
             )
         axes.axhline(
-            max(result.rtol, tiny),
+            max(result.rtol, TINY),
             color="grey",
             linestyle="--",
             label=f"rtol {result.rtol:g} (and atol {result.atol:g}: |a - b| <= atol + rtol |b|)",
@@ -148,9 +141,25 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
         clear = _legend_beside(axes)
         axes.grid(True, alpha=0.3)
         save(axes.figure, out, "plot")
-    series = {"max relative error": errors, "1 - cos": cosine, "mismatched": mismatched}
     marked = items[failing[0]].key if failing else None
     return Drawn(out, len(items), marked, [i.key for i in items], series, clear)
+
+
+TINY = 1e-12  # an error of 0 drawn at the axis' floor
+
+
+def _error_series(items: list[KeyDiff]) -> dict[str, list[float]]:
+    """Each key's max relative error, 1 - cos and fraction of values mismatched (NaN where
+    nothing was compared), 0 drawn as TINY."""
+
+    def floor(value: float | None) -> float:
+        return max(value, TINY) if value is not None and math.isfinite(value) else math.nan
+
+    return {
+        "max relative error": [floor(i.max_rel if i.numel else None) for i in items],
+        "1 - cos": [floor(None if i.cosine is None else 1 - i.cosine) for i in items],
+        "mismatched": [floor(i.mismatched / i.numel if i.numel else None) for i in items],
+    }
 
 
 def _legend_beside(axes: Any) -> bool:

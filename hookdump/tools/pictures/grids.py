@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.tools.pictures.canvas import CMAP, Picture, plain, pyplot, saved
+from hookdump.tools.pictures.canvas import CMAP, Picture, fitted, plain, pyplot, saved
 from hookdump.tools.pictures.charts import DPI
 
 SCALES = ("shared", "per-channel")
@@ -128,17 +128,32 @@ def grid(values: torch.Tensor, out: Path, title: str, tiling: Tiling) -> Picture
         plt.close(figure)
 
 
-def heads(values: torch.Tensor, out: Path, title: str, what: str, tiling: Tiling) -> Picture:
-    """`[heads, T, T]` (query x key) as a heatmap per head on the colour scale asked."""
+def heads(
+    values: torch.Tensor,
+    out: Path,
+    title: str,
+    what: str,
+    tiling: Tiling,
+    labels: list[str] | None = None,
+) -> Picture:
+    """`[heads, T, T]` (query x key) as a heatmap per head on the colour scale asked, tiles
+    packed in a grid that fits them; `labels`: the tokens, on both axes (every Nth where
+    they are many), query tokens on the left column, key tokens on the bottom row."""
     picked, which = choose(values, tiling, MAX_HEADS, "head")
     shown = values[torch.tensor(picked, dtype=torch.long)]
     scaled, low, high = _scaled(shown, tiling.scale)
     count = len(picked)
-    cols = math.ceil(math.sqrt(count))
+    cols = min(count, 4 if labels else math.ceil(math.sqrt(count)))
     rows = math.ceil(count / cols)
+    tile = 3.2 if labels else 2.4  # inches a head takes: room for the token labels
     plt = pyplot()
     figure, grid_axes = plt.subplots(
-        rows, cols, figsize=(10.0, 6.0), dpi=DPI, squeeze=False, layout="constrained"
+        rows,
+        cols,
+        figsize=(cols * tile + 1.6, rows * tile + 1.4),
+        dpi=DPI,
+        squeeze=False,
+        layout="constrained",
     )  # room for the shared colour bar
     try:
         image = None
@@ -149,18 +164,33 @@ def heads(values: torch.Tensor, out: Path, title: str, what: str, tiling: Tiling
             image = axes.imshow(
                 scaled[index].numpy(), cmap=CMAP, vmin=low, vmax=high, interpolation="nearest"
             )
-            axes.set_title(f"head {picked[index]}", fontsize=8)
-            axes.tick_params(labelsize=6)
+            axes.set_title(f"head {picked[index]}", fontsize=10)
+            axes.tick_params(labelsize=8)
+            if labels is not None:
+                _token_ticks(axes, labels, index % cols == 0, index // cols == rows - 1)
         assert image is not None  # at least one head is drawn
         figure.colorbar(
             image, ax=list(grid_axes.flat), label=_bar_label(tiling.scale, "head", what)
         )
-        figure.suptitle(plain(f"{title}\n{which}; {_scale_phrase(tiling.scale, 'head')}"))
-        figure.supxlabel("key position")
-        figure.supylabel("query position")
+        heading = f"{title}\n{which}; {_scale_phrase(tiling.scale, 'head')}"
+        figure.suptitle(plain(fitted(heading, figure.get_figwidth())), fontsize=11)
+        figure.supxlabel("key token" if labels else "key position")
+        figure.supylabel("query token" if labels else "query position")
         return saved(figure, None, out, f"{what} per head", (0, 0), count, which)
     finally:
         plt.close(figure)
+
+
+TOKEN_TICKS = 24  # token labels on an axis, at most: every Nth beyond
+
+
+def _token_ticks(axes: Any, labels: list[str], left: bool, bottom: bool) -> None:
+    """Token labels on a head's axes (thinned to TOKEN_TICKS), on the outer tiles only."""
+    step = max(1, math.ceil(len(labels) / TOKEN_TICKS))
+    shown = list(range(0, len(labels), step))
+    names = [plain(labels[i]) for i in shown]
+    axes.set_xticks(shown, names if bottom else [""] * len(shown), rotation=90, fontsize=8)
+    axes.set_yticks(shown, names if left else [""] * len(shown), fontsize=8)
 
 
 def _numbers(spec: str, total: int | None, unit: str) -> list[int]:

@@ -23,10 +23,10 @@ from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.store.read.dump import Dump
 from hookdump.tools.pictures import charts, grids
 from hookdump.tools.pictures.canvas import Picture, check_format
+from hookdump.tools.pictures.tokens import SAMPLE, Tokens, row_token, sample_tokens
 
 MAX_ROW_BYTES = 256 << 20
 MAX_SUGGESTED = 100_000  # the most sample ids searched for a did-you-mean
-SAMPLE = "__sample__"  # token rows: the sequence each row is a token of
 
 
 def draw_sample(
@@ -36,10 +36,11 @@ def draw_sample(
     sample: int | str = 0,
     tiling: grids.Tiling | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    padding: bool = False,
 ) -> Picture:
     """Draw `key` of sample `sample` (a row number, or a sample id: see `pick_row`) from a
     dump into `out`; `tiling` picks and colours the tiles of a feature-map grid or of
-    attention heads."""
+    attention heads. A text sample's padding positions are left out, unless `padding`."""
     tiling = tiling or grids.Tiling()
     check_format(out)
     tiling.check()
@@ -66,7 +67,7 @@ def draw_sample(
             f"KEY {key!r}: a sample is {row_bytes / (1 << 20):,.0f} MiB, more than "
             f"show draws ({MAX_ROW_BYTES >> 20} MiB); read it with hookdump.load(...).row(...)"
         )
-    return _draw(dump, key, sample, dump.row(key, sample).float(), out, tiling)
+    return _draw(dump, key, sample, dump.row(key, sample).float(), out, tiling, padding)
 
 
 def pick_row(dump: Dump, sample: int | str) -> int:
@@ -113,17 +114,21 @@ def _first_token_row(dump: Dump, sequence: int) -> int:
 
 
 def _draw(
-    dump: Dump, key: str, sample: int, values: torch.Tensor, out: Path, tiling: grids.Tiling
+    dump: Dump,
+    key: str,
+    sample: int,
+    values: torch.Tensor,
+    out: Path,
+    tiling: grids.Tiling,
+    padding: bool = False,
 ) -> Picture:
     """The picture that suits the sample's shape and kind."""
     info = dump.info(key)
-    tokens = dump.manifest.token_rows
-    ids = dump.manifest.sample_ids  # not Dump.sample_ids: that lists every row
-    named = ids[sample] if isinstance(ids, list) and not tokens and sample < len(ids) else sample
-    module = f" ({info.module_type})" if info.module_type not in ("", "-") else ""  # lone files
-    title = f"{key}{module}, sample {named}, shape {list(values.shape)}"
+    title = _title(dump, key, info.module_type, sample, values)
+    words = None if dump.manifest.token_rows else sample_tokens(dump, sample)
     if info.kind in ("pattern", "scores") and values.dim() == 3 and values.numel():
-        return grids.heads(values, out, title, info.kind, tiling)
+        values, labels, title = _words_kept(values, words, padding, title, (1, 2))
+        return grids.heads(values, out, title, info.kind, tiling, labels)
     shape = [size for size in values.shape if size != 1] if values.numel() else []
     kept = values.reshape(shape) if values.numel() else values
     if values.dim() == 3 and values.shape[0] and min(values.shape[1:]) > 1:
@@ -135,13 +140,50 @@ def _draw(
         )
     if len(shape) == 2:
         labels = None
-        if not tokens and values.dim() == 2:  # a [T, D] sample as captured
-            labels = charts.token_strings(dump, sample, values.shape[0])
-            if labels is not None and len(labels) != values.shape[0]:
-                labels = None  # not one per row: these rows are not the tokens fed
+        if values.dim() == 2:  # a [T, D] sample as captured: its rows are the tokens fed
+            kept, labels, title = _words_kept(kept, words, padding, title, (0,))
         return charts.heatmap(kept, out, title, labels)
     if len(shape) == 1:
         return charts.vector(kept, out, title)
     if values.numel() == 1:
         return charts.number(float(values.flatten()[0]), out, title)
     return charts.histogram(values, out, title)
+
+
+def _title(dump: Dump, key: str, module_type: str, sample: int, values: torch.Tensor) -> str:
+    """Key, module class, which sample (a token row: its token, sequence and position), and
+    the shape as captured."""
+    module = f" ({module_type})" if module_type not in ("", "-") else ""  # lone files
+    token = row_token(dump, sample)
+    if token is not None:
+        text, sequence, position = token
+        which = f"token {text!r} (sequence {sequence}, position {position})"
+    else:
+        ids = dump.manifest.sample_ids  # not Dump.sample_ids: that lists every row
+        tokens = dump.manifest.token_rows
+        listed = ids[sample] if isinstance(ids, list) and not tokens and sample < len(ids) else None
+        which = f"sample {sample if listed is None else listed}"
+    return f"{key}{module}, {which}, shape {list(values.shape)}"
+
+
+def _words_kept(
+    values: torch.Tensor, words: Tokens | None, padding: bool, title: str, dims: tuple[int, ...]
+) -> tuple[torch.Tensor, list[str] | None, str]:
+    """`values` with the padding positions (along `dims`) left out, and the tokens of the
+    positions kept, as labels; with `padding`, every position, padding labelled `[pad]`.
+    Untouched where the positions are not the sample's tokens."""
+    if words is None or len(words.strings) != values.shape[dims[0]]:
+        return values, None, title
+    if padding:
+        labels = [
+            w if real else f"{w} [pad]" for w, real in zip(words.strings, words.real, strict=True)
+        ]
+        return values, labels, title + ("; padding marked [pad]" if words.padding else "")
+    keep = [i for i, real in enumerate(words.real) if real]
+    if len(keep) == len(words.real):
+        return values, words.strings, title
+    index = torch.tensor(keep, dtype=torch.long)
+    for dim in dims:
+        values = values.index_select(dim, index)
+    note = f"; {words.padding} padding positions left out"
+    return values, [words.strings[i] for i in keep], title + note

@@ -1,0 +1,84 @@
+"""The words of a text sample, for the pictures: each position's token as its tokenizer
+writes it (`convert_tokens_to_string`, so GPT-2's `Ġheads` is ` heads`), with whitespace
+made visible, and which positions are padding.
+
+Whitespace is shown one way everywhere: a space as `·`, a newline as `↵`, a tab as `→`, and
+a token that writes nothing as `∅`. The tokenizer is the one the dump's manifest names
+(read from its files, never any code of its folder run); without it, the ids are shown.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+INPUT_IDS, MASK = "__input_ids__", "__attention_mask__"  # what a text dump keeps of its input
+TOKEN_IDS, SAMPLE, POSITION = "__token_ids__", "__sample__", "__position__"  # token rows
+_VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "↵"})
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A sample's positions: each one's token, and whether it is a real token (not padding)."""
+
+    strings: list[str]
+    real: list[bool]
+
+    @property
+    def padding(self) -> int:
+        return self.real.count(False)
+
+
+def visible(text: str) -> str:
+    """`text` with its whitespace drawn (see the module's docstring)."""
+    return text.translate(_VISIBLE) if text else "∅"
+
+
+def sample_tokens(dump: Any, sample: int) -> Tokens | None:
+    """The tokens of sample `sample` of a dump that keeps the ids it fed (None otherwise)."""
+    if INPUT_IDS not in dump:
+        return None
+    ids = [int(i) for i in dump.row(INPUT_IDS, sample).tolist()]
+    real = [True] * len(ids)
+    if MASK in dump:
+        real = [bool(m) for m in dump.row(MASK, sample).tolist()][: len(ids)]
+    return Tokens(written(dump, ids), real)
+
+
+def row_token(dump: Any, row: int) -> tuple[str, Any, int] | None:
+    """A token row's token (drawn visible), the id of its sequence, and its position (None:
+    the dump's rows are not tokens)."""
+    if not dump.manifest.token_rows or TOKEN_IDS not in dump:
+        return None
+    token = written(dump, [int(dump.row(TOKEN_IDS, row))])[0]
+    sequence = int(dump.row(SAMPLE, row)) if SAMPLE in dump else None
+    ids = dump.manifest.sample_ids
+    named = ids[sequence] if ids is not None and sequence is not None else sequence
+    position = int(dump.row(POSITION, row)) if POSITION in dump else -1
+    return token, named, position
+
+
+def written(dump: Any, ids: list[int]) -> list[str]:
+    """Each id as its tokenizer writes it, whitespace visible; the ids themselves where the
+    dump names no tokenizer that can be read."""
+    folder = (dump.manifest.get("input") or {}).get("tokenizer")
+    tokenizer = _tokenizer(str(folder)) if folder and Path(folder).is_dir() else None
+    if tokenizer is None:
+        return [str(i) for i in ids]
+    try:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        return [visible(tokenizer.convert_tokens_to_string([piece])) for piece in pieces]
+    except Exception:  # a tokenizer that cannot write these ids: the ids will do
+        return [str(i) for i in ids]
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(folder: str) -> Any:
+    try:
+        from hookdump.model.zoo import load_tokenizer
+
+        return load_tokenizer(folder, folder)[0]
+    except Exception:  # a tokenizer that will not load: the ids will do
+        return None
