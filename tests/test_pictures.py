@@ -94,3 +94,24 @@ def test_text_rows_are_named_by_their_tokens_and_padding_is_left_out(
     position = int(rows_of["__position__"][row])
     titled = draw_sample(per_token, "h.0", tmp_path / "row.png", row)
     assert f"token {token!r} (sequence {sequence}, position {position})" in titled.title
+
+
+def test_a_vision_transformer_row_sets_cls_apart_from_its_patches(tmp_path: Path) -> None:
+    """A ViT's [1 + 16, D] sample: the CLS row apart, the 16 patches laid out 4x4 (issue
+    35); the CLS norm said is the one computed here from the dump's own row."""
+    from hookdump.tools.pictures.sample import draw_sample
+
+    folder = tmp_path / "vit"
+    config = transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=32,
+    )  # fmt: skip
+    transformers.ViTModel(config).save_pretrained(folder)
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{folder}", "-l", "layers.0", "-n", "2", "-q", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    row = hookdump.load(out).row("layers.0", 1)
+    assert list(row.shape) == [17, 16]
+    drawn = draw_sample(out, "layers.0", tmp_path / "vit.png", 1)
+    assert drawn.chart == "CLS and patches"
+    assert drawn.which == f"CLS norm {float(row[0].norm()):.4g}, patches as a 4x4 grid"

@@ -55,6 +55,45 @@ def heatmap(
         plt.close(figure)
 
 
+def cls_and_patches(values: torch.Tensor, grid: int, out: Path, title: str) -> Picture:
+    """A vision transformer's `[1 + grid², D]` rows: the patches' rows laid out as the image
+    they come from (each patch's L2 norm, a `grid` x `grid` picture); the CLS row on its own
+    strip, above a heatmap of the patches' rows on the same colour scale."""
+    plt = pyplot()
+    figure, axes = plt.subplot_mosaic(
+        [["grid", "cls"], ["grid", "patches"]],
+        figsize=(12.0, 5.5),
+        dpi=DPI,
+        width_ratios=[1.0, 1.5],
+        height_ratios=[1, 9],
+        layout="constrained",
+    )
+    try:
+        norms = values[1:].norm(dim=1).reshape(grid, grid)
+        shown = axes["grid"].imshow(norms.numpy(), cmap=CMAP, interpolation="nearest")
+        figure.colorbar(shown, ax=axes["grid"], label="L2 norm of the patch's row", shrink=0.8)
+        cls_norm = float(values[0].norm())
+        axes["grid"].set_title(f"patches as laid out ({grid}x{grid}); CLS norm {cls_norm:.4g}")
+        axes["grid"].set_xlabel("patch column")
+        axes["grid"].set_ylabel("patch row")
+        low, high = float(values.min()), float(values.max())
+        strip = {"cmap": CMAP, "aspect": "auto", "interpolation": "nearest", "vmin": low}
+        axes["cls"].imshow(values[:1].numpy(), vmax=high, **strip)
+        axes["cls"].set_yticks([0], ["CLS"], fontsize=9)
+        axes["cls"].set_xticks([])
+        axes["cls"].set_title("the CLS row, then the patches' rows")
+        rows = axes["patches"].imshow(values[1:].numpy(), vmax=high, **strip)
+        axes["patches"].set_ylabel(f"patch (of {grid * grid}, row by row)")
+        axes["patches"].set_xlabel(f"dimension (of {values.shape[1]})")
+        figure.colorbar(rows, ax=[axes["cls"], axes["patches"]], label="value")
+        figure.suptitle(plain(title))
+        which = f"CLS norm {cls_norm:.4g}, patches as a {grid}x{grid} grid"
+        shape = tuple(values.shape)
+        return saved(figure, axes["patches"], out, "CLS and patches", shape, which=which)
+    finally:
+        plt.close(figure)
+
+
 def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
     """A `[D]` vector: a bar per unit (at most MAX_BARS), else its values sorted; the
     TOP_UNITS largest named either way."""

@@ -13,6 +13,7 @@ Other than a map's channels, dimensions of size 1 are dropped first (`[C, 1, W]`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,9 @@ def _draw(
         )
     if len(shape) == 2:
         labels = None
+        grid = _patch_grid(dump, values)
+        if grid is not None:
+            return charts.cls_and_patches(values, grid, out, title)
         if values.dim() == 2:  # a [T, D] sample as captured: its rows are the tokens fed
             kept, labels, title = _words_kept(kept, words, padding, title, (0,))
         return charts.heatmap(kept, out, title, labels)
@@ -148,6 +152,22 @@ def _draw(
     if values.numel() == 1:
         return charts.number(float(values.flatten()[0]), out, title)
     return charts.histogram(values, out, title)
+
+
+_VISION_TRANSFORMERS = ("vit", "deit", "beit", "dino", "visiontransformer", "siglip")
+
+
+def _patch_grid(dump: Dump, values: torch.Tensor) -> int | None:
+    """The side of the patch grid, when `values` are a vision transformer's `[1 + side²,
+    D]` rows: a CLS row, then the patches in raster order (None otherwise)."""
+    if values.dim() != 2 or dump.manifest.token_rows:
+        return None
+    side = math.isqrt(max(values.shape[0] - 1, 0))
+    model = dump.manifest.get("model") or {}
+    names = " ".join(str(model.get(k, "")) for k in ("spec", "class", "architecture")).lower()
+    if side < 2 or side * side != values.shape[0] - 1:
+        return None
+    return side if any(name in names for name in _VISION_TRANSFORMERS) else None
 
 
 def _title(dump: Dump, key: str, module_type: str, sample: int, values: torch.Tensor) -> str:
