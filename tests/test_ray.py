@@ -204,6 +204,10 @@ def test_an_error_in_a_task_is_its_one_line(tmp_path: Path) -> None:
         _collected(Mapped())
     assert "\n" not in str(failed.value)
     assert not (tmp_path / "d").exists()  # the part wrote nothing
+    fine = _Task(run_options("m", None, tmp_path / "d"), "run-id", "id", ["x"], None, 2, "cpu")
+    row = _PartWriter(model, fine)({"id": np.array(["a", "b"]), "x": np.array(["no", "ok"])})
+    with pytest.raises(HookdumpError, match=r"^column 'x' holds <U2 values, not tensors"):
+        _collected(Mapped())
 
 
 def test_checked_before_ray_runs_anything(cluster: None, tmp_path: Path) -> None:

@@ -279,9 +279,9 @@ class _PartWriter:
         options = dataclasses.replace(
             task.options, dump=dataclasses.replace(task.options.dump, part=part)
         )
-        inputs = {column: _tensor(batch[column], column) for column in task.columns}
-        data = PythonData(list(_pieces(inputs, task.batch_size)), task.forward, ids)
         try:
+            inputs = {column: _tensor(batch[column], column) for column in task.columns}
+            data = PythonData(list(_pieces(inputs, task.batch_size)), task.forward, ids)
             done: Any = share_of(run(options, model=self.module, data=data))
         except HookdumpError as exc:  # Ray would keep only its traceback's text
             done = exc.args[0] if exc.args else str(exc)  # its options marked, for the CLI
