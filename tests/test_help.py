@@ -45,3 +45,18 @@ def test_the_command_list_is_not_cut() -> None:
     assert "..." not in commands
     for name in ("run", "layers", "models", "inspect", "diff", "show", "export"):
         assert f"  {name} " in commands
+
+
+def test_run_help_lists_every_capture_kind() -> None:
+    """`run --help` names each kind `--capture` takes (issue 36: the attention ones were
+    missing), as the parser knows them."""
+    from typer.testing import CliRunner
+
+    from hookdump.choices import CAPTURE_KINDS
+    from hookdump.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    said = " ".join(result.stdout.split("--capture")[1].split("--ops")[0].split())
+    for kind in CAPTURE_KINDS:
+        assert f" {kind}" in said, kind
+    assert "pattern, scores, q, k, v, z" in said

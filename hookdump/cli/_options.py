@@ -24,8 +24,10 @@ CaptureOpt = Annotated[
         "--capture",
         "-c",
         metavar="KINDS",
-        help="What to capture: output, input, grad, ops (the results of the ops a module's "
-        "own forward calls: M:op.add), a comma list. `layers` lists output and ops.",
+        help="What to capture, a comma list: output, input, grad, ops (the results of the "
+        "ops a module's own forward calls: M:op.add), and of attention modules pattern, "
+        "scores, q, k, v, z (M:pattern, [heads, T, T] or [heads, T, head_dim] per sample). "
+        "`layers` lists output and ops.",
     ),
 ]
 LayersOpt = Annotated[
