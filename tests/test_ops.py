@@ -154,3 +154,26 @@ def test_an_ops_pattern_that_matches_no_op_is_one_line_naming_those_called(
     assert_usage_error(result, "--ops 'sofmax' matches no op the selected modules call",
                        called, "did you mean softmax")  # fmt: skip
     assert not out.exists()  # refused after the first forward, before any shard is listed
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_views_are_left_out_under_inference_mode_as_a_dump_runs(tmp_path: Path) -> None:
+    """Issue 36: under `torch.inference_mode()` (how `run` and `hookdump.dump` run the
+    forward) `_is_view` is False, and views (`op.view`, `op.transpose`) were kept. The
+    dump holds the same ops as a capture under `no_grad`, with the forward's own values."""
+    from tiny_models import OpsBlock
+
+    x = torch.randn(3, 4)
+    model = OpsBlock()
+    with hookdump.capture(model, layers=["__root__"], capture="ops") as cap, torch.no_grad():
+        model(x)
+    with (
+        hookdump.capture(model, layers=["__root__"], capture="ops") as inference,
+        torch.inference_mode(),
+    ):
+        model(x)
+    assert list(inference.tensors) == list(cap.tensors) == list(_block_reference(x))
+    d = hookdump.dump(model, [x], tmp_path / "d", layers="__root__", capture="ops")
+    assert list(d.keys()) == list(_block_reference(x))
+    for key, value in _block_reference(x).items():
+        torch.testing.assert_close(d[key], value, rtol=0, atol=0)

@@ -48,6 +48,23 @@ def check_patterns(patterns: Sequence[str], called: set[str]) -> None:
             )
 
 
+def _views(result: torch.Tensor, args: Sequence[Any], kwargs: dict[str, Any] | None) -> bool:
+    """Whether `result` is a view of one of the op's tensors: it holds nothing new. Under
+    `torch.inference_mode` (how a dump runs) `_is_view` is False for every tensor, so the
+    memory the result lies in is compared with its inputs' too."""
+    if result._is_view():
+        return True
+    inputs = [*args, *(kwargs or {}).values()]
+    inputs += [item for arg in inputs if isinstance(arg, list | tuple) for item in arg]
+    storage = result.untyped_storage().data_ptr()
+    return any(  # an in-place op returns its input itself: its result is new values
+        isinstance(t, torch.Tensor)
+        and t is not result
+        and t.untyped_storage().data_ptr() == storage
+        for t in inputs
+    )
+
+
 class OpRecorder(TorchFunctionMode):
     """While active (a `with` block), calls `seen(module, op, result)` for each floating
     tensor an op of a module in `modules` returns from that module's own code, for op names
@@ -123,7 +140,7 @@ class OpRecorder(TorchFunctionMode):
         if not isinstance(result, torch.Tensor) or not result.is_floating_point():
             return result
         name = op_name(func)
-        if name in SKIPPED_OPS or (result._is_view() and not name.endswith("_")):
+        if name in SKIPPED_OPS or (_views(result, args, kwargs) and not name.endswith("_")):
             return result
         if len(self.called) < MAX_CALLED:
             self.called.add(name)
