@@ -110,6 +110,23 @@ def _estimate(data: Iterable[Any]) -> int | None:
     return None
 
 
+def _check_right_padding(mask: torch.Tensor, positions_given: bool, start: int) -> None:
+    """Token rows of left-padded batches would be shifted: the model, given no position_ids,
+    counts the padding as positions, so every activation moves, while `__position__` counts
+    the real tokens. Refused, in one line, unless the batch brings its position_ids."""
+    if positions_given or mask.shape[1] < 2:
+        return
+    starts_late = (mask[:, :-1] == 0) & (mask[:, 1:] != 0)  # a real token after padding
+    if bool(starts_late.any()):
+        row = int(starts_late.any(dim=1).nonzero()[0])
+        raise HookdumpError(
+            f"the batch at row {start} is padded on the left (its row {row} has padding before "
+            "real tokens): without position_ids the model counts the padding as positions and "
+            "every activation shifts; pad on the right (tokenizer.padding_side = 'right'), or "
+            "give position_ids in the batch (attention_mask.cumsum(-1) - 1, clamped at 0)"
+        )
+
+
 def _batch(item: Any, given: PythonData, start: int) -> Batch:
     """One of the caller's batches as a `Batch` of rows `start:...`."""
     rows = _rows(item)
@@ -127,6 +144,7 @@ def _batch(item: Any, given: PythonData, start: int) -> Batch:
                 f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} of the batch "
                 f"at row {start} must both be [batch, tokens]"
             )
+        _check_right_padding(mask, "position_ids" in item, start)
         stored = {"__input_ids__": ids.cpu(), "__attention_mask__": mask.cpu()}
         payload = item if given.forward is not None else None
         return Batch((), dict(item), start, stop, stored, given.forward, payload)
