@@ -177,3 +177,26 @@ def test_views_are_left_out_under_inference_mode_as_a_dump_runs(tmp_path: Path) 
     assert list(d.keys()) == list(_block_reference(x))
     for key, value in _block_reference(x).items():
         torch.testing.assert_close(d[key], value, rtol=0, atol=0)
+
+
+def test_no_key_value_cache_is_built_for_a_dump(gpt2: Path, tmp_path: Path, corpus: Path) -> None:
+    """Issue 36: the forward built a key-value cache it never read; its updates showed up as
+    the attention module's own ops (`op.cat`) and cost time. The attention's values are the
+    same as transformers' own forward with its cache."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--max-length", "8", "-l",
+                    "h.0.attn", "-c", "output,ops", "-q", "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    d = hookdump.load(out)
+    assert not [k for k in d if ":op.cat" in k], d.keys()
+    model = transformers.AutoModel.from_pretrained(gpt2).eval()
+    batch = {"input_ids": d["__input_ids__"], "attention_mask": d["__attention_mask__"]}
+    seen: list[torch.Tensor] = []
+    handle = model.h[0].attn.register_forward_hook(lambda m, i, o: seen.append(o[0].clone()))
+    try:
+        with torch.no_grad():
+            model(**batch, use_cache=True)  # transformers' own forward, cache and all
+    finally:
+        handle.remove()
+    torch.testing.assert_close(d["h.0.attn:output.0"], seen[0], rtol=1e-5, atol=1e-6)

@@ -410,25 +410,20 @@ def test_pairs_without_forward_are_told_to_give_forward(tmp_path: Path) -> None:
     assert d.num_samples == 8
 
 
-def test_left_padding_is_refused_unless_positions_come_with_it(gpt2: Path, tmp_path: Path) -> None:
-    """Issue 36: a left-padded batch of token rows, without position_ids, gave activations
-    far from the right-padded ones while `__position__` counted the real tokens. It is one
-    line now; given position_ids from the mask, the rows equal the right-padded run's."""
+def test_left_padding_gets_positions_from_the_mask(gpt2: Path, tmp_path: Path) -> None:
+    """Issue 36: a left-padded batch of token rows gave activations far from the
+    right-padded ones (the model counted the padding as positions) while `__position__`
+    counted the real tokens. The model now gets position_ids from the mask, as `generate`
+    makes them: the rows equal the right-padded run's, layer by layer."""
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModel.from_pretrained(gpt2).eval()
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
     right = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])}
     left_ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
-    left_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    left = {"input_ids": left_ids, "attention_mask": left_mask}
-    with pytest.raises(hookdump.HookdumpError, match=r"padded on the left \(its row 1 has"):
-        hookdump.dump(model, [left], tmp_path / "l", layers="h.1", per_token=True)
-    assert not (tmp_path / "l").exists()
-    positions = (left_mask.cumsum(-1) - 1).clamp(min=0)
-    given = hookdump.dump(
-        model, [{**left, "position_ids": positions}], tmp_path / "p", layers="h.1", per_token=True
-    )
-    reference = hookdump.dump(model, [right], tmp_path / "r", layers="h.1", per_token=True)
+    left = {"input_ids": left_ids, "attention_mask": torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])}
+    given = hookdump.dump(model, [left], tmp_path / "l", layers="h.*", per_token=True)
+    reference = hookdump.dump(model, [right], tmp_path / "r", layers="h.*", per_token=True)
     assert given["__token_ids__"].tolist() == reference["__token_ids__"].tolist()
     assert given["__position__"].tolist() == reference["__position__"].tolist()
-    torch.testing.assert_close(given["h.1"], reference["h.1"], rtol=1e-4, atol=1e-5)
+    for key in ("h.0", "h.1"):
+        torch.testing.assert_close(given[key], reference[key], rtol=1e-4, atol=1e-5)

@@ -7,6 +7,7 @@ A new source is a module of its own in `inputs/` and one branch here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.inputs.files import open_input
-from hookdump.inputs.python import PythonData, python_feed
+from hookdump.inputs.python import PythonData, python_feed, takes_position_ids
 from hookdump.inputs.samples import Feed, InputOptions, SampleForm, random_batches, share_of
 from hookdump.inputs.text import TextOptions, text_feed
 from hookdump.inputs.token_ids import token_input
@@ -52,7 +53,8 @@ def open_feed(
     """The samples `source` names, for `model`. `form`: the model's input form, worked out
     only when a source needs it (random input, images)."""
     if source.data is not None:
-        return python_feed(source.data, source.input.num_samples, place.done)
+        given = dataclasses.replace(source.data, position_ids=takes_position_ids(model.module))
+        return python_feed(given, source.input.num_samples, place.done)
     if source.text is not None:
         return _text_feed(source, source.text, model, place)
     if source.per_token:

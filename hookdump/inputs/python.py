@@ -10,6 +10,7 @@ too), whose real tokens become rows as `--text ... --per-token` makes them.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -42,6 +43,7 @@ class PythonData:
     ids: Callable[[Any], Iterable[Any]] | Iterable[Any] | None = None
     per_token: bool = False
     special_ids: tuple[int, ...] = ()
+    position_ids: bool = False  # the model's forward takes position_ids (set by the feed)
 
 
 def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[Any]) -> Feed:
@@ -110,21 +112,25 @@ def _estimate(data: Iterable[Any]) -> int | None:
     return None
 
 
-def _check_right_padding(mask: torch.Tensor, positions_given: bool, start: int) -> None:
-    """Token rows of left-padded batches would be shifted: the model, given no position_ids,
-    counts the padding as positions, so every activation moves, while `__position__` counts
-    the real tokens. Refused, in one line, unless the batch brings its position_ids."""
-    if positions_given or mask.shape[1] < 2:
-        return
+def takes_position_ids(module: Any) -> bool:
+    """Whether `module`'s forward takes `position_ids` (transformers' models do)."""
+    try:
+        return "position_ids" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def _positions_of(item: Mapping[str, Any], mask: torch.Tensor, given: PythonData) -> dict[str, Any]:
+    """A left-padded batch's `position_ids`, counted from the mask as `generate` counts them,
+    where the model takes them and the batch brings none: without them the model counts the
+    padding as positions, and every activation shifts while `__position__` counts the real
+    tokens."""
+    if not given.position_ids or "position_ids" in item or mask.shape[1] < 2:
+        return {}
     starts_late = (mask[:, :-1] == 0) & (mask[:, 1:] != 0)  # a real token after padding
-    if bool(starts_late.any()):
-        row = int(starts_late.any(dim=1).nonzero()[0])
-        raise HookdumpError(
-            f"the batch at row {start} is padded on the left (its row {row} has padding before "
-            "real tokens): without position_ids the model counts the padding as positions and "
-            "every activation shifts; pad on the right (tokenizer.padding_side = 'right'), or "
-            "give position_ids in the batch (attention_mask.cumsum(-1) - 1, clamped at 0)"
-        )
+    if not bool(starts_late.any()):
+        return {}
+    return {"position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
 
 
 def _batch(item: Any, given: PythonData, start: int) -> Batch:
@@ -144,10 +150,10 @@ def _batch(item: Any, given: PythonData, start: int) -> Batch:
                 f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} of the batch "
                 f"at row {start} must both be [batch, tokens]"
             )
-        _check_right_padding(mask, "position_ids" in item, start)
         stored = {"__input_ids__": ids.cpu(), "__attention_mask__": mask.cpu()}
         payload = item if given.forward is not None else None
-        return Batch((), dict(item), start, stop, stored, given.forward, payload)
+        kwargs = {**item, **_positions_of(item, mask, given)}
+        return Batch((), kwargs, start, stop, stored, given.forward, payload)
     if given.forward is not None:
         return Batch((), {}, start, stop, forward=given.forward, payload=item)
     if isinstance(item, torch.Tensor):

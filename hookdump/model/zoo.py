@@ -159,6 +159,10 @@ def load_hf(spec: str, model_args: dict[str, Any], strict: bool) -> HFModel:
             )
     except Exception as exc:  # a pickled .bin, a weights file of the wrong size, a config...
         raise _load_error(transformers, cls, config, spec, exc) from exc
+    if getattr(module.config, "use_cache", None) and "use_cache" not in model_args:
+        # a dump runs each forward once: a key-value cache is never read, yet it costs time
+        # and its updates would show up as the attention modules' own ops (`op.cat`)
+        module.config.use_cache = False
     problems = [
         f"{len(keys)} {kind.replace('_', ' ')} ({', '.join(list(keys)[:3])})"
         for kind, keys in info.items()
