@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import socket
@@ -115,6 +116,26 @@ def test_a_run_to_a_url_is_the_local_dump(reference: Path, bucket: str, tmp_path
     _fs().get(f"{bucket.removeprefix('s3://')}/runs/a/", str(copy), recursive=True)
     same_dump(reference, copy)
     assert invoke("inspect", f"{bucket}/runs/a", "--check").exit_code == 0
+
+
+def test_the_bytes_to_upload_are_said_as_the_run_starts(bucket: str) -> None:
+    """Before the run goes on past its first batch, stderr names what it will upload (the
+    tensors' bytes, estimated from that batch); a folder's estimate is its disk check."""
+    from hookdump.format.dtypes import ITEMSIZE
+    from hookdump.format.values import format_bytes
+
+    url = f"{bucket}/said"
+    result = invoke(*[a for a in RUN if a != "-q"], "-o", url)
+    assert result.exit_code == 0, result.stderr
+    listed = manifest(url)
+    per_sample = sum(
+        math.prod(t["shape"]) * ITEMSIZE[t["dtype"]] for t in listed["tensors"].values()
+    )
+    line = f"uploading about {format_bytes(per_sample * 12)} to {url}, a few shards at a time"
+    assert line in result.stderr.splitlines()
+    assert line not in result.stdout
+    quiet = invoke(*RUN, "-o", f"{bucket}/quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
 
 
 def test_python_writes_to_a_url(bucket: str, tmp_path: Path) -> None:

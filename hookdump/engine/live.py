@@ -165,8 +165,9 @@ def dump(
         chosen = dataclasses.replace(options.model, device=where, train=mode)
         options = dataclasses.replace(options, model=chosen)
         given = PythonData(data, forward, ids, per_token, tuple(special))
-        with Progress(progress, _stderr_console() if progress else None) as on_batch:
-            run(options, on_batch, model=live, data=given)
+        shown = Progress(progress, _stderr_console() if progress else None)
+        with shown as on_batch:
+            run(options, on_batch, model=live, data=given, on_notice=shown.notice)
     written = options.dump.url or options.dump.out  # the dump's URL, or its folder
     assert written is not None  # `out` is required
     return Dump(written, storage_options=storage_options)

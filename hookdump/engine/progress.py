@@ -10,6 +10,7 @@ from typing import Any
 from hookdump.errors import printable
 
 ProgressCallback = Callable[[int, int | None, int], None]
+Notice = Callable[[str], None]  # a line for the person running it, on stderr
 
 
 class Progress:
@@ -21,6 +22,7 @@ class Progress:
         (or a notebook). `loading`: what a status line says until the first batch is done
         (`loading resnet50`), so the first seconds are not silent."""
         self.enabled = enabled
+        self.notices = enabled  # lines are printed in a log too, where no bar is shown
         self.console = console
         self.loading = loading
         self.status: Any = None
@@ -80,6 +82,12 @@ class Progress:
         speed = (done - samples) / elapsed
         rate = f"{speed:.3g} samples/s, {(nbytes - captured) / elapsed / 1e6:.3g} MB/s"
         self.bar.update(self.task, completed=done, rate=rate)
+
+    def notice(self, line: str) -> None:
+        """Print `line` on stderr (above the bar, where one is shown), made printable."""
+        if self.notices:
+            self._end_status()
+            self.console.print(printable(line), markup=False, highlight=False)
 
     def __exit__(self, *exc: object) -> None:
         self._end_status()

@@ -31,10 +31,11 @@ from hookdump.engine.distributed import Ranks, RankShare, from_environment, rank
 from hookdump.engine.loop import BatchLoop
 from hookdump.engine.manifest import manifest_fields
 from hookdump.engine.options import RunOptions, RunResult
-from hookdump.engine.progress import ProgressCallback
+from hookdump.engine.progress import Notice, ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.values import format_bytes
 from hookdump.hooks.capture import Capture, Receiver
 from hookdump.hooks.forward import out_of_memory
 from hookdump.hooks.options import CaptureOptions
@@ -60,6 +61,7 @@ def run(
     *,
     model: nn.Module | None = None,
     data: PythonData | Any = None,
+    on_notice: Notice | None = None,
 ) -> RunResult:
     """Dump what the selected modules produce for the input, as `options` say.
 
@@ -70,6 +72,8 @@ def run(
         model: a live module, used as it is, instead of loading `options.model`.
         data: batches from Python (see `PythonData`; an iterable of batches or one tensor
             is taken as `PythonData(data)`), instead of `options.input` or `options.text`.
+        on_notice: called with a line for the person running it: at a URL, after the first
+            batch, the bytes the dump will upload.
 
     Returns:
         A `RunResult`: per-key statistics, the sample count, what was skipped, the
@@ -117,12 +121,35 @@ def run(
     ):
         try:
             return dataclasses.replace(
-                _run(options, ranks, started, on_batch, model, data, upload), out=given_out
+                _run(options, ranks, started, (on_batch, on_notice), model, data, upload),
+                out=given_out,
             )
         except Exception as exc:
             if out_of_memory(exc):
                 raise _out_of_memory(options) from exc
             raise
+
+
+def _announcing(
+    shown: tuple[ProgressCallback | None, Notice | None], sink: BatchSink, url: str | None
+) -> ProgressCallback | None:
+    """`on_batch`, which at a URL first says, once the first batch has made the estimate,
+    how many bytes the dump will upload (a folder's estimate is checked against its disk)."""
+    on_batch, on_notice = shown
+    if on_notice is None or url is None:
+        return on_batch
+    said = False
+
+    def announce(done: int, total: int | None, nbytes: int) -> None:
+        nonlocal said
+        if not said and sink.estimated_bytes is not None:
+            said = True
+            every = format_bytes(sink.estimated_bytes)
+            on_notice(f"uploading about {every} to {url}, a few shards at a time")
+        if on_batch is not None:
+            on_batch(done, total, nbytes)
+
+    return announce
 
 
 def _check(options: RunOptions, python: bool = False) -> None:
@@ -246,7 +273,7 @@ def _run(
     options: RunOptions,
     ranks: Ranks | None,
     started: float,
-    on_batch: ProgressCallback | None,
+    shown: tuple[ProgressCallback | None, Notice | None],
     module: nn.Module | None,
     data: PythonData | None,
     upload: Upload | None,
@@ -297,6 +324,7 @@ def _run(
     def nothing() -> HookdumpError:
         return _nothing_read(options, bool(loop.fed.ids))
 
+    on_batch = _announcing(shown, sink, options.dump.url)
     rows = loop.run(batches, destination, feed, on_batch, nothing if alone else None)
     looped_at = time.perf_counter()
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
