@@ -89,17 +89,17 @@ def test_only_a_buffer_of_blocks_is_read_at_a_time(
     sums = dump[X].sum(1).tolist()  # each row's, read before the spies
     read: list[tuple[int, int]] = []
     opened: list[str] = []
-    real_read, real_open = ShardRows.read_into, ShardReader.open
+    real_read, real_open = ShardRows.scatter, ShardReader.open
 
-    def spy_read(self: ShardRows, lo: int, hi: int, out: dict) -> None:
+    def spy_read(self: ShardRows, lo: int, hi: int, *places: Any) -> None:
         read.append((lo, hi))
-        real_read(self, lo, hi, out)
+        real_read(self, lo, hi, *places)
 
     def spy_open(self: ShardReader, shard: ShardEntry, keys: list[str], *more: Any):  # type: ignore[no-untyped-def]
         opened.append(shard.file)
         return real_open(self, shard, keys, *more)
 
-    monkeypatch.setattr(ShardRows, "read_into", spy_read)
+    monkeypatch.setattr(ShardRows, "scatter", spy_read)
     monkeypatch.setattr(ShardReader, "open", spy_open)
     batches = dump.batches(
         [X, Y],
@@ -156,6 +156,11 @@ class _Rows:
         self.log.append((lo, hi))
         out["id"][:] = ROWS[lo:hi]
         out["twice"][:] = 2 * ROWS[lo:hi]
+
+    def scatter(self, lo: int, hi: int, places: Any, positions: torch.Tensor) -> None:
+        self.log.append((lo, hi))
+        places.put("id", ROWS[lo:hi], positions)
+        places.put("twice", 2 * ROWS[lo:hi], positions)
 
 
 def _pass(sizes: list[int], group: int = 2, log: list | None = None, **options: Any) -> list:
@@ -245,6 +250,66 @@ def test_with_index_and_start_through_a_dump(sixteen: Dump) -> None:
     rest = list(sixteen.batches([Y], 5, shuffle=True, seed=4, with_index=True, start=7))
     assert all(torch.equal(a["__row__"], b["__row__"]) for a, b in zip(whole[7:], rest,
                                                                      strict=True))  # fmt: skip
+
+
+@pytest.mark.parametrize("scattered", [True, False], ids=["preadv", "copied"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_held_keep_their_rows_while_the_pass_goes_on(
+    dump: Dump, monkeypatch: pytest.MonkeyPatch, scattered: bool, shuffle: bool
+) -> None:
+    """Rows are read straight into the batches, whose memory is used again once let go:
+    the batches held here (whole, by a view, by a NumPy array of them) keep their own rows
+    to the end of a pass of buffers of 8 rows, while the rest are let go; each equals the
+    dump's own rows (`dump[key][rows]`). Once without `preadv` (rows read, then copied)."""
+    from hookdump.store.read import rows as rows_module
+    from hookdump.store.read.batches import ROW_OVERHEAD
+
+    if not scattered:
+        monkeypatch.setattr(rows_module, "scattered_reads", lambda: False)
+    budget = 16 * (dump.reader.row_bytes([X, Y]) + ROW_OVERHEAD)
+    batches = dump.batches([X, Y], 3, shuffle=shuffle, seed=1, with_index=True,
+                              buffer_bytes=budget)  # fmt: skip
+    held: list[tuple[torch.Tensor, Any, Any]] = []  # row numbers, X as held, Y as held
+    for index, batch in enumerate(batches):
+        rows = batch["__row__"]
+        if index % 3 == 0:
+            held.append((rows, batch[X], batch[Y]))
+        elif index % 3 == 1:
+            held.append((rows, batch[X][1:], batch[Y].numpy()))
+        del batch  # the others are let go: their memory goes to later batches
+    assert len(held) == 9  # of 13 batches (37 rows)
+    seen = torch.cat([rows for rows, _, _ in held])
+    assert len(set(seen.tolist())) == len(seen)
+    for rows, x, y in held:
+        torch.testing.assert_close(x, dump[X][rows][-len(x) :], rtol=0, atol=0)
+        torch.testing.assert_close(torch.as_tensor(y), dump[Y][rows], rtol=0, atol=0)
+
+
+def test_batch_memory_is_used_again_once_nothing_refers_to_it() -> None:
+    from hookdump.store.read.scatter import Places, Slabs
+
+    slabs = Slabs({"a": torch.empty(0, 3), "none": torch.empty(0, 0)}, keep=2)
+    first = slabs.take(4)
+    address = first["a"].data_ptr()
+    view = first["a"][1:]
+    del first
+    assert slabs.take(4)["a"].data_ptr() != address  # a view of it is held
+    del view
+    again = slabs.take(2)  # fewer rows fit the same memory
+    assert again["a"].data_ptr() == address and again["a"].shape == (2, 3)
+    array = again["a"].numpy()
+    del again
+    assert slabs.take(4)["a"].data_ptr() != address  # a NumPy array of it is held
+    del array
+    assert slabs.take(4)["a"].data_ptr() == address
+    # rows land where the order puts them, and nowhere outside the batches
+    batches = [slabs.take(2), slabs.take(1)]
+    places = Places(batches, 2)
+    places.put("a", torch.arange(9.0).view(3, 3), torch.tensor([2, 0, 1]))
+    assert batches[1]["a"].tolist() == [[0.0, 1.0, 2.0]]
+    assert batches[0]["a"].tolist() == [[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]
+    with pytest.raises(IndexError, match="outside the 3 places"):
+        places.vectors("a", 12, torch.tensor([0, 3]).numpy())
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")

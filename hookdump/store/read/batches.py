@@ -8,19 +8,21 @@ the order is drawn from the whole dump, fixed by the seed alone:
   requested keys each: large enough to read at the disk's sequential speed, small enough
   that a shard holds many;
 - the blocks of all shards are put in one seeded random order;
-- a buffer of half the budget `buffer_bytes` (256 MiB, so 128 MiB) is filled with the next
-  blocks in that order (at least 16 of them: a small budget takes smaller blocks), read
-  straight into it (`store.read.rows`); its rows, and the few carried over from the buffer
-  before, are put in a seeded random order and given out in batches; the rows short of a
-  whole batch are carried into the next buffer, so batches are full until the very last
-  (left out with `drop_last`).
+- a buffer of half the budget `buffer_bytes` (256 MiB, so 128 MiB) takes the next blocks
+  in that order (at least 16 of them: a small budget takes smaller blocks); its rows, and
+  the few carried over from the buffer before, are put in a seeded random order, and each
+  row is read straight to its place in its batch (`store.read.scatter`: one copy, the
+  kernel's, into batch memory used again once the caller lets a batch go); the rows short
+  of a whole batch are carried into the next buffer, so batches are full until the very
+  last (left out with `drop_last`).
 
-A thread fills the next buffer while this one is given out (and asks the disk for each
-next block while it reads one; at a URL, for the next `REMOTE_AHEAD` blocks), so reading
-overlaps the consumer. Memory holds the two buffers (the budget), the batch being given
-out, and 24 bytes of bookkeeping per buffered row, never a shard, whatever its size or its
-header's claims (at a URL, up to `REMOTE_AHEAD` blocks in flight besides). So a batch draws from the
-blocks of one buffer, anywhere in the dump.
+A thread reads the next buffer's batches while this one's are given out (and asks the disk
+for each next block while it reads one; at a URL, for the next `REMOTE_AHEAD` blocks), so
+reading overlaps the consumer, which only hands batches over. Memory holds two buffers'
+batches (the budget), the batches the caller keeps, and 40 bytes of bookkeeping per
+buffered row, never a shard, whatever its size or its header's claims (at a URL, up to
+`REMOTE_AHEAD` blocks in flight besides). So a batch draws from the blocks of one buffer,
+anywhere in the dump.
 
 The batches before `start` are passed over without reading their rows: only the
 permutations are drawn, so a pass resumes where it stopped, in the same order.
@@ -41,13 +43,14 @@ from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.format.values import is_integer
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.rows import ShardRows
+from hookdump.store.read.scatter import Places, Slabs
 from hookdump.worker import prefetch
 
 BLOCK_BYTES = 8 << 20  # contiguous bytes of the requested keys read at a time
 BUFFER_BYTES = 256 << 20  # the rows a shuffle mixes at once: its memory budget
 MIXED = 16  # the fewest blocks a buffer holds: a small buffer takes smaller blocks
 MAX_BLOCKS = 1 << 20  # the most blocks of a pass (16 MiB of row ranges): 8 TiB of 8 MiB
-ROW_OVERHEAD = 24  # bytes of the buffer's bookkeeping per row
+ROW_OVERHEAD = 40  # bytes of the buffer's bookkeeping per row (see iter_batches)
 ROW = "__row__"  # with_index: each row's number in the dump
 MAX_SEED = 1 << 62  # a pass's seed, with room for Dump.dataset's epochs: torch takes 64 bits
 
@@ -55,11 +58,14 @@ RowRange = tuple[int, int]
 
 
 class RowSource(Protocol):
-    """Where a pass reads rows: buffers of rows, and rows `lo:hi` read into one's views."""
+    """Where a pass reads rows: their form, and rows `lo:hi` read into one's views or
+    straight to their places in the batches."""
 
     def allocate(self, count: int) -> dict[str, torch.Tensor]: ...
 
     def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None: ...
+
+    def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None: ...
 
     def will_need(self, lo: int, hi: int) -> None: ...
 
@@ -89,8 +95,8 @@ def iter_batches(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Batches of `keys` as dicts of aligned tensors (see the module's docstring)."""
     check(dump, keys, options)
-    # a row costs its bytes and its number and place in the buffer's order (int64 each,
-    # with a copy while they are joined): the budget bounds rows of zero bytes too
+    # a row costs its bytes, its number, its place in the buffer's order and the inverse
+    # (int64 each, with copies while they are made): the budget bounds rows of zero bytes
     row_bytes = dump.row_bytes(keys) + ROW_OVERHEAD
     # a buffer holds at least MIXED blocks (unless a row is larger than a block), and a pass
     # at most MAX_BLOCKS (however many rows the shards claim)
@@ -117,31 +123,28 @@ def _cut(start: int, stop: int, rows: int) -> torch.Tensor:
 
 @dataclass
 class _Buffer:
-    """Rows of a pass read into memory, and how they are given out."""
+    """Rows of a pass read into their batches, and how they are given out."""
 
     rows: torch.Tensor  # their row numbers, in the buffer's order
     mixed: torch.Tensor | None  # the order they are given out in (None: as they are)
-    full: int  # whole batches in it
-    skip: int  # of those, passed over (resuming)
-    values: dict[str, torch.Tensor]
-    carried_in: int  # leading rows the buffer before leaves over, filled by the consumer
-    base: dict[str, torch.Tensor]  # the whole buffer `values` are the first rows of
-    last: bool = False  # the rows short of a batch at the end of the pass
+    skip: int  # whole batches passed over (resuming)
+    batches: list[dict[str, torch.Tensor] | None]  # whole batches, in the order given out
+    last: dict[str, torch.Tensor] | None = None  # the pass's last rows, short of a batch
 
 
 class _ReadAhead:
-    """The reading thread's controls: the two buffers (handed back to be filled again, so
-    their memory is reused, not faulted in anew), and a stop for a pass left early (its
-    consumer gone, or the interpreter ending) that the thread checks between reads."""
+    """The reading thread's controls: two buffers' worth of batches at most (one given out,
+    one read), and a stop for a pass left early (its consumer gone, or the interpreter
+    ending) that the thread checks between reads."""
 
     def __init__(self) -> None:
-        self._free: list[dict[str, torch.Tensor] | None] = [None, None]  # None: not made yet
+        self._free = 2
         self._changed = threading.Condition()
         self.stopped = False
 
-    def give_back(self, buffer: dict[str, torch.Tensor]) -> None:
+    def give_back(self) -> None:
         with self._changed:
-            self._free.append(buffer)
+            self._free += 1
             self._changed.notify_all()
 
     def stop(self) -> None:
@@ -149,43 +152,39 @@ class _ReadAhead:
             self.stopped = True
             self._changed.notify_all()
 
-    def take(self, source: RowSource, capacity: int) -> dict[str, torch.Tensor] | None:
-        """A buffer of `capacity` rows once one is free (reused when it holds as many);
-        None once the pass is stopped."""
+    def take(self) -> bool:
+        """Wait for room for a buffer; False once the pass is stopped."""
         with self._changed:
             while not self._free and not self.stopped:
                 self._changed.wait()
             if self.stopped:
-                return None
-            free = self._free.pop(0)
-        if free is not None and len(next(iter(free.values()))) >= capacity:
-            return free
-        return source.allocate(capacity)
+                return False
+            self._free -= 1
+            return True
 
 
 def pass_batches(
     blocks: torch.Tensor, source: RowSource, options: PassOptions, group: int
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The algorithm of the module's docstring over row ranges `blocks` ([n, 2], in row
-    order), read from `source` a buffer of `group` blocks at a time, on a thread that fills
-    the next buffer while this one is given out (two buffers at most)."""
+    order), read from `source` a buffer of `group` blocks at a time, on a thread that reads
+    the next buffer's rows into their batches while this one's are given out."""
     control = _ReadAhead()
     buffers = _buffers(blocks, source, options, group, control)
-    leftover: dict[str, torch.Tensor] = {}
+    size = options.batch_size
     try:  # the next buffer filled on a thread while this one is given out
         for buffer in prefetch(buffers, 1, "hookdump-read", on_leave=control.stop):
-            values, size = buffer.values, options.batch_size
-            for key, value in values.items() if buffer.carried_in else ():
-                value[: buffer.carried_in] = leftover[key]
-            if buffer.last:
-                yield _batch(values, buffer.rows, None, 0, len(buffer.rows), options.with_index)
-            for batch in range(buffer.skip, buffer.full):
-                lo, hi = batch * size, (batch + 1) * size
-                yield _batch(values, buffer.rows, buffer.mixed, lo, hi, options.with_index)
-            done = buffer.full * size
-            leftover = _batch(values, buffer.rows, buffer.mixed, done, len(buffer.rows), False)
-            control.give_back(buffer.base)
-            del buffer, values
+            if buffer.last is not None:
+                yield _indexed(buffer.last, buffer.rows, options.with_index)
+            for index in range(buffer.skip, len(buffer.batches)):
+                batch, buffer.batches[index] = buffer.batches[index], None
+                assert batch is not None
+                if options.with_index:
+                    batch[ROW] = _taken(buffer.rows, buffer.mixed, index * size, (index + 1) * size)
+                yield batch
+                del batch  # its memory is the caller's alone, used again once it is let go
+            control.give_back()
+            del buffer
     finally:
         control.stop()  # a pass left early: the thread stops at its next read
 
@@ -197,7 +196,7 @@ def _buffers(
     group: int,
     control: _ReadAhead,
 ) -> Iterator[_Buffer]:
-    """The pass's buffers, filled in turn (each once a slot is free); buffers wholly before
+    """The pass's buffers, filled in turn (each once there is room); buffers wholly before
     `options.start` are drawn (their permutations) but not read."""
     generator = torch.Generator().manual_seed(options.seed)
     order = blocks
@@ -207,10 +206,11 @@ def _buffers(
     order = order[reader::readers]
     size = options.batch_size
     lengths = order[:, 1] - order[:, 0]
-    longest, total = (int(lengths.max()), int(lengths.sum())) if len(order) else (0, 0)
-    capacity = min(group * longest + size - 1, total)  # the most rows a buffer holds
+    longest = int(lengths.max()) if len(order) else 0
+    # the batches of two buffers, the caller's, and the rows carried: no more are kept
+    slabs = Slabs(source.allocate(0), keep=2 * ((group * longest) // size + 2) + 2)
     carry = torch.empty(0, dtype=torch.int64)  # row numbers carried into the next buffer
-    passed = False  # the buffer before was passed over: the carried rows are read here
+    carried: dict[str, torch.Tensor] | None = {}  # their values (None: not read, passed over)
     given = 0  # batches given out (or passed over) before this buffer
     for first in range(0, len(order), group):
         chosen = [(lo, hi) for lo, hi in order[first : first + group].tolist()]
@@ -218,83 +218,91 @@ def _buffers(
         mixed = torch.randperm(len(rows), generator=generator) if options.shuffle else None
         full = len(rows) // size
         if given < options.start and given + full <= options.start:
-            carry, passed = _taken(rows, mixed, full * size, len(rows)), True
+            carry, carried = _taken(rows, mixed, full * size, len(rows)), None
             given += full
             continue
-        filled = _filled(source, len(rows), carry, passed, chosen, control, capacity)
+        if not control.take():
+            return
+        filled = _filled(
+            source, Fill(slabs, rows, mixed, size, len(carry)), carried, chosen, control
+        )
         if filled is None:
             return
-        yield _Buffer(
-            rows,
-            mixed,
-            full,
-            max(0, options.start - given),
-            filled[0],
-            0 if passed else len(carry),
-            filled[1],
-        )
+        yield _Buffer(rows, mixed, max(0, options.start - given), filled[0])
         given += full
-        carry, passed = _taken(rows, mixed, full * size, len(rows)), False
-    if len(carry) and not options.drop_last and given >= options.start:
-        filled = _filled(source, len(carry), carry, passed, [], control, 0)
-        if filled is not None:
-            yield _Buffer(
-                carry, None, 0, 0, filled[0], 0 if passed else len(carry), filled[1], last=True
-            )
+        carry, carried = _taken(rows, mixed, full * size, len(rows)), filled[1]
+    if len(carry) and not options.drop_last and given >= options.start and control.take():
+        if carried is None:  # passed over: fewer than a batch, read one by one
+            carried = slabs.take(len(carry))
+            for index, row in enumerate(carry.tolist()):
+                source.read_into(
+                    row, row + 1, {k: v[index : index + 1] for k, v in carried.items()}
+                )
+        yield _Buffer(carry, None, 0, [], last=carried)
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A buffer to read: its rows (the carried ones first) and the order they go out in."""
+
+    slabs: Slabs
+    rows: torch.Tensor
+    mixed: torch.Tensor | None
+    size: int  # rows per batch
+    carried: int  # of `rows`, the leading ones carried from the buffer before
 
 
 def _filled(
     source: RowSource,
-    count: int,
-    carry: torch.Tensor,
-    read_carry: bool,
+    fill: Fill,
+    carried: dict[str, torch.Tensor] | None,
     blocks: list[RowRange],
     control: _ReadAhead,
-    capacity: int,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
-    """The first `count` rows of a free buffer (of `capacity` rows), and the buffer: room
-    for the carried rows (read one by one when their buffer was passed over: fewer than a
-    batch), then `blocks` read straight in, the disk asked for each next block while one is
-    read. None: the pass was stopped."""
-    base = control.take(source, max(count, capacity))
-    if base is None:
-        return None
-    values = {key: value[:count] for key, value in base.items()}
-    if read_carry:
-        for index, row in enumerate(carry.tolist()):
-            source.read_into(row, row + 1, {k: v[index : index + 1] for k, v in values.items()})
-    at = len(carry)
+) -> tuple[list[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]] | None:
+    """The buffer's whole batches, and the rows left over (fewer than a batch, in the
+    order given out): the carried rows copied to their places (`carried`; None: read from
+    the disk one by one, their buffer having been passed over), then `blocks` read
+    straight to theirs, the disk asked for each next block while one is read. None: the
+    pass was stopped."""
+    count, size = len(fill.rows), fill.size
+    full = count // size
+    batches = [fill.slabs.take(size) for _ in range(full)]
+    if count > full * size:  # the rows left over, carried into the next buffer
+        batches.append(fill.slabs.take(count - full * size))
+    places = Places(batches, size)
+    where = torch.arange(count)  # each row's place in the order given out
+    if fill.mixed is not None:
+        where = torch.empty_like(where).index_put_((fill.mixed,), where)
+    if carried is None:
+        for index, row in enumerate(fill.rows[: fill.carried].tolist()):
+            source.scatter(row, row + 1, places, where[index : index + 1])
+    else:
+        for key, values in carried.items():
+            places.put(key, values, where[: fill.carried])
+    at = fill.carried
     for index, (lo, hi) in enumerate(blocks):
         if control.stopped:
             return None
         for block in blocks[index + 1 : index + 1 + source.ahead]:
             source.will_need(*block)
         if hi > lo:
-            source.read_into(lo, hi, {k: v[at : at + hi - lo] for k, v in values.items()})
+            source.scatter(lo, hi, places, where[at : at + hi - lo])
         at += hi - lo
-    return values, base
+    whole: list[dict[str, torch.Tensor] | None] = list(batches[:full])
+    return whole, batches[full] if count > full * size else {}
 
 
 def _taken(rows: torch.Tensor, mixed: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:
     return rows[lo:hi] if mixed is None else rows[mixed[lo:hi]]
 
 
-def _batch(
-    values: dict[str, torch.Tensor],
-    rows: torch.Tensor,
-    mixed: torch.Tensor | None,
-    lo: int,
-    hi: int,
-    with_index: bool,
+def _indexed(
+    values: dict[str, torch.Tensor], rows: torch.Tensor, with_index: bool
 ) -> dict[str, torch.Tensor]:
-    """Rows `lo:hi` of the buffer's order: a copy (a gather, or a slice made contiguous)."""
-    if mixed is None:
-        batch = {key: value[lo:hi].clone() for key, value in values.items()}
-    else:
-        at = mixed[lo:hi]
-        batch = {key: value[at] for key, value in values.items()}
+    """The pass's last rows, with their row numbers where asked."""
+    batch = dict(values)
     if with_index:
-        batch[ROW] = _taken(rows, mixed, lo, hi)
+        batch[ROW] = rows.clone()
     return batch
 
 

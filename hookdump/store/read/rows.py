@@ -1,7 +1,8 @@
-"""Rows of a dump's shards read straight into a caller's buffer: with `os.preadv` from a
-local file (no memory map, no intermediate tensor, one copy from the kernel, in as large a
-read as the rows make), or with ranged requests from an object at a URL, asked for
-`REMOTE_AHEAD` blocks ahead. `Dump.batches` reads this way.
+"""Rows of a dump's shards read straight into a caller's buffer, or to their places in a
+pass's batches (`scatter`): with `preadv` from a local file (no memory map, no intermediate
+tensor, one copy from the kernel, in as large a read as the rows make), or with ranged
+requests from an object at a URL, asked for `REMOTE_AHEAD` blocks ahead, and copied to
+their places. `Dump.batches` reads this way.
 
 A shard is checked once (its run id, and its header against the manifest, by
 `ShardReader.open`, on the very file or object read), and its tensors' byte offsets are
@@ -13,6 +14,7 @@ rows; an object at a URL is looked up (size, ETag) once per pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -21,7 +23,8 @@ import torch
 from hookdump.errors import InvalidDump
 from hookdump.format.manifest import ShardEntry
 from hookdump.store.read.reader import ShardReader
-from hookdump.store.read.shard_file import Blob, SafetensorsFile
+from hookdump.store.read.scatter import Places, scattered_reads
+from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
 
 # blocks asked for ahead of their read from a URL: each a request per key in flight, so
 # the memory beyond a pass's buffers is at most this many blocks (of BLOCK_BYTES)
@@ -55,10 +58,32 @@ class ShardRows:
     def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
         """Rows `lo:hi` (dump row numbers, inside one shard) into `out` (`hi - lo` rows of
         each key, contiguous)."""
-        shard = self.dump.shard_of(lo)
         if self.dump.remote is not None:
-            self._read_remote(shard, lo, hi, out)
+            self._read_remote(self.dump.shard_of(lo), lo, hi, out)
             return
+        self._read_local(lo, hi, lambda key, blob, at: blob.readinto(_bytes_of(out[key]), at))
+
+    def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None:
+        """Rows `lo:hi` (inside one shard) straight to `positions` of `places` (one each):
+        locally with one `preadv` per key, into the batches themselves."""
+        if self.dump.remote is not None or not scattered_reads():
+            rows = self.allocate(hi - lo)
+            self.read_into(lo, hi, rows)
+            for key, values in rows.items():
+                places.put(key, values, positions)
+            return
+        where = positions.numpy()
+
+        def read(key: str, blob: Blob, at: int) -> int:
+            assert isinstance(blob, LocalBlob)
+            return blob.read_vectors(places.vectors(key, self._row_bytes[key], where), at)
+
+        self._read_local(lo, hi, read)
+
+    def _read_local(self, lo: int, hi: int, read: Callable[[str, Blob, int], int]) -> None:
+        """Rows `lo:hi` of a local shard, key by key: `read(key, blob, offset)` reads a
+        key's rows from `offset` on and says how many bytes it read."""
+        shard = self.dump.shard_of(lo)
         blob = self.dump.blob(shard)
         try:
             layout = self._layout(shard, blob)
@@ -66,7 +91,7 @@ class ShardRows:
                 span = self._span(layout, shard, key, lo, hi)
                 if not span:
                     continue
-                got = blob.readinto(_bytes_of(out[key]), span.start)
+                got = read(key, blob, span.start)
                 if got != len(span):
                     raise self._short(shard, key, got, len(span))
         except OSError as exc:

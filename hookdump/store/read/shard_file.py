@@ -17,11 +17,15 @@ import json
 import math
 import os
 import struct
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
+from hookdump.store.read.scatter import preadv_into
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on a header's bytes
 
@@ -63,6 +67,10 @@ class LocalBlob:
 
     def readinto(self, view: memoryview, offset: int) -> int:
         return os.preadv(self._fd, [view], offset)
+
+    def read_vectors(self, vectors: np.ndarray, offset: int) -> int:
+        """Bytes from `offset` on into I/O vectors (`store.read.scatter.preadv_into`)."""
+        return preadv_into(self._fd, vectors, offset)
 
     def holds_data(self, offset: int, nbytes: int) -> bool:
         """Whether bytes `offset:offset + nbytes` have any block on disk; False for a hole

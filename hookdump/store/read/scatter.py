@@ -1,0 +1,151 @@
+"""Rows read straight into the batches they are given out in: each row of a block goes to
+its place in its batch (a shuffled pass's order) in one copy, the kernel's, with `preadv`
+and one I/O vector per run of rows that stay together; and batch memory used again once
+nothing refers to it. A gather from a read buffer into a new batch was a second copy of
+every byte, and new memory a page fault per 4 KiB: together three quarters of a pass's
+CPU time, which a busy machine does not have to spare (benchmarks/README.md).
+
+`Slabs` hands out batch tensors. Each is made on memory the pool keeps (a numpy array),
+through a view of it that the tensor's storage holds: once no tensor, view or NumPy array
+of the user's refers to that storage, the view is gone (a weak reference says so) and the
+memory is used for a later batch. Memory the user still holds is never written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import math
+import os
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+IOV_MAX = 1024  # I/O vectors per preadv call (POSIX's least IOV_MAX; Linux's)
+
+
+def _libc_preadv() -> Callable[..., int] | None:
+    """The C library's preadv, where there is one and `struct iovec` is two 64-bit words."""
+    if ctypes.sizeof(ctypes.c_void_p) != 8 or ctypes.sizeof(ctypes.c_size_t) != 8:
+        return None
+    try:
+        preadv = ctypes.CDLL(None, use_errno=True).preadv
+    except (AttributeError, OSError):
+        return None
+    preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    preadv.restype = ctypes.c_ssize_t
+    return preadv
+
+
+_PREADV = _libc_preadv()
+
+
+def scattered_reads() -> bool:
+    """Whether rows can be read straight into their places here."""
+    return _PREADV is not None
+
+
+def preadv_into(fd: int, vectors: np.ndarray, offset: int) -> int:
+    """Read the file's bytes from `offset` on into `vectors` ([n, 2] uint64: address,
+    length), IOV_MAX at a time; the bytes read (fewer only where the file ends)."""
+    assert _PREADV is not None and vectors.dtype == np.uint64 and vectors.shape[1:] == (2,)
+    done = 0
+    for first in range(0, len(vectors), IOV_MAX):
+        part = np.ascontiguousarray(vectors[first : first + IOV_MAX])
+        want = int(part[:, 1].sum())
+        while True:
+            got = _PREADV(fd, part.ctypes.data, len(part), offset + done)
+            if got >= 0 or ctypes.get_errno() != errno.EINTR:
+                break
+        if got < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        done += got
+        if got != want:
+            return done
+    return done
+
+
+class Places:
+    """Where the rows of one buffer go: output position p is row p % size of batch
+    p // size, in `batches` (per key, contiguous tensors of `size` rows, the last of as
+    many or fewer)."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], size: int) -> None:
+        self.batches, self.size = batches, size
+        keys = list(batches[0]) if batches else []
+        counts = [len(next(iter(b.values()))) for b in batches] if keys else []
+        if any(n != size for n in counts[:-1]) or any(n > size for n in counts[-1:]):
+            raise ValueError(f"batches of {counts} rows are not of {size}")
+        self.rows = sum(counts)  # positions 0 to rows - 1
+        self._addresses = {
+            key: np.array([b[key].data_ptr() for b in batches], dtype=np.uint64) for key in keys
+        }
+
+    def vectors(self, key: str, row_bytes: int, positions: np.ndarray) -> np.ndarray:
+        """I/O vectors for consecutive rows bound for `positions`: one per run of rows
+        that land next to each other in one batch."""
+        count, size = len(positions), self.size
+        if count and not 0 <= int(positions.min()) <= int(positions.max()) < self.rows:
+            raise IndexError(f"rows bound outside the {self.rows} places of the batches")
+        starts_run = np.ones(count, dtype=bool)
+        starts_run[1:] = (positions[1:] != positions[:-1] + 1) | (positions[1:] % size == 0)
+        firsts = np.flatnonzero(starts_run)
+        lengths = np.diff(np.append(firsts, count)).astype(np.uint64)
+        at = positions[firsts]
+        vectors = np.empty((len(firsts), 2), dtype=np.uint64)
+        vectors[:, 0] = self._addresses[key][at // size] + (at % size).astype(np.uint64) * (
+            np.uint64(row_bytes)
+        )
+        vectors[:, 1] = lengths * np.uint64(row_bytes)
+        return vectors
+
+    def put(self, key: str, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """Copy `rows` (in block order) to `positions`."""
+        which, slot = positions // self.size, positions % self.size
+        for batch in torch.unique(which).tolist():
+            chosen = which == batch
+            self.batches[batch][key][slot[chosen]] = rows[chosen]
+
+
+class Slabs:
+    """Batch tensors (shaped per key as `template`'s rows) on memory used again once nothing
+    refers to it (see the module's docstring); at most `keep` blocks of memory per key kept."""
+
+    def __init__(self, template: dict[str, torch.Tensor], keep: int) -> None:
+        self.keep = keep
+        self._forms = {key: (tuple(t.shape[1:]), t.dtype) for key, t in template.items()}
+        self._kept: dict[str, list[tuple[np.ndarray, weakref.ref[np.ndarray] | None]]] = {
+            key: [] for key in template
+        }
+
+    def take(self, rows: int) -> dict[str, torch.Tensor]:
+        """One batch's tensors of `rows` rows, uninitialised."""
+        return {key: self._one(key, rows) for key in self._forms}
+
+    def _one(self, key: str, rows: int) -> torch.Tensor:
+        shape, dtype = self._forms[key]
+        nbytes = rows * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        if nbytes == 0:  # rows of no bytes: nothing to keep
+            return torch.empty((rows, *shape), dtype=dtype)
+        kept = self._kept[key]
+        for index, (memory, held) in enumerate(kept):
+            if (held is None or held() is None) and len(memory) >= nbytes:
+                return self._on(memory, key, index, (nbytes, rows))
+        memory = np.empty(nbytes, dtype=np.uint8)
+        if len(kept) < self.keep:
+            kept.append((memory, None))
+            return self._on(memory, key, len(kept) - 1, (nbytes, rows))
+        return self._on(memory, key, None, (nbytes, rows))
+
+    def _on(
+        self, memory: np.ndarray, key: str, index: int | None, size: tuple[int, int]
+    ) -> torch.Tensor:
+        shape, dtype = self._forms[key]
+        nbytes, rows = size
+        view = memory[:nbytes]  # the storage holds it: alive while any tensor of it is
+        if index is not None:
+            self._kept[key][index] = (memory, weakref.ref(view))
+        return torch.from_numpy(view).view(dtype).view(rows, *shape)
