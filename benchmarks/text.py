@@ -16,6 +16,8 @@ block's output dumped with `--per-token`:
 - reading: rows/s of `Dump.batches(shuffle=True)` against in-order reading of the same dump,
   its pages dropped from the page cache before each pass (`benchmarks/reader.py` measures
   the reader against `dd`);
+- statistics: the seconds of the same dump with and without the per-feature statistics
+  made while it is written (`store/features.py`);
 - padding: one document per sample with `--per-token` on documents of 2 to 80 words: the
   forward loop's seconds with every batch padded to `--max-length` (as before dynamic
   padding), padded to its longest document, and that with `--sort-by-length`, and the
@@ -183,6 +185,35 @@ def bench_throughput(job: Job, reps: int) -> dict[str, Any]:
     }
 
 
+def bench_statistics(job: Job, reps: int) -> dict[str, Any]:
+    """The per-feature statistics' cost: the token-row dump's seconds (loop and finish)
+    with them, and with `KeySummary.add_features` made a no-op (nothing else changes)."""
+    from hookdump.store.stats import KeySummary
+
+    real = KeySummary.add_features
+
+    def seconds(timings: dict[str, float]) -> float:
+        return timings["loop"] + timings["finish"]
+
+    def with_stats() -> float:
+        return seconds(job.hookdump("hd"))
+
+    def without() -> float:
+        KeySummary.add_features = lambda *_, **__: None  # type: ignore[method-assign]
+        try:
+            return seconds(job.hookdump("hd"))
+        finally:
+            KeySummary.add_features = real  # type: ignore[method-assign]
+
+    runs = paired({"without_statistics": without, "with_statistics": with_stats}, reps)
+    ratio = [w / o for w, o in zip(runs["with_statistics"], runs["without_statistics"],
+                                   strict=True)]  # fmt: skip
+    return {
+        **{f"{name}_s": spread(values) for name, values in runs.items()},
+        "with_vs_without": spread(ratio),
+    }
+
+
 def peak_rss_mib(args: list[str]) -> float:
     """The peak RSS of a fresh `hookdump` process (VmHWM: its own, not the parent's)."""
     code = (
@@ -305,6 +336,7 @@ def bench_padding(job: Job, reps: int) -> dict[str, Any]:
 
 
 BENCHMARKS = {
+    "statistics": bench_statistics,
     "throughput": bench_throughput, "memory": bench_memory, "reading": bench_reading,
     "padding": bench_padding,
 }  # fmt: skip

@@ -302,6 +302,7 @@ def test_a_dump_shows_a_small_documented_face() -> None:
         "num_samples",
         "row",
         "sample_ids",
+        "stats",
     }
     public = {name for name in dir(Dump) if not name.startswith("_")}
     assert public - own == {"get", "items", "values"}  # Mapping's

@@ -27,7 +27,11 @@ def run_ok(*args: str) -> tuple[str, str]:
 def test_dump_layout_and_values_match_a_hand_computation(tmp_path: Path) -> None:
     out = tmp_path / "acts"
     run_ok("tiny_models:TwoLinear", "--capture", "input,output", "-n", "5", "-o", str(out))
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-00000.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "shard-00000.safetensors",
+        "stats.safetensors",
+    ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "hookdump/1"
     assert manifest["complete"] is True
@@ -162,7 +166,11 @@ def test_overwrite_replaces_a_dump_but_never_foreign_files(tmp_path: Path) -> No
     run_ok("tiny_models:TwoLinear", "-n", "4", "-b", "1", "--shard-size", "1", "-o", str(out))
     assert len(list(out.glob("shard-*"))) == 4
     run_ok("tiny_models:TwoLinear", "-n", "2", "-o", str(out), "--overwrite")
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-00000.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "shard-00000.safetensors",
+        "stats.safetensors",
+    ]
     assert hookdump.load(out).num_samples == 2
 
     (out / "notes.txt").write_text("mine")

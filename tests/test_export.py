@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from clitools import assert_usage_error, invoke
+from safetensors.torch import load_file
 
 import hookdump
 from hookdump.store.read.dump import Dump
@@ -50,6 +51,12 @@ def test_hf_rows_equal_the_dump(packed: Dump, tmp_path: Path) -> None:
         torch.testing.assert_close(loaded[key], packed[key], msg=key)
     ids = packed.sample_ids
     assert loaded["__sample_id__"] == [str(ids[i]) for i in packed["__sample__"].tolist()]
+    # the floating keys' statistics come along, as the dump holds them
+    stats = load_file(str(tmp_path / "hf" / "stats.safetensors"))
+    assert sorted({name.rpartition("/")[0] for name in stats}) == ["h.0", "h.1"]
+    for name, value in packed.stats("h.1").items():
+        if name != "std":
+            assert torch.equal(stats[f"h.1/{name}"], value), name
 
 
 def test_npy_files_map_the_dump(packed: Dump, tmp_path: Path) -> None:
@@ -170,6 +177,17 @@ def test_saelens_trains_from_the_export(gpt2: Path, tmp_path: Path) -> None:
     dump = hookdump.load(tmp_path / "d")
     hook = "blocks.0.hook_resid_post"
     hookdump.export(dump, tmp_path / "sae", to="saelens", keys="h.0", hook_name=hook)
+    # the norm scaling factor carried: SAELens' own estimate, made over every row at once
+    from sae_lens.training.activation_scaler import ActivationScaler
+
+    scaler = ActivationScaler()
+    scaler.estimate_scaling_factor(d_in=32, data_provider=iter([dump["h.0"]]),
+                                   n_batches_for_norm_estimate=1)  # fmt: skip
+    marker = json.loads((tmp_path / "sae" / "hookdump-export.json").read_text())
+    carried = marker["statistics"][hook]["norm_scaling_factor"]
+    assert carried == pytest.approx(scaler.scaling_factor, rel=1e-6)
+    stats = load_file(str(tmp_path / "sae" / "stats.safetensors"))
+    torch.testing.assert_close(stats[f"{hook}/mean"], dump.stats("h.0")["mean"], rtol=0, atol=0)
     store = ActivationsStore(
         model=None, dataset=None, streaming=False, hook_name=hook, hook_head_index=None,  # type: ignore[arg-type]
         context_size=5, d_in=32, n_batches_in_buffer=2, total_training_tokens=400,

@@ -161,7 +161,7 @@ def test_two_runs_on_one_out_leave_one_complete_dump(tmp_path: Path, overwrite: 
     assert dump.complete and dump.num_samples == 20
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + [
         f"shard-{i:05d}.safetensors" for i in range(10)
-    ]
+    ] + ["stats.safetensors"]
 
 
 def test_two_runs_started_at_once_leave_one_complete_dump(tmp_path: Path) -> None:
@@ -286,10 +286,12 @@ def test_each_shard_is_on_disk_before_the_manifest_lists_it(
     # replay the events: a manifest names only shards made durable before it
     expected: list[str] = []
     done: list[str] = []
-    for names in listed:
+    for index, names in enumerate(listed):
         for shard in names[len(done) :]:
             expected += durable(shard)
         done = names
+        if index == len(listed) - 1:  # the complete manifest: the statistics before it
+            expected += durable("stats.safetensors")
         expected += manifest
     assert events == expected
     if grouped:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from stattools import assert_same_stats
 from test_url_write import only_the_dump
 from torch import nn
 
@@ -105,11 +106,13 @@ def reads_as_reference(dump: hookdump.Dump, reference: hookdump.Dump) -> None:
     assert set(dump.manifest) == set(reference.manifest)
     assert dump.manifest["input"] == {"source": "ray", "layout": "batches"}
     assert dump.manifest["model"] == reference.manifest["model"]  # the same module, weights
+    assert_same_stats(reference, dump)  # the parts' statistics merged
 
 
 def folder_holds_only_the_dump(out: Path) -> None:
     listed = json.loads((out / "manifest.json").read_text())["shards"]
-    assert sorted(os.listdir(out)) == sorted(["manifest.json", *(s["file"] for s in listed)])
+    expected = ["manifest.json", "stats.safetensors", *(s["file"] for s in listed)]
+    assert sorted(os.listdir(out)) == sorted(expected)
 
 
 def _dies_once(marker: str, row: torch.Tensor) -> Any:

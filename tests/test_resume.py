@@ -12,6 +12,7 @@ import pytest
 import torch
 from clitools import assert_usage_error, invoke
 from PIL import Image
+from stattools import assert_same_stats
 from tiny_text import ctrl_c_in_batch
 
 import hookdump
@@ -58,6 +59,8 @@ def test_ctrl_c_then_resume_equals_an_uninterrupted_run(
     assert invoke("diff", str(whole), str(out), "--atol", "0", "--rtol", "0").exit_code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] is True
+    # the kept shards' statistics read back and merged with the rest's
+    assert_same_stats(hookdump.load(whole), hookdump.load(out))
     assert "sample_ids" not in manifest  # row numbers
     assert hookdump.load(out).sample_ids == list(range(10))
     assert [(s["start"], s["stop"]) for s in manifest["shards"]][:3] == [(0, 2), (2, 4), (4, 6)]
@@ -254,11 +257,13 @@ def test_shards_are_committed_together_every_interval(
     first_commit = threading.Event()
     real_write_manifest = DumpWriter.write_manifest
 
-    def spy(self: DumpWriter, complete: bool, extra: Any = None) -> dict[str, Any]:
+    def spy(
+        self: DumpWriter, complete: bool, extra: Any = None, stats: Any = None
+    ) -> dict[str, Any]:
         files = [s["file"] for s in self.shards]
         assert all((self.out / f).is_file() for f in files)
         listings.append((complete, files))
-        written = real_write_manifest(self, complete, extra)
+        written = real_write_manifest(self, complete, extra, stats)
         first_commit.set()
         return written
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from stattools import assert_same_stats
 
 import hookdump
 
@@ -38,6 +39,7 @@ def same_dump(a: Path, b: Path) -> None:
     assert one.sample_ids == two.sample_ids
     for key in one:
         assert (one[key] == two[key]).all(), key
+    assert_same_stats(one, two)  # merged across the ranks as in one process
 
 
 @pytest.mark.slow

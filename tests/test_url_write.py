@@ -59,11 +59,12 @@ def only_the_dump(bucket: str, prefix: str, others: tuple[str, ...] = ()) -> Non
     of the size and SHA-256 recorded) and `others`, nothing else, and no unfinished upload."""
     listed = manifest(f"{bucket}/{prefix}")
     assert listed["complete"]
-    shards = [f"{prefix}/{s['file']}" for s in listed["shards"]]
+    files = [*listed["shards"], listed["feature_stats"]]  # statistics: checked alike
+    shards = [f"{prefix}/{s['file']}" for s in files]
     assert objects(bucket) == sorted([f"{prefix}/manifest.json", *shards, *others])
     assert unfinished(bucket) == []
     fs = _fs()
-    for entry in listed["shards"]:
+    for entry in files:
         data = fs.cat_file(f"{bucket.removeprefix('s3://')}/{prefix}/{entry['file']}")
         assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["bytes"], entry["sha256"])
 
@@ -382,5 +383,6 @@ def test_other_protocols_write_through_the_same_code(tmp_path: Path) -> None:
         assert torch.equal(remote["linear_1"], local["linear_1"]) and remote.complete
         fs, root = fsspec.core.url_to_fs(url)
         names = sorted(p.rsplit("/", 1)[-1] for p in fs.find(root))
-        assert names == ["manifest.json", *[f"shard-{i:05d}.safetensors" for i in range(3)]]
+        shards = [f"shard-{i:05d}.safetensors" for i in range(3)]
+        assert names == ["manifest.json", *shards, "stats.safetensors"]
     assert torch.equal(hookdump.load(tmp_path / "via-url" / "d")["linear_1"], local["linear_1"])

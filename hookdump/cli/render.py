@@ -269,6 +269,15 @@ def print_inspection(found: Inspection, console: Console) -> None:
         markup=False,
         highlight=False,
     )
+    if found.features:
+        first, brief = next(iter(found.features.items()))
+        console.print(
+            f"per-feature statistics of {counted(len(found.features), 'key')} "
+            f"(Dump.stats(key)); {printable(first)}: {brief['features']} features, mean row "
+            f"norm {brief['norm_mean']:.4g}, std {brief['std_min']:.3g} to {brief['std_max']:.3g}",
+            markup=False,
+            highlight=False,
+        )
     for problem in found.problems:
         console.print(f"  - {for_cli(problem)}", markup=False, highlight=False, style="red")
 

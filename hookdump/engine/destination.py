@@ -32,6 +32,7 @@ from hookdump.engine.parts import clear_part
 from hookdump.engine.resume import check_sources, previous_dump
 from hookdump.errors import opt
 from hookdump.format.manifest import Manifest, samples_fed
+from hookdump.store.features import stats_file
 from hookdump.store.folder import check_out_dir
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.summary import summarize
@@ -168,13 +169,19 @@ class Destination:
         if self.writer is not None and (self.ranks is None or self.ranks.main):
             if self.ranks is not None:
                 self.writer.take_over(whole.shards, whole.tensors)
+            features = {
+                key: summary.features
+                for key, summary in whole.summaries.items()
+                if summary.features is not None and key in whole.tensors
+            }
             manifest = self.writer.finish(
                 {
                     "sample_ids": whole.ids,
                     "skipped_inputs": whole.skipped_inputs,
                     "skipped": whole.skipped,
                     **extra,
-                }
+                },
+                stats_file(features, self.writer.run_id) if features else None,
             )
             if self.ranks is not None:
                 drop_rank_manifests(self.writer.out, self.ranks.world, self.upload)

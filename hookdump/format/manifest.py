@@ -21,6 +21,7 @@ from hookdump.format.values import is_integer
 FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
 EXPORT_MARKER = "hookdump-export.json"  # in every folder `hookdump export` writes
+STATS_FILE = "stats.safetensors"  # per-feature statistics (store.features), if made
 KINDS = TENSOR_KINDS  # a key's `kind` in the manifest
 
 
@@ -164,7 +165,19 @@ def validate_manifest(data: Any, where: str) -> dict[str, Any]:
     if num_samples != rows:
         raise bad(f"'num_samples' is {num_samples} but the shards hold rows 0 to {rows}")
     _check_optional(data, bad)
+    _check_stats(data.get("feature_stats"), bad)
     return data
+
+
+def _check_stats(entry: Any, bad: Any) -> None:
+    """The per-feature statistics' entry: the one file name, its size and SHA-256."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict) or entry.get("file") != STATS_FILE:
+        raise bad(f"'feature_stats' must be an object naming the file {STATS_FILE!r}")
+    _count(entry.get("bytes"), "'feature_stats' 'bytes'", bad)
+    if not (isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])):
+        raise bad("'feature_stats' 'sha256' is not 64 hexadecimal digits")
 
 
 def _check_optional(data: dict[str, Any], bad: Any) -> None:

@@ -31,6 +31,7 @@ DUMP_FILE = re.compile(
     # a torchrun rank's files are `-rNN-`, a part's (a Ray task's: engine.parts) `-pHEX-`
     r"^(manifest(-(r\d+|p[0-9a-f]+))?\.json(\.tmp)?"
     r"|shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
+    r"|stats\.safetensors(\.tmp)?"
     r"|\.hookdump-old-[\w-]+)$"
 )
 # the names that are never part of a finished dump: half-written files and old dumps' trash

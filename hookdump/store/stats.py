@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from hookdump.format.keys import KeyInfo
+from hookdump.store.features import FeatureStats, features_of
 
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram
@@ -160,11 +161,36 @@ class KeySummary:
     dtype: str
     nbytes: int = 0
     stats: TensorStats = field(default_factory=TensorStats)
+    # per feature (floating keys): None until a value is seen, or once some values could
+    # not be read as rows (`lose_features`: a hole of a sparse shard, a row read in parts)
+    features: FeatureStats | None = None
+    features_lost: bool = False
 
     def merge(self, other: KeySummary) -> None:
         """Fold in the same key's summary from elsewhere (another rank's)."""
         self.nbytes += other.nbytes
         self.stats.merge(other.stats)
+        if other.features_lost:
+            self.lose_features()
+        elif other.features is not None and not self.features_lost:
+            if self.features is None:
+                self.features = FeatureStats.empty(other.features.count.numel())
+            self.features.merge(other.features)
+
+    def lose_features(self) -> None:
+        """Some values were not seen as rows: no per-feature statistics for this key."""
+        self.features, self.features_lost = None, True
+
+    def add_features(self, tensor: torch.Tensor, finite: bool) -> None:
+        """Fold a batch of rows into the per-feature statistics (floating keys only)."""
+        if self.features_lost or not tensor.is_floating_point():
+            return
+        if tuple(tensor.shape[1:]) != self.shape:  # refused by the writer; else not rows alike
+            self.lose_features()
+            return
+        if self.features is None:
+            self.features = FeatureStats.empty(features_of(self.shape))
+        self.features.update(tensor, finite)
 
     def count_bytes(self, nbytes: int) -> None:
         """Rows of `nbytes` are on disk (read back: their values are added apart)."""
@@ -174,8 +200,14 @@ class KeySummary:
         """Count a batch of this key's rows in; its bytes."""
         nbytes = tensor.numel() * tensor.element_size()
         self.nbytes += nbytes
-        self.stats.update(tensor)
+        self.add_values(tensor)
         return nbytes
+
+    def add_values(self, tensor: torch.Tensor) -> None:
+        """Fold a batch of rows into the statistics (their bytes are counted apart)."""
+        seen = (self.stats.nan, self.stats.inf)
+        self.stats.update(tensor)
+        self.add_features(tensor, finite=(self.stats.nan, self.stats.inf) == seen)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -10,6 +10,10 @@
 - `npy`: one `.npy` file per key (`numpy.load(mmap_mode="r")` maps it), `index.json` naming
   each key's file, and `sample_ids.json`.
 
+Each carries the exported keys' per-feature statistics, where the dump has them, as the
+dump holds them (`stats.safetensors`, under the names written), and the marker file names
+each key's mean row norm and SAELens' norm scaling factor.
+
 Rows are read in order a chunk at a time (`Dump.batches`) and written as they come: memory
 holds a chunk, never a key or a shard. Everything is written into a temporary folder beside
 `out`, renamed into place when complete: an interrupted export leaves no half folder, and
@@ -35,10 +39,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
-from hookdump.format.manifest import EXPORT_MARKER
+from hookdump.format.manifest import EXPORT_MARKER, STATS_FILE
 from hookdump.store.folder import inside
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.direct_io import allocate, pwrite_all
@@ -124,6 +129,8 @@ def export(
         temp.mkdir(parents=True)
         result = _WRITERS[to](dump, chosen, temp, hook_name)
         result.out = target
+        names = {key: hook_name for key in result.keys} if to == "saelens" and hook_name else {}
+        statistics = _statistics(dump, result.keys, temp, names)
         (temp / MARKER).write_text(
             json.dumps(
                 {
@@ -133,6 +140,7 @@ def export(
                     "rows": result.rows,
                     "keys": result.keys,
                     "notes": result.notes,
+                    "statistics": statistics,
                     "files": sorted(p.name for p in temp.iterdir()),  # what `overwrite` may remove
                 },
                 indent=2,
@@ -150,6 +158,33 @@ def export(
         shutil.rmtree(temp, ignore_errors=True)
         raise
     return result
+
+
+def _statistics(
+    dump: Dump, keys: list[str], temp: Path, names: dict[str, str]
+) -> dict[str, dict[str, float | None]]:
+    """The exported keys' per-feature statistics, carried into the export as
+    `stats.safetensors` (under the names written, `KEY/FIELD` as in a dump), and in brief
+    for the marker: each key's mean row norm and SAELens' norm scaling factor
+    (sqrt(d) / mean row norm), which SAELens would otherwise estimate from a pass."""
+    found = dump.reader.feature_stats() or {}
+    chosen = [key for key in keys if key in found]
+    if not chosen:
+        return {}
+    tensors = {
+        f"{names.get(key, key)}/{field}": value
+        for key in chosen
+        for field, value in found[key].items()
+    }
+    save_file(tensors, str(temp / STATS_FILE), metadata={"run_id": dump.manifest.run_id or ""})
+    brief: dict[str, dict[str, float | None]] = {}
+    for key in chosen:
+        norm, features = float(found[key]["norm_mean"]), found[key]["mean"].numel()
+        brief[names.get(key, key)] = {
+            "norm_mean": norm,
+            "norm_scaling_factor": math.sqrt(features) / norm if norm > 0 else None,
+        }
+    return brief
 
 
 def _select(dump: Dump, patterns: list[str]) -> list[str]:
@@ -195,7 +230,7 @@ def _check_out(dump: Dump, out: Path, overwrite: bool) -> None:
 
 # what an export writes, for a marker that does not list its files (written before it did)
 _EXPORT_FILES = re.compile(
-    r"^(index\.json|sample_ids\.json|state\.json|dataset_info\.json|[^/]*\.npy|"
+    r"^(index\.json|sample_ids\.json|state\.json|dataset_info\.json|[^/]*\.npy|stats\.safetensors|"
     r"data-\d+-of-\d+\.arrow)$"
 )
 

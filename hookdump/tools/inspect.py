@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hookdump.errors import Message, library_name, opt, render_message
+from hookdump.errors import InvalidDump, Message, library_name, opt, render_message
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.store.folder import leftovers
 from hookdump.store.location import UrlPath
@@ -29,6 +30,8 @@ class Inspection:
     keys: list[KeySummary]
     manifest: Manifest
     problems: list[str] = field(default_factory=list)
+    # per key with per-feature statistics: features, mean row norm, smallest and largest std
+    features: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -51,7 +54,9 @@ class Inspection:
             "total_bytes": self.total_bytes,
             "problems": [render_message(p, name) for p in self.problems],
             "model": self.manifest.get("model"),
-            "tensors": [k.as_dict() for k in self.keys],
+            "tensors": [
+                {**k.as_dict(), "features": self.features.get(k.info.key)} for k in self.keys
+            ],
         }
 
 
@@ -91,6 +96,7 @@ def inspect_dump(path: str | Path, storage_options: Mapping[str, Any] | None = N
             f"first {where}"
         )
     summaries = summarize(dump.reader, readable)
+    features = _features(dump, problems)
     lone = dump.manifest.get("lone_file") or {}
     if lone.get("kind") == "safetensors":  # rows mean nothing here: each tensor whole
         shapes = lone.get("shapes", {})
@@ -106,4 +112,27 @@ def inspect_dump(path: str | Path, storage_options: Mapping[str, Any] | None = N
         list(summaries.values()),
         dump.manifest,
         problems,
+        features,
     )
+
+
+def _features(dump: Dump, problems: list[str]) -> dict[str, dict[str, float]]:
+    """What the dump's per-feature statistics say of each key, in brief; a file that fails
+    its checks is a problem."""
+    try:
+        found = dump.reader.feature_stats() or {}
+    except InvalidDump as exc:
+        problems.append(str(exc))
+        return {}
+    brief = {}
+    for key in [k for k in dump if k in found]:  # in the manifest's order
+        values = found[key]
+        std = values["var"].sqrt()
+        finite = std[std.isfinite()]
+        brief[key] = {
+            "features": int(values["mean"].numel()),
+            "norm_mean": float(values["norm_mean"]),
+            "std_min": float(finite.min()) if len(finite) else math.nan,
+            "std_max": float(finite.max()) if len(finite) else math.nan,
+        }
+    return brief

@@ -118,6 +118,34 @@ class Dump(Mapping[str, torch.Tensor]):
                 "it in batches with Dump.batches or row by row with Dump.row"
             ) from None
 
+    def stats(self, key: str) -> dict[str, torch.Tensor]:
+        """Per-feature statistics of `key`, made while it was written (merged across
+        batches, torchrun's ranks and resumed runs): one value per feature (the last
+        dimension, or the channel of a `[C, H, W]` sample) of `count` (finite values),
+        `mean`, `var` (over the count, not count - 1), `std`, `min` and `max`, and the
+        mean L2 norm of a row, `norm_mean`, over `rows` rows. Token rows: real tokens only.
+
+        Example:
+            >>> stats = hookdump.load("acts/").stats("transformer.h.5")
+            >>> scale = stats["mean"].numel() ** 0.5 / stats["norm_mean"]  # SAELens' factor
+        """
+        self.reader.check_key(key)
+        found = self.reader.feature_stats()
+        if found is None:
+            raise HookdumpError(
+                f"{self.path} has no per-feature statistics (it was made before hookdump "
+                "wrote them, or holds no floating-point key); compute them from "
+                f"Dump.batches, or make the dump again"
+            )
+        if key not in found:
+            raise HookdumpError(
+                f"{key!r} of {self.path} has no per-feature statistics: only floating-point "
+                "keys read as whole rows have them"
+            )
+        values = dict(found[key])
+        values["std"] = values["var"].sqrt()
+        return values
+
     def row(self, key: str, index: int) -> torch.Tensor:
         """Sample `index` of `key`, read from the one shard that holds it."""
         reader = self.reader

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import math
 import os
 import stat
@@ -19,7 +20,8 @@ import torch
 from hookdump.errors import InvalidDump, did_you_mean
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.format.keys import KeyInfo
-from hookdump.format.manifest import Manifest, ShardEntry
+from hookdump.format.manifest import STATS_FILE, Manifest, ShardEntry
+from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, RemoteBlob, UrlPath
 from hookdump.store.read.manifest import resolved_inside
 from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
@@ -28,6 +30,7 @@ from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
 # header claims
 SLICE_BYTES = 64 << 20
 SLICE_ROWS = 1 << 20
+MAX_STATS_BYTES = 1 << 30  # per-feature statistics: 56 bytes a feature, far less in practice
 T = TypeVar("T")
 
 
@@ -81,6 +84,7 @@ class ShardReader:
         self._check_headers = check_headers
         self._key_rows = dict(key_rows or {})
         self._checked: set[str] = set()  # shard files whose header agreed with the manifest
+        self._stats: dict[str, dict[str, torch.Tensor]] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -154,6 +158,34 @@ class ShardReader:
                 f"{shard.bytes} (cut short or replaced)"
             )
         return opened
+
+    def feature_stats(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """Every key's per-feature statistics from the dump's `stats.safetensors` (None: the
+        manifest lists none), checked against the size and SHA-256 the manifest records
+        and the run id; read once."""
+        if self._stats is not None:
+            return self._stats
+        entry = self.manifest.fields.get("feature_stats")
+        if entry is None:
+            return None
+        where = f"{self.path / STATS_FILE}"
+        if entry["bytes"] > MAX_STATS_BYTES:
+            raise InvalidDump(f"{where}: the manifest says {entry['bytes']:,} bytes; refused")
+        listed = ShardEntry(STATS_FILE, 0, 0, bytes=entry["bytes"], sha256=entry["sha256"])
+        blob = self.blob(listed)
+        try:
+            raw = blob.pread(entry["bytes"], 0)
+        except OSError as exc:
+            raise InvalidDump(f"cannot read {where}: {exc.strerror or exc}") from None
+        finally:
+            blob.close()
+        if hashlib.sha256(raw).hexdigest() != entry["sha256"]:
+            raise InvalidDump(f"{where} does not match the SHA-256 its manifest records")
+        try:
+            self._stats = read_stats_file(raw, self.manifest.run_id, where)
+        except ValueError as exc:
+            raise InvalidDump(str(exc)) from None
+        return self._stats
 
     def shard_path(self, shard: ShardEntry) -> str:
         """The file of a listed shard, once it is known to be a regular file in the dump."""

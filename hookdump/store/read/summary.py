@@ -35,11 +35,15 @@ def summarize(
                 summaries[key].count_bytes(dump.row_bytes([key]) * rows)
             for key in keys:
                 own = dataclasses.replace(shard, stop=min(shard.stop, dump.rows_of(key)))
+                shape = dump.manifest.tensors[key]["shape"]
+                if not (dump.row_bytes([key]) <= SLICE_BYTES or not shape or shape[0] < 2):
+                    summaries[key].lose_features()  # read in parts of a row: not as rows
                 for part in _parts(dump, opened, own, key):
                     if isinstance(part, int):
                         summaries[key].stats.add_zeros(part)
+                        summaries[key].lose_features()  # a hole: zeros never read
                     else:
-                        summaries[key].stats.update(part)
+                        summaries[key].add_values(part)
     return summaries
 
 

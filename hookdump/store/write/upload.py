@@ -145,9 +145,13 @@ class Upload:
     def put_json(self, name: str, data: Mapping[str, Any]) -> int:
         """One PUT of a JSON object (a manifest); the bytes written."""
         raw = (json.dumps(data, indent=2) + "\n").encode()
+        self.put_bytes(name, raw)
+        return len(raw)
+
+    def put_bytes(self, name: str, raw: bytes) -> None:
+        """One PUT of a small object."""
         path, fs = self.remote.object(name), self.remote.fs
         self.attempt(f"write {self.url / name}", lambda: fs.pipe_file(path, raw))
-        return len(raw)
 
     def matches(self, name: str, entry: Mapping[str, Any]) -> bool:
         """Whether object `name` is there with the size and SHA-256 its manifest `entry`

@@ -3,6 +3,7 @@ committed, each file replaced atomically, and an old dump moved aside under `--o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.dtypes import dtype_name
 from hookdump.format.keys import KeyInfo
-from hookdump.format.manifest import FORMAT, MANIFEST, recipe, samples_fed
+from hookdump.format.manifest import FORMAT, MANIFEST, STATS_FILE, recipe, samples_fed
 from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
 from hookdump.format.values import format_bytes
 from hookdump.store.folder import (
@@ -408,21 +409,36 @@ class DumpWriter:
             "shards": self.shards,
         }
 
-    def write_manifest(self, complete: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write `manifest.json` (after every shard it lists is on disk) and return it.
+    def write_manifest(
+        self, complete: bool, extra: dict[str, Any] | None = None, stats: bytes | None = None
+    ) -> dict[str, Any]:
+        """Write `manifest.json` (after every shard it lists is on disk, and `stats`, the
+        per-feature statistics' file, if given) and return it.
 
         Incomplete manifests (`complete: false`) list the shards finished so far.
         """
         self._old.clear()
-        manifest = self.manifest(complete, extra)
         if self.upload is not None:
             self.upload.clear_old()
+        if stats is not None:
+            extra = {**(extra or {}), "feature_stats": self._write_stats(stats)}
+        manifest = self.manifest(complete, extra)
+        if self.upload is not None:
             self.upload.put_json(self.names.manifest, manifest)
             return manifest
         written = write_json(self.out / self.names.manifest, manifest)  # in the room's place
         if not complete:
             self._keep_room(MANIFEST_ROOM + 2 * written)
         return manifest
+
+    def _write_stats(self, raw: bytes) -> dict[str, Any]:
+        """Write the per-feature statistics' file; its manifest entry."""
+        if self.upload is not None:
+            self.upload.put_bytes(STATS_FILE, raw)
+        else:
+            self._old.made.add(STATS_FILE)
+            write_durably(self.out / STATS_FILE, raw)
+        return {"file": STATS_FILE, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
     def _keep_room(self, nbytes: int) -> None:
         """Keep the manifest's next temporary file allocated, `nbytes` big: on a disk that
@@ -501,10 +517,13 @@ class DumpWriter:
                 remove_entry(path)
         return writer
 
-    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write the complete manifest, once the old dump's files are gone."""
+    def finish(
+        self, extra: dict[str, Any] | None = None, stats: bytes | None = None
+    ) -> dict[str, Any]:
+        """Write the complete manifest (and `stats`, see `write_manifest`), once the old
+        dump's files are gone."""
         self._old.wait()
-        return self.write_manifest(complete=True, extra=extra)
+        return self.write_manifest(complete=True, extra=extra, stats=stats)
 
 
 def _size(path: Path) -> int:
