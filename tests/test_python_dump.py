@@ -101,6 +101,18 @@ def test_batches_of_different_sizes_and_a_single_tensor(tmp_path: Path) -> None:
     torch.testing.assert_close(one["2"], expected[4:8], rtol=0, atol=0)  # one batch, cut to 4
 
 
+def test_a_model_with_lazy_modules_not_yet_run(tmp_path: Path) -> None:
+    """A `LazyLinear` has no weights until its first forward: the manifest's hash of the
+    model's state took their shape, and the run ended in a traceback."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.LazyLinear(3))
+    batches = [torch.randn(2, 2, 3), torch.randn(3, 2, 3)]
+    dump = hookdump.dump(model, batches, tmp_path / "d", layers="1")
+    with torch.no_grad():
+        own = torch.cat([model(b) for b in batches])
+    torch.testing.assert_close(dump["1"], own)
+
+
 def test_the_manifest_records_the_precision_the_forward_ran_in(tmp_path: Path) -> None:
     model = _net().eval().to(torch.bfloat16)
     d = hookdump.dump(model, torch.randn(2, 4, dtype=torch.bfloat16), tmp_path / "d", layers=["2"])

@@ -45,6 +45,9 @@ def state_sha256(module: nn.Module) -> str:
         for name, tensor in module.state_dict(keep_vars=False).items():
             if not isinstance(tensor, torch.Tensor):
                 continue
+            if nn.parameter.is_lazy(tensor):  # a Lazy module's, made by its first forward
+                digest.update(f"{name}|lazy|".encode())
+                continue
             digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
             flat = tensor.detach().cpu().contiguous().reshape(-1)
             if flat.numel():
