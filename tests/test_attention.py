@@ -36,6 +36,21 @@ def _llama() -> nn.Module:  # rotary, and grouped-query attention: 2 key-value h
     ).eval()
 
 
+def _gemma2() -> nn.Module:  # attention logits soft-capped at 0.5: most scores are capped
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        **SMALL, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=0.5,
+        query_pre_attn_scalar=8, sliding_window=4,
+    )  # fmt: skip
+    config._attn_implementation = "eager"  # sdpa cannot cap: transformers' own choice
+    model = transformers.Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():  # scores large enough for the cap to bite
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight *= 30
+            layer.self_attn.k_proj.weight *= 30
+    return model
+
+
 def _bert() -> nn.Module:  # bidirectional
     torch.manual_seed(0)
     return transformers.BertModel(transformers.BertConfig(**SMALL)).eval()
@@ -63,8 +78,9 @@ def _main(output: Any) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("make", "layer", "index", "kv_heads"),
     [(_gpt2, "transformer.h.1.attn", 1, 4), (_llama, "model.layers.1.self_attn", 1, 2),
-     (_bert, "encoder.layer.0.attention.self", 0, 4)],
-    ids=["gpt2", "llama-gqa-rotary", "bert-padded"],
+     (_bert, "encoder.layer.0.attention.self", 0, 4),
+     (_gemma2, "model.layers.1.self_attn", 1, 2)],
+    ids=["gpt2", "llama-gqa-rotary", "bert-padded", "gemma2-softcap"],
 )  # fmt: skip
 def test_patterns_are_transformers_own_and_the_outputs_do_not_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any, layer: str, index: int,
@@ -83,10 +99,11 @@ def test_patterns_are_transformers_own_and_the_outputs_do_not_change(
         return real(module, *args, **kwargs)
 
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", counted)
+    had = model.config._attn_implementation
     with hookdump.capture(model, layers=[layer], capture=KINDS) as cap, torch.no_grad():
         during = _main(model(**batch))
-    assert len(sdpa_calls) == 1  # the other layer kept SDPA
-    assert model.config._attn_implementation == "sdpa"  # put back
+    assert len(sdpa_calls) == (had == "sdpa")  # the other layer kept SDPA (or eager)
+    assert model.config._attn_implementation == had  # put back
     torch.testing.assert_close(during, before)
     expected = _eager_patterns(model, batch)[index]
     torch.testing.assert_close(cap.tensors[f"{layer}:pattern"], expected)
@@ -94,7 +111,12 @@ def test_patterns_are_transformers_own_and_the_outputs_do_not_change(
     assert cap.tensors[f"{layer}:k"].shape == (2, 7, kv_heads, 8)  # [B, T, kv heads, dim]
     assert cap.tensors[f"{layer}:q"].shape == cap.tensors[f"{layer}:z"].shape == (2, 7, 4, 8)
     scores = cap.tensors[f"{layer}:scores"]
-    torch.testing.assert_close(scores.softmax(-1), expected)
+    torch.testing.assert_close(scores.softmax(-1), expected)  # what the softmax took
+    cap_at = getattr(model.config, "attn_logit_softcapping", None)
+    if cap_at is not None:  # capped before the mask: every attended score within the cap
+        attended = expected > 0
+        assert scores[attended].abs().max() <= cap_at
+        assert scores[attended].abs().max() > 0.9 * cap_at  # and the cap was reached
 
 
 def test_gpt2s_q_k_v_and_z_are_its_projections(tmp_path: Path) -> None:

@@ -158,7 +158,9 @@ def _attention(
         name,
         {
             "pattern": lambda: pattern,
-            "scores": lambda: _scores(query, key, mask, kwargs.get("scaling")),
+            "scores": lambda: _scores(
+                query, key, mask, kwargs.get("scaling"), kwargs.get("softcap")
+            ),
             "q": lambda: query.transpose(1, 2),
             "k": lambda: key.transpose(1, 2),
             "v": lambda: value.transpose(1, 2),
@@ -169,13 +171,20 @@ def _attention(
 
 
 def _scores(
-    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """The scores before the softmax: q·kᵀ (keys repeated for grouped-query heads), scaled
-    and masked; made only when asked for."""
+    """The scores the softmax takes: q·kᵀ (keys repeated for grouped-query heads), scaled,
+    soft-capped where the model caps its attention logits (Gemma 2: cap * tanh(s / cap), as
+    its eager attention does) and masked; made only when asked for."""
     groups = query.shape[1] // key.shape[1]
     keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key
     scores = torch.matmul(query, keys.transpose(2, 3)) * (scaling or query.shape[-1] ** -0.5)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     return scores if mask is None else scores + mask[:, :, :, : keys.shape[-2]]
 
 
