@@ -151,6 +151,39 @@ def test_token_rows_of_a_pattern_are_each_querys_row(tmp_path: Path) -> None:
     assert d.info("transformer.h.1.attn:pattern").shape == (4, 7)  # [heads, T] per token
 
 
+def test_token_rows_of_patterns_keep_one_width_across_batches(gpt2: Path, tmp_path: Path) -> None:
+    """Documents of 3 to 7 tokens in batches of 2, each padded to its longest (dynamic
+    padding): the rows of `pattern` and `scores` are padded along the keys to --max-length
+    as a masked key is (weight 0, the lowest score), and their real part is each
+    document's own pattern, run alone in eager."""
+    corpus = tmp_path / "docs.txt"
+    docs = ["the cat sat", "the dog sat on the mat today", "hello world again now",
+            "a b c d e", "the end"]  # fmt: skip
+    corpus.write_text("\n".join(docs) + "\n")
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--per-token", "--max-length",
+                    "12", "-l", "h.0.attn", "-c", "pattern,scores", "-b", "2", "-q",
+                    "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    pattern, scores = dump["h.0.attn:pattern"], dump["h.0.attn:scores"]
+    assert pattern.shape[1:] == scores.shape[1:] == (2, 12)  # [heads, --max-length]
+    eager = transformers.GPT2Model.from_pretrained(gpt2, attn_implementation="eager").eval()
+    samples, positions = dump["__sample__"].tolist(), dump["__position__"].tolist()
+    ids = dump["__token_ids__"]
+    for sample in sorted(set(samples)):
+        rows = [i for i, s in enumerate(samples) if s == sample]
+        length = len(rows)
+        with torch.no_grad():
+            own = eager(ids[rows][None], output_attentions=True).attentions[0][0]  # [h, T, T]
+        for row in rows:
+            p = positions[row]
+            torch.testing.assert_close(pattern[row, :, :length], own[:, p, :])
+            torch.testing.assert_close(scores[row, :, :length].softmax(-1), own[:, p, :])
+            assert not pattern[row, :, length:].any()
+            assert torch.all(scores[row, :, length:] == torch.finfo(torch.float32).min)
+
+
 def test_attention_kinds_without_attention_modules_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(HookdumpError, match="this model has none"):
         hookdump.capture(nn.Sequential(nn.Linear(2, 2)), capture="pattern")

@@ -406,7 +406,7 @@ def _feed(
 
 def _token_rows(options: TokenOptions, sink: BatchSink, feed: Feed) -> TokenRows:
     special = feed.special_ids if options.skip_special_tokens else []
-    return TokenRows(sink, options.positions, list(special), feed.first)
+    return TokenRows(sink, options.positions, list(special), feed.first, key_width=feed.width)
 
 
 def _part(

@@ -67,6 +67,9 @@ class TokenRows:
     positions: slice = field(default_factory=lambda: slice(None))
     special_ids: list[int] = field(default_factory=list)
     first_sample: int = 0  # a torchrun rank's first sample in the whole dump
+    # text: the most tokens a sample has; token rows of attention patterns and scores are
+    # padded to it (`_of_one_width`), whatever width dynamic padding gave their batch
+    key_width: int | None = None
     skipped: dict[str, dict[str, str]] = field(default_factory=dict)
     _select: torch.Tensor | None = None  # [B, T] booleans of the current batch
     _kept_modules: set[str] = field(default_factory=set)
@@ -111,7 +114,10 @@ class TokenRows:
             )
             return
         self._kept_modules.add(info.module)
-        self.receiver.keep(key, tensor[select.to(tensor.device)], info, fresh=True)
+        rows = tensor[select.to(tensor.device)]
+        if info.kind in ("pattern", "scores") and self.key_width is not None:
+            rows = _of_one_width(rows, info.kind, self.key_width)
+        self.receiver.keep(key, rows, info, fresh=True)
 
     def check_modules(self) -> None:
         """After the first forward: every selected module gave at least one token part."""
@@ -127,3 +133,14 @@ class TokenRows:
         if not reasons:
             return "other values"
         return reasons[0].removeprefix("not [batch, tokens, ...] ").strip("()")
+
+
+def _of_one_width(rows: torch.Tensor, kind: str, width: int) -> torch.Tensor:
+    """Token rows `[n, heads, T]` of a pattern or scores padded along the keys to `width`,
+    as a masked key is: weight 0 in a pattern, the dtype's lowest value in scores (what the
+    mask adds). Batches padded to their longest sample then make rows of one shape."""
+    short = width - rows.shape[-1]
+    if short <= 0:
+        return rows
+    fill = 0.0 if kind == "pattern" else torch.finfo(rows.dtype).min
+    return torch.nn.functional.pad(rows, (0, short), value=fill)

@@ -85,6 +85,7 @@ class Feed:
     # samples expected in all when `total` is not known (text: from the corpus's size)
     estimate: Callable[[], int | None] = lambda: None
     padding: Padding | None = None  # text: how much of what the model computed was padding
+    width: int | None = None  # text: the most tokens a sample has (a batch pads up to it)
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
         """The source's batches of `batch_size`, each with its ids and skipped inputs."""

@@ -296,6 +296,7 @@ def text_feed(
         batches,
         first=first,
         padding=padding,
+        width=sample_length(options, model_positions),
         files=corpus + list(tokenizer_files or []),
         special_ids=list(getattr(tokenizer, "all_special_ids", [])),
         estimate=progress.estimate if progress is not None else lambda: None,
