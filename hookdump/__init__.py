@@ -41,6 +41,7 @@ __all__ = [
     "InvalidDump",
     "KeyInfo",
     "__version__",
+    "aligned",
     "capture",
     "dump",
     "export",
@@ -63,11 +64,13 @@ if TYPE_CHECKING:
     from hookdump.inputs.samples import InputOptions as InputOptions
     from hookdump.inputs.text import TextOptions as TextOptions
     from hookdump.model.prepare import ModelOptions as ModelOptions
+    from hookdump.store.read.aligned import aligned
     from hookdump.store.read.dump import Dump, load
     from hookdump.store.write.writer import DumpOptions as DumpOptions
     from hookdump.tools.export import ExportResult, export
 
 _LAZY = {
+    "aligned": "hookdump.store.read.aligned",
     "dump": "hookdump.engine.live",
     "load": "hookdump.store.read.dump",
     "capture": "hookdump.hooks.capture",

@@ -17,6 +17,8 @@ RESERVED_KEYS = (
     "__sample__",
     "__position__",
 )
+# the columns of token rows: each row's token, its sequence, its position in the sequence
+TOKEN_KEYS = ("__token_ids__", "__sample__", "__position__")
 # set on a module to show this class name instead of its own (unflattened export modules)
 TYPE_ATTRIBUTE = "_hookdump_type"
 

@@ -43,6 +43,7 @@ from safetensors.torch import save_file
 
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
+from hookdump.format.keys import TOKEN_KEYS
 from hookdump.format.manifest import EXPORT_MARKER, STATS_FILE
 from hookdump.store.folder import inside
 from hookdump.store.read.dump import Dump
@@ -52,7 +53,6 @@ MARKER = EXPORT_MARKER  # in every export: what `overwrite` may replace
 CHUNK_BYTES = 64 << 20  # rows read and written at a time, at most
 CHUNK_ROWS = 1 << 20
 ARROW_FILE_BYTES = 512 << 20  # a `datasets` folder's arrow files are about this large
-TOKEN_KEYS = ("__token_ids__", "__sample__", "__position__")
 SAMPLE_ID = "__sample_id__"
 MAX_CONTEXT = 1 << 17  # token rows of one saelens sequence, at most
 MAX_NAME = 200  # characters of a key kept in its file's name (with room for `-N.npy`)

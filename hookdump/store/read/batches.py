@@ -106,7 +106,7 @@ def iter_batches(
         -(-dump.num_samples // MAX_BLOCKS),
     )
     blocks = torch.cat(
-        [_cut(shard.start, shard.stop, block_rows) for shard in dump.shards]
+        [cut_blocks(shard.start, shard.stop, block_rows) for shard in dump.shards]
         or [torch.empty(0, 2, dtype=torch.int64)]
     )
     # two buffers: one given out while the next is read
@@ -115,7 +115,7 @@ def iter_batches(
     return pass_batches(blocks, ShardRows(dump, keys), options, group)
 
 
-def _cut(start: int, stop: int, rows: int) -> torch.Tensor:
+def cut_blocks(start: int, stop: int, rows: int) -> torch.Tensor:
     """[blocks, 2]: `start:stop` cut into row ranges of `rows` (the last may be shorter)."""
     lows = torch.arange(start, stop, rows, dtype=torch.int64)
     return torch.stack([lows, (lows + rows).clamp(max=stop)], dim=1)

@@ -1,0 +1,215 @@
+"""`hookdump.aligned`: rows of keys from several dumps (or several keys of one) read together,
+row i of each the same sample or token, with one shuffle: for crosscoders (a base and a
+fine-tuned model on one corpus) and transcoders (an MLP's input and output).
+
+The dumps must hold the same rows in the same order: the same sample ids, and for token
+rows the same `__sample__`, `__position__` and `__token_ids__` at every row. The manifests'
+row counts and sample ids are compared before anything is read; the token columns are read
+with every block and compared as the pass goes, and the first row where they disagree ends
+it in one line naming it. The pass is `Dump.batches`' own (`store.read.batches`): blocks
+are cut where any of the dumps starts a shard, so every block lies in one shard of each,
+and each block's rows go straight to their places in the batches, dump by dump.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from hookdump.errors import HookdumpError, opt
+from hookdump.format.keys import TOKEN_KEYS
+from hookdump.store.read.batches import (
+    BLOCK_BYTES,
+    MAX_BLOCKS,
+    MIXED,
+    ROW,
+    ROW_OVERHEAD,
+    PassOptions,
+    check,
+    cut_blocks,
+    pass_batches,
+)
+from hookdump.store.read.reader import ShardReader
+from hookdump.store.read.rows import ShardRows
+from hookdump.store.read.scatter import Places
+
+TOKEN_COLUMNS = TOKEN_KEYS  # compared across the dumps, row by row
+
+
+class _Columns:
+    """One dump's share of an aligned pass: its keys under the caller's names."""
+
+    def __init__(self, dump: ShardReader, names: dict[str, str]) -> None:
+        self.dump, self.names = dump, names  # caller's name -> the dump's key
+        self.rows = ShardRows(dump, list(names.values()))
+
+    def renamed(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The dump's keys' tensors under the caller's names."""
+        return {name: values[key] for name, key in self.names.items()}
+
+
+class _AlignedRows:
+    """A pass's `RowSource` over several dumps: each block read from every dump in turn."""
+
+    def __init__(self, columns: list[_Columns]) -> None:
+        self.columns = columns
+        self.ahead = max(c.rows.ahead for c in columns)
+
+    def allocate(self, count: int) -> dict[str, torch.Tensor]:
+        made: dict[str, torch.Tensor] = {}
+        for column in self.columns:
+            made.update(column.renamed(column.rows.allocate(count)))
+        return made
+
+    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
+        for column in self.columns:
+            into = {key: out[name] for name, key in column.names.items()}
+            column.rows.read_into(lo, hi, into)
+
+    def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None:
+        for column in self.columns:
+            batches = [
+                {key: batch[name] for name, key in column.names.items()} for batch in places.batches
+            ]
+            column.rows.scatter(lo, hi, Places(batches, places.size), positions)
+
+    def will_need(self, lo: int, hi: int) -> None:
+        for column in self.columns:
+            column.rows.will_need(lo, hi)
+
+
+def aligned(
+    sources: Mapping[str, tuple[Any, str]],
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    with_index: bool = False,
+    drop_last: bool = False,
+    start: int = 0,
+    buffer_bytes: int = 256 << 20,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Rows of several dumps' keys, aligned and read together, in batches.
+
+    Args:
+        sources: a name for each stream -> (a `Dump`, or its folder or URL; the key to read
+            from it); the batches' dicts use these names.
+        batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes: as in
+            `Dump.batches` (one shuffle for all; `buffer_bytes` bounds them together).
+
+    Raises:
+        HookdumpError: the dumps do not hold the same rows (their row counts, sample ids or,
+            for token rows, the first row whose sample, position or token differs).
+
+    Example:
+        >>> pairs = hookdump.aligned({"base": ("base/", "h.5"), "chat": ("chat/", "h.5")},
+        ...                          4096, shuffle=True)
+        >>> for batch in pairs:
+        ...     train_step(batch["base"], batch["chat"])
+    """
+    from hookdump.store.read.dump import Dump
+
+    if not isinstance(sources, Mapping) or not sources:
+        raise HookdumpError(
+            f"{opt('sources')} must map a name to (dump, key) for each stream, e.g. "
+            '{"base": ("base/", "h.5"), "chat": ("chat/", "h.5")}'
+        )
+    opened: dict[int, tuple[ShardReader, dict[str, str]]] = {}
+    dumps: dict[str, Dump] = {}
+    for name, source in sources.items():
+        if not (isinstance(source, tuple) and len(source) == 2 and isinstance(source[1], str)):
+            raise HookdumpError(f"{opt('sources')}[{name!r}] must be (dump, key), not {source!r}")
+        if not isinstance(name, str) or name == ROW or name.startswith("__"):
+            raise HookdumpError(f"{opt('sources')}: {name!r} is not a name for a stream")
+        dump = source[0] if isinstance(source[0], Dump) else Dump(source[0])
+        dump = dumps.setdefault(str(dump.path), dump)
+        names = opened.setdefault(id(dump), (dump.reader, {}))[1]
+        if source[1] in names.values():
+            raise HookdumpError(
+                f"{opt('sources')} names {source[1]!r} of {dump.path} twice; read it once"
+            )
+        names[name] = source[1]
+    readers = [reader for reader, _ in opened.values()]
+    _check_same_rows(readers)
+    columns = []
+    for index, (reader, names) in enumerate(opened.values()):
+        if reader.manifest.token_rows and len(readers) > 1:  # compared as the pass goes
+            names.update({f"{column}.{index}": column for column in TOKEN_COLUMNS})
+        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start)
+        check(reader, list(dict.fromkeys(names.values())), options)
+        columns.append(_Columns(reader, names))
+    options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
+    blocks, group = _blocks(columns, options)
+    batches = pass_batches(blocks, _AlignedRows(columns), options, group)
+    return _checked(batches, columns, readers)
+
+
+def _check_same_rows(readers: list[ShardReader]) -> None:
+    """The manifests agree: complete, as many rows, the same sample ids, the same kind."""
+    first = readers[0]
+    for other in readers[1:]:
+        where = f"{first.path} and {other.path}"
+        if other.num_samples != first.num_samples:
+            raise HookdumpError(
+                f"{where} hold {first.num_samples} and {other.num_samples} rows; aligned "
+                "reading needs dumps of the same rows (the same input, options and seed)"
+            )
+        if other.manifest.token_rows != first.manifest.token_rows:
+            raise HookdumpError(f"{where}: one holds token rows, the other a row per sample")
+        ids_a, ids_b = first.manifest.sample_ids, other.manifest.sample_ids
+        if ids_a != ids_b:
+            at = next(
+                (i for i, (a, b) in enumerate(zip(ids_a or [], ids_b or [], strict=False))
+                 if a != b),
+                0,
+            )  # fmt: skip
+            raise HookdumpError(
+                f"{where} disagree at sample {at}: their sample ids differ; aligned reading "
+                "needs the same samples in the same order"
+            )
+
+
+def _blocks(columns: list[_Columns], options: PassOptions) -> tuple[torch.Tensor, int]:
+    """The pass's blocks, cut where any dump starts a shard, sized as `Dump.batches` sizes
+    them for every dump's keys together; and how many a buffer holds."""
+    readers = [c.dump for c in columns]
+    row_bytes = sum(c.dump.row_bytes(list(set(c.names.values()))) for c in columns)
+    row_bytes += ROW_OVERHEAD
+    rows = readers[0].num_samples
+    block_rows = max(
+        1, min(BLOCK_BYTES, options.buffer_bytes // MIXED) // row_bytes, -(-rows // MAX_BLOCKS)
+    )
+    bounds = sorted({0, rows, *(s.start for r in readers for s in r.shards)})
+    cuts = [cut_blocks(lo, hi, block_rows) for lo, hi in itertools.pairwise(bounds)]
+    blocks = torch.cat(cuts or [torch.empty(0, 2, dtype=torch.int64)])
+    return blocks, max(1, options.buffer_bytes // 2 // (block_rows * row_bytes))
+
+
+def _checked(
+    batches: Iterator[dict[str, torch.Tensor]],
+    columns: list[_Columns],
+    readers: list[ShardReader],
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The batches, once their token columns agree across the dumps (then left out)."""
+    names = [
+        [f"{column}.{index}" for column in TOKEN_COLUMNS]
+        for index in range(len(columns))
+        if f"{TOKEN_COLUMNS[0]}.{index}" in columns[index].names
+    ]
+    for batch in batches:
+        if names:
+            first = [batch.pop(n) for n in names[0]]
+            for index, others in enumerate(names[1:], 1):
+                theirs = [batch.pop(n) for n in others]
+                for column, a, b in zip(TOKEN_COLUMNS, first, theirs, strict=True):
+                    if not torch.equal(a, b):
+                        at = int((a != b).nonzero()[0])
+                        raise HookdumpError(
+                            f"{readers[0].path} and {readers[index].path} disagree at a "
+                            f"token row: {column} {int(a[at])} against {int(b[at])} (sample "
+                            f"{int(first[0][at])}); aligned reading needs the same tokens"
+                        )
+        yield batch
