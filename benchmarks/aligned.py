@@ -57,7 +57,7 @@ def bench_read(job: Job, reps: int) -> dict[str, Any]:
     def aligned() -> int:
         rows = 0
         sources = {"base": (base, "0"), "tuned": (tuned, "0")}
-        for batch in hookdump.aligned(sources, BATCH, shuffle=True, seed=0):
+        for batch in hookdump.aligned(sources).batches(BATCH, shuffle=True, seed=0):
             rows += len(batch["base"])
         return rows
 

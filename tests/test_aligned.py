@@ -61,8 +61,10 @@ def pair(gpt2: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[hookdump
 def test_a_model_and_its_tuned_copy_read_token_by_token(pair: tuple, shuffle: bool) -> None:
     base, tuned, _ = pair
     sources = {"base": (base, "h.1"), "tuned": (tuned.path, "h.1")}
-    batches = list(hookdump.aligned(sources, 16, shuffle=shuffle, seed=3, with_index=True,
-                                    buffer_bytes=1 << 16))  # fmt: skip
+    pairs = hookdump.aligned(sources)
+    batches = list(
+        pairs.batches(16, shuffle=shuffle, seed=3, with_index=True, buffer_bytes=1 << 16)
+    )
     rows = torch.cat([b["__row__"] for b in batches])
     assert sorted(rows.tolist()) == list(range(base.num_samples))  # every row once
     assert (rows.tolist() == sorted(rows.tolist())) is not shuffle
@@ -83,7 +85,7 @@ def test_an_mlps_input_and_output_from_one_dump(pair: tuple) -> None:
     folder = base.manifest["model"]["spec"].removeprefix("hf:")
     fc = transformers.GPT2Model.from_pretrained(folder).h[1].mlp.c_fc  # x @ weight + bias
     seen = 0
-    for batch in hookdump.aligned(sources, 32, shuffle=True, seed=0):
+    for batch in hookdump.aligned(sources).batches(32, shuffle=True, seed=0):
         with torch.no_grad():
             own = batch["in"] @ fc.weight + fc.bias  # the layer's own output, of its input
         torch.testing.assert_close(batch["out"], own, rtol=1e-5, atol=1e-5)
@@ -94,11 +96,26 @@ def test_an_mlps_input_and_output_from_one_dump(pair: tuple) -> None:
 def test_dumps_of_other_rows_are_refused_in_one_line(pair: tuple) -> None:
     base, tuned, again = pair
     with pytest.raises(hookdump.HookdumpError, match="disagree at a token row: __token_ids__"):
-        list(hookdump.aligned({"a": (base, "h.1"), "b": (again, "h.1")}, 8))
+        list(hookdump.aligned({"a": (base, "h.1"), "b": (again, "h.1")}).batches(8))
     small = hookdump.load(base.path)
     with pytest.raises(hookdump.HookdumpError, match="must map a name to"):
-        hookdump.aligned([(small, "h.1")], 8)  # type: ignore[arg-type]
+        hookdump.aligned([(small, "h.1")])  # type: ignore[arg-type]
     with pytest.raises(hookdump.HookdumpError, match=r"names 'h\.1' of .* twice"):
-        hookdump.aligned({"a": (small, "h.1"), "b": (small.path, "h.1")}, 8)
-    with pytest.raises(hookdump.HookdumpError, match=r"'h\.9' is not in"):
-        hookdump.aligned({"a": (base, "h.9"), "b": (tuned, "h.1")}, 8)
+        hookdump.aligned({"a": (small, "h.1"), "b": (small.path, "h.1")})
+    with pytest.raises(KeyError, match=r"'h\.9' is not in"):
+        hookdump.aligned({"a": (base, "h.9"), "b": (tuned, "h.1")})
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes")
+def test_dataloader_workers_and_ranks_read_every_aligned_row_once(pair: tuple) -> None:
+    base, tuned, _ = pair
+    pairs = hookdump.aligned({"base": (base, "h.1"), "tuned": (tuned, "h.1")})
+    rows: list[int] = []
+    for rank in range(2):
+        data = pairs.dataset(8, shuffle=True, with_index=True, rank=rank, world_size=2)
+        loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2)
+        for batch in loader:
+            assert torch.equal(batch["base"], base["h.1"][batch["__row__"]])
+            assert torch.equal(batch["tuned"], tuned["h.1"][batch["__row__"]])
+            rows += batch["__row__"].tolist()
+    assert sorted(rows) == list(range(base.num_samples))

@@ -1,6 +1,7 @@
-"""`hookdump.aligned`: rows of keys from several dumps (or several keys of one) read together,
-row i of each the same sample or token, with one shuffle: for crosscoders (a base and a
-fine-tuned model on one corpus) and transcoders (an MLP's input and output).
+"""`hookdump.aligned(...)`, an `Aligned`: rows of keys from several dumps (or several keys
+of one) read together, row i of each the same sample or token, with one shuffle: for
+crosscoders (a base and a fine-tuned model on one corpus) and transcoders (an MLP's input
+and output).
 
 The dumps must hold the same rows in the same order: the same sample ids, and for token
 rows the same `__sample__`, `__position__` and `__token_ids__` at every row. The manifests'
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.keys import TOKEN_KEYS
 from hookdump.store.read.batches import (
     BLOCK_BYTES,
+    BUFFER_BYTES,
     MAX_BLOCKS,
     MIXED,
     ROW,
@@ -32,6 +35,7 @@ from hookdump.store.read.batches import (
     cut_blocks,
     pass_batches,
 )
+from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.rows import ShardRows
 from hookdump.store.read.scatter import Places
@@ -81,35 +85,90 @@ class _AlignedRows:
             column.rows.will_need(lo, hi)
 
 
-def aligned(
-    sources: Mapping[str, tuple[Any, str]],
-    batch_size: int,
-    *,
-    shuffle: bool = False,
-    seed: int = 0,
-    with_index: bool = False,
-    drop_last: bool = False,
-    start: int = 0,
-    buffer_bytes: int = 256 << 20,
-) -> Iterator[dict[str, torch.Tensor]]:
-    """Rows of several dumps' keys, aligned and read together, in batches.
+@dataclass(frozen=True)
+class AlignedPass:
+    """A pass over aligned dumps, as `DumpDataset` takes it: each reader and the keys read
+    from it under the caller's names (token columns added where compared)."""
 
-    Args:
-        sources: a name for each stream -> (a `Dump`, or its folder or URL; the key to read
-            from it); the batches' dicts use these names.
-        batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes: as in
-            `Dump.batches` (one shuffle for all; `buffer_bytes` bounds them together).
+    sources: tuple[tuple[ShardReader, dict[str, str]], ...]
 
-    Raises:
-        HookdumpError: the dumps do not hold the same rows (their row counts, sample ids or,
-            for token rows, the first row whose sample, position or token differs).
+    def check(self, options: PassOptions) -> None:
+        for reader, names in self.sources:
+            check(reader, list(names.values()), options)
+
+    def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
+        self.check(options)
+        columns = [_Columns(reader, dict(names)) for reader, names in self.sources]
+        blocks, group = _blocks(columns, options)
+        batches = pass_batches(blocks, _AlignedRows(columns), options, group)
+        return _checked(batches, columns, [reader for reader, _ in self.sources])
+
+
+class Aligned:
+    """Keys of several dumps (or several keys of one) read together: row i of each the same
+    sample or token (see the module's docstring). `batches` and `dataset` take the
+    arguments of `Dump.batches` and `Dump.dataset`; each batch holds a tensor per name.
 
     Example:
-        >>> pairs = hookdump.aligned({"base": ("base/", "h.5"), "chat": ("chat/", "h.5")},
-        ...                          4096, shuffle=True)
-        >>> for batch in pairs:
+        >>> pairs = hookdump.aligned({"base": ("base/", "h.5"), "chat": ("chat/", "h.5")})
+        >>> for batch in pairs.batches(4096, shuffle=True):
         ...     train_step(batch["base"], batch["chat"])
     """
+
+    def __init__(
+        self,
+        sources: Mapping[str, tuple[Any, str]],
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`sources`: a name for each stream -> (a `Dump`, or its folder or URL; the key to
+        read from it). Raises HookdumpError where the dumps' manifests say they do not hold
+        the same rows (their row counts, sample ids); token rows are compared as read."""
+        self.pass_ = AlignedPass(_opened(sources, storage_options))
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        with_index: bool = False,
+        drop_last: bool = False,
+        start: int = 0,
+        buffer_bytes: int = BUFFER_BYTES,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """As `Dump.batches`, one shuffle for every stream (`buffer_bytes` for them all)."""
+        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
+        return self.pass_.batches(options)
+
+    def dataset(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        with_index: bool = False,
+        drop_last: bool = False,
+        start: int = 0,
+        buffer_bytes: int = BUFFER_BYTES,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> DumpDataset:
+        """As `Dump.dataset`: DataLoader workers and ranks together give every row once."""
+        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
+        return DumpDataset(self.pass_, options, rank, world_size)
+
+
+def aligned(
+    sources: Mapping[str, tuple[Any, str]], storage_options: Mapping[str, Any] | None = None
+) -> Aligned:
+    """`Aligned(sources)`: several dumps' keys read together (see `Aligned`)."""
+    return Aligned(sources, storage_options)
+
+
+def _opened(
+    sources: Mapping[str, tuple[Any, str]], storage_options: Mapping[str, Any] | None
+) -> tuple[tuple[ShardReader, dict[str, str]], ...]:
+    """Each dump opened once, with the keys read from it by name; checked alike."""
     from hookdump.store.read.dump import Dump
 
     if not isinstance(sources, Mapping) or not sources:
@@ -117,34 +176,26 @@ def aligned(
             f"{opt('sources')} must map a name to (dump, key) for each stream, e.g. "
             '{"base": ("base/", "h.5"), "chat": ("chat/", "h.5")}'
         )
-    opened: dict[int, tuple[ShardReader, dict[str, str]]] = {}
-    dumps: dict[str, Dump] = {}
+    opened: dict[str, tuple[ShardReader, dict[str, str]]] = {}
     for name, source in sources.items():
         if not (isinstance(source, tuple) and len(source) == 2 and isinstance(source[1], str)):
             raise HookdumpError(f"{opt('sources')}[{name!r}] must be (dump, key), not {source!r}")
         if not isinstance(name, str) or name == ROW or name.startswith("__"):
             raise HookdumpError(f"{opt('sources')}: {name!r} is not a name for a stream")
-        dump = source[0] if isinstance(source[0], Dump) else Dump(source[0])
-        dump = dumps.setdefault(str(dump.path), dump)
-        names = opened.setdefault(id(dump), (dump.reader, {}))[1]
+        dump = source[0] if isinstance(source[0], Dump) else Dump(source[0], storage_options)
+        reader, names = opened.setdefault(str(dump.path), (dump.reader, {}))
         if source[1] in names.values():
             raise HookdumpError(
                 f"{opt('sources')} names {source[1]!r} of {dump.path} twice; read it once"
             )
+        reader.check_key(source[1])
         names[name] = source[1]
     readers = [reader for reader, _ in opened.values()]
     _check_same_rows(readers)
-    columns = []
-    for index, (reader, names) in enumerate(opened.values()):
-        if reader.manifest.token_rows and len(readers) > 1:  # compared as the pass goes
+    if len(readers) > 1 and readers[0].manifest.token_rows:  # compared as the pass goes
+        for index, (_, names) in enumerate(opened.values()):
             names.update({f"{column}.{index}": column for column in TOKEN_COLUMNS})
-        options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start)
-        check(reader, list(dict.fromkeys(names.values())), options)
-        columns.append(_Columns(reader, names))
-    options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
-    blocks, group = _blocks(columns, options)
-    batches = pass_batches(blocks, _AlignedRows(columns), options, group)
-    return _checked(batches, columns, readers)
+    return tuple(opened.values())
 
 
 def _check_same_rows(readers: list[ShardReader]) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -21,8 +23,32 @@ from hookdump.store.read.batches import PassOptions, check, iter_batches
 from hookdump.store.read.reader import ShardReader
 
 
+class Pass(Protocol):
+    """What a dataset reads: its arguments checked, and a pass's batches (picklable, for
+    DataLoader workers started by spawn)."""
+
+    def check(self, options: PassOptions) -> None: ...
+
+    def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]: ...
+
+
+@dataclass(frozen=True)
+class KeysPass:
+    """`keys` of one dump (`Dump.batches`)."""
+
+    dump: ShardReader
+    keys: list[str]
+
+    def check(self, options: PassOptions) -> None:
+        check(self.dump, self.keys, options)
+
+    def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
+        return iter_batches(self.dump, self.keys, options)
+
+
 class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
-    """Batches of `keys` from `dump`, this process's and this worker's share of a pass.
+    """Batches of a `Pass` (`keys` of a dump, or aligned dumps), this process's and this
+    worker's share of a pass.
 
     `options.start` counts the batches this rank's DataLoader gave out before (it takes
     them from its workers in turn), so a rank resumes at its own step, in the same order
@@ -33,18 +59,17 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 
     def __init__(
         self,
-        dump: ShardReader,
-        keys: list[str],
+        source: Pass,
         options: PassOptions,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        check(dump, keys, options)
+        source.check(options)
         if rank is not None or world_size is not None:
             _check_ranks(
                 rank if rank is not None else 0, world_size if world_size is not None else 1
             )
-        self.dump, self.keys, self.options = dump, list(keys), options
+        self.source, self.options = source, options
         self.rank, self.world_size = rank, world_size
         # in shared memory: DataLoader workers that persist across epochs see it change
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -74,7 +99,7 @@ class DumpDataset(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             start=start // workers + int(share < start % workers),
             split=(rank * workers + share, world * workers),
         )
-        return iter_batches(self.dump, self.keys, options)
+        return self.source.batches(options)
 
     def _ranks(self) -> tuple[int, int]:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -17,7 +17,7 @@ from hookdump.format.manifest import EXPORT_MARKER, FORMAT, MANIFEST, Manifest
 from hookdump.format.values import format_bytes
 from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
-from hookdump.store.read.dataset import DumpDataset
+from hookdump.store.read.dataset import DumpDataset, KeysPass
 from hookdump.store.read.manifest import read_manifest, read_remote_manifest
 from hookdump.store.read.reader import ShardReader, allocation_failed
 from hookdump.store.read.shard_file import SafetensorsFile
@@ -216,7 +216,7 @@ class Dump(Mapping[str, torch.Tensor]):
         num_workers=N, pin_memory=True)`. `start` counts this rank's batches.
         """
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
-        return DumpDataset(self.reader, keys, options, rank, world_size)
+        return DumpDataset(KeysPass(self.reader, list(keys)), options, rank, world_size)
 
     def __repr__(self) -> str:
         """The summary in short: the dump, then a line per key (the first REPR_KEYS)."""
