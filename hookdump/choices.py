@@ -9,7 +9,7 @@ from typing import Literal, TypeVar, get_args
 from hookdump.errors import HookdumpError, opt
 
 Reduction = Literal["none", "mean", "max", "flatten", "first", "last"]
-AttentionKind = Literal["pattern", "scores", "q", "k", "v", "z"]
+AttentionKind = Literal["pattern", "scores", "q", "k", "v", "z", "q_pre_rope", "k_pre_rope"]
 CaptureKind = Literal["output", "input", "grad", "ops", AttentionKind]
 # what the manifest's `kind` says of a key
 TensorKind = Literal["output", "input", "grad_output", "grad_input", "op", "tokens", AttentionKind]

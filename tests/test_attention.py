@@ -226,13 +226,42 @@ def test_llamas_q_and_k_are_after_its_own_rotary_and_k_v_keep_the_key_value_head
     for handle in handles:
         handle.remove()
     d = hookdump.dump(model, [batch], tmp_path / "d", layers=["model.layers.0.self_attn"],
-                      capture=["q", "k", "v"])  # fmt: skip
+                      capture=["q", "k", "v", "q_pre_rope", "k_pre_rope"])  # fmt: skip
     cos, sin = seen["rotary"]
     heads = {"q": 4, "k": 2, "v": 2}
     q, k, v = (seen[n].view(2, 7, heads[n], 8).transpose(1, 2) for n in ("q", "k", "v"))
+    # before the rotation: the projections themselves (TransformerLens' hook_q, hook_k)
+    for name, value in (("q_pre_rope", q), ("k_pre_rope", k)):
+        got = d[f"model.layers.0.self_attn:{name}"]
+        torch.testing.assert_close(got, value.transpose(1, 2), rtol=1e-5, atol=1e-6)
     q, k = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
     for name, value in (("q", q), ("k", k), ("v", v)):
         torch.testing.assert_close(d[f"model.layers.0.self_attn:{name}"], value.transpose(1, 2))
+    assert not torch.allclose(q, seen["q"].view(2, 7, 4, 8).transpose(1, 2))  # rotated
+
+
+def test_q_and_k_before_rotary_are_q_and_k_without_it_and_another_rotation_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPT-2 has no rotary embedding: its q and k as they are. A rotation hookdump cannot
+    undo (here, Llama's own function made to rotate the other way) is refused."""
+    from transformers.models.llama import modeling_llama
+
+    kinds = ["q", "k", "q_pre_rope", "k_pre_rope"]
+    d = hookdump.dump(_gpt2(), [_batch()], tmp_path / "g", layers=["transformer.h.0.attn"],
+                      capture=kinds)  # fmt: skip
+    for kind in ("q", "k"):
+        key = f"transformer.h.0.attn:{kind}"
+        assert torch.equal(d[key], d[f"{key}_pre_rope"])
+    real = modeling_llama.apply_rotary_pos_emb
+
+    def other_way(q: Any, k: Any, cos: Any, sin: Any, *rest: Any, **kw: Any) -> Any:
+        return real(q, k, cos, -sin, *rest, **kw)
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", other_way)
+    with pytest.raises(HookdumpError, match="is not the rotate-half kind hookdump can undo"):
+        hookdump.dump(_llama(), [_batch()], tmp_path / "l", layers=["model.layers.0.self_attn"],
+                      capture=kinds)  # fmt: skip
 
 
 @pytest.mark.parametrize("how", ["mean", "max", "first", "last"])

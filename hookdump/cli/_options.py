@@ -26,7 +26,8 @@ CaptureOpt = Annotated[
         metavar="KINDS",
         help="What to capture, a comma list: output, input, grad, ops (the results of the "
         "ops a module's own forward calls: M:op.add), and of attention modules pattern, "
-        "scores, q, k, v, z (M:pattern, [heads, T, T] or [heads, T, head_dim] per sample). "
+        "scores, q, k, v, z (M:pattern, [heads, T, T] or [heads, T, head_dim] per sample), "
+        "q_pre_rope, k_pre_rope (before the rotary embedding). "
         "`layers` lists output and ops.",
     ),
 ]

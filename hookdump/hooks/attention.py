@@ -22,6 +22,7 @@ from torch import nn
 
 from hookdump.choices import ATTENTION_KINDS
 from hookdump.errors import HookdumpError, nearest, opt
+from hookdump.hooks.rotary import unrotated
 
 NAME = "hookdump"
 AttentionSeen = Callable[[str, str, torch.Tensor], None]  # (module, kind, [B, ...] value)
@@ -81,6 +82,9 @@ class AttentionTap:
         self._seen = seen
         self._tokens = tokens
         self._configs: dict[int, Any] = {}
+        # `q_pre_rope`, `k_pre_rope`: each module's rotary embedding, taken by a pre-hook
+        self._rotary: dict[int, Any] = {}
+        self._handles: list[Any] = []
 
     def __enter__(self) -> AttentionTap:
         _register()
@@ -92,12 +96,27 @@ class AttentionTap:
                     self._configs[id(config)] = config
                     _ORIGINAL[id(config)] = config._attn_implementation
                     config._attn_implementation = NAME
+                if {"q_pre_rope", "k_pre_rope"} & set(self._kinds):
+                    self._handles.append(
+                        module.register_forward_pre_hook(self._take_rotary, with_kwargs=True)
+                    )
         except BaseException:
             self.__exit__()
             raise
         return self
 
+    def _take_rotary(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        self._rotary[id(module)] = kwargs.get("position_embeddings")
+
+    def rotary(self, module: nn.Module) -> Any:
+        """The module's rotary embedding (cos, sin) in this forward, or None."""
+        return self._rotary.get(id(module))
+
     def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._rotary.clear()
         for module in self._modules.values():
             _SELECTED.pop(id(module), None)
         for key, config in self._configs.items():
@@ -154,6 +173,7 @@ def _attention(
     name, tap = selected
     mask = _additive(module, query, key, attention_mask)
     output, pattern = _eager(module)(module, query, key, value, mask, **kwargs)
+    unturned = functools.cache(lambda: unrotated(name, module, query, key, tap.rotary(module)))
     tap.report(
         name,
         {
@@ -165,6 +185,8 @@ def _attention(
             "k": lambda: key.transpose(1, 2),
             "v": lambda: value.transpose(1, 2),
             "z": lambda: output,
+            "q_pre_rope": lambda: unturned()[0].transpose(1, 2),
+            "k_pre_rope": lambda: unturned()[1].transpose(1, 2),
         },
     )
     return output, pattern
