@@ -152,11 +152,6 @@ class _Rows:
     def will_need(self, lo: int, hi: int) -> None:
         pass
 
-    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
-        self.log.append((lo, hi))
-        out["id"][:] = ROWS[lo:hi]
-        out["twice"][:] = 2 * ROWS[lo:hi]
-
     def scatter(self, lo: int, hi: int, places: Any, positions: torch.Tensor) -> None:
         self.log.append((lo, hi))
         places.put("id", ROWS[lo:hi], positions)

@@ -14,7 +14,6 @@ and each block's rows go straight to their places in the batches, dump by dump.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,16 +23,12 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.keys import TOKEN_KEYS
 from hookdump.store.read.batches import (
-    BLOCK_BYTES,
     BUFFER_BYTES,
-    MAX_BLOCKS,
-    MIXED,
     ROW,
-    ROW_OVERHEAD,
     PassOptions,
     check,
-    cut_blocks,
     pass_batches,
+    plan_blocks,
 )
 from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.reader import ShardReader
@@ -67,11 +62,6 @@ class _AlignedRows:
         for column in self.columns:
             made.update(column.renamed(column.rows.allocate(count)))
         return made
-
-    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
-        for column in self.columns:
-            into = {key: out[name] for name, key in column.names.items()}
-            column.rows.read_into(lo, hi, into)
 
     def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None:
         for column in self.columns:
@@ -224,19 +214,13 @@ def _check_same_rows(readers: list[ShardReader]) -> None:
 
 
 def _blocks(columns: list[_Columns], options: PassOptions) -> tuple[torch.Tensor, int]:
-    """The pass's blocks, cut where any dump starts a shard, sized as `Dump.batches` sizes
-    them for every dump's keys together; and how many a buffer holds."""
+    """The pass's blocks, cut where any dump starts a shard and sized for every dump's
+    keys together (`plan_blocks`); and how many a buffer takes."""
     readers = [c.dump for c in columns]
     row_bytes = sum(c.dump.row_bytes(list(set(c.names.values()))) for c in columns)
-    row_bytes += ROW_OVERHEAD
     rows = readers[0].num_samples
-    block_rows = max(
-        1, min(BLOCK_BYTES, options.buffer_bytes // MIXED) // row_bytes, -(-rows // MAX_BLOCKS)
-    )
     bounds = sorted({0, rows, *(s.start for r in readers for s in r.shards)})
-    cuts = [cut_blocks(lo, hi, block_rows) for lo, hi in itertools.pairwise(bounds)]
-    blocks = torch.cat(cuts or [torch.empty(0, 2, dtype=torch.int64)])
-    return blocks, max(1, options.buffer_bytes // 2 // (block_rows * row_bytes))
+    return plan_blocks(bounds, row_bytes, options)
 
 
 def _checked(

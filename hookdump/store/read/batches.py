@@ -32,6 +32,7 @@ workers times ranks) together read every row once.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,12 +59,10 @@ RowRange = tuple[int, int]
 
 
 class RowSource(Protocol):
-    """Where a pass reads rows: their form, and rows `lo:hi` read into one's views or
-    straight to their places in the batches."""
+    """Where a pass reads rows: their form (`allocate(0)`), and rows `lo:hi` read straight
+    to their places in the batches."""
 
     def allocate(self, count: int) -> dict[str, torch.Tensor]: ...
-
-    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None: ...
 
     def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None: ...
 
@@ -95,27 +94,36 @@ def iter_batches(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Batches of `keys` as dicts of aligned tensors (see the module's docstring)."""
     check(dump, keys, options)
+    bounds = sorted({0, dump.num_samples, *(shard.start for shard in dump.shards)})
+    blocks, group = plan_blocks(bounds, dump.row_bytes(keys), options)
+    return pass_batches(blocks, ShardRows(dump, keys), options, group)
+
+
+def plan_blocks(
+    bounds: list[int], row_bytes: int, options: PassOptions
+) -> tuple[torch.Tensor, int]:
+    """A pass's blocks ([n, 2] row ranges, none across any of `bounds`: the rows where
+    shards start, 0 and the row count among them), for rows of `row_bytes`; and how many
+    blocks a buffer takes."""
     # a row costs its bytes, its number, its place in the buffer's order and the inverse
     # (int64 each, with copies while they are made): the budget bounds rows of zero bytes
-    row_bytes = dump.row_bytes(keys) + ROW_OVERHEAD
+    row_bytes += ROW_OVERHEAD
     # a buffer holds at least MIXED blocks (unless a row is larger than a block), and a pass
     # at most MAX_BLOCKS (however many rows the shards claim)
     block_rows = max(
         1,
         min(options.block_bytes, options.buffer_bytes // MIXED) // row_bytes,
-        -(-dump.num_samples // MAX_BLOCKS),
+        -(-bounds[-1] // MAX_BLOCKS),
     )
     blocks = torch.cat(
-        [cut_blocks(shard.start, shard.stop, block_rows) for shard in dump.shards]
+        [_cut(lo, hi, block_rows) for lo, hi in itertools.pairwise(bounds)]
         or [torch.empty(0, 2, dtype=torch.int64)]
     )
     # two buffers: one given out while the next is read
-    group = max(1, options.buffer_bytes // 2 // (block_rows * row_bytes))
-
-    return pass_batches(blocks, ShardRows(dump, keys), options, group)
+    return blocks, max(1, options.buffer_bytes // 2 // (block_rows * row_bytes))
 
 
-def cut_blocks(start: int, stop: int, rows: int) -> torch.Tensor:
+def _cut(start: int, stop: int, rows: int) -> torch.Tensor:
     """[blocks, 2]: `start:stop` cut into row ranges of `rows` (the last may be shorter)."""
     lows = torch.arange(start, stop, rows, dtype=torch.int64)
     return torch.stack([lows, (lows + rows).clamp(max=stop)], dim=1)
@@ -233,11 +241,10 @@ def _buffers(
         carry, carried = _taken(rows, mixed, full * size, len(rows)), filled[1]
     if len(carry) and not options.drop_last and given >= options.start and control.take():
         if carried is None:  # passed over: fewer than a batch, read one by one
-            carried = slabs.take(len(carry))
-            for index, row in enumerate(carry.tolist()):
-                source.read_into(
-                    row, row + 1, {k: v[index : index + 1] for k, v in carried.items()}
-                )
+            filled = _filled(source, Fill(slabs, carry, None, size, len(carry)), None, [], control)
+            if filled is None:
+                return
+            carried = filled[1]
         yield _Buffer(carry, None, 0, [], last=carried)
 
 

@@ -127,7 +127,7 @@ class Slabs:
 
     def _one(self, key: str, rows: int) -> torch.Tensor:
         shape, dtype = self._forms[key]
-        nbytes = rows * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        nbytes = rows * math.prod(shape) * dtype.itemsize
         if nbytes == 0:  # rows of no bytes: nothing to keep
             return torch.empty((rows, *shape), dtype=dtype)
         kept = self._kept[key]
