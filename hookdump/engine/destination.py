@@ -170,7 +170,7 @@ class Destination:
             if self.ranks is not None:
                 self.writer.take_over(whole.shards, whole.tensors)
             features = {
-                key: summary.features
+                key: summary.features.fields()
                 for key, summary in whole.summaries.items()
                 if summary.features is not None and key in whole.tensors
             }

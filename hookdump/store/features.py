@@ -2,7 +2,7 @@
 finite values, their mean and variance (Chan et al.'s parallel update, float64), minimum and
 maximum; and the mean L2 norm of a row, which sparse-autoencoder trainers scale by. They
 merge exactly across batches, ranks and resumed runs, and go into the dump's
-`stats.safetensors` (`to_tensors`, `from_tensors`).
+`stats.safetensors` (`stats_file`, `read_stats_file`).
 
 A key's features are its last dimension, or the channel of a `[C, H, W]` sample: a sample of
 shape `[T, D]` gives T rows of D features, one of `[C, H, W]` H * W rows of C. Only floating
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +115,10 @@ class FeatureStats:
         self.rows += other.rows
         self.norm_sum += other.norm_sum
 
-    def to_tensors(self, key: str) -> dict[str, torch.Tensor]:
-        """The tensors `stats.safetensors` holds for `key` (`KEY/FIELD`)."""
+    def fields(self) -> dict[str, torch.Tensor]:
+        """The tensors `stats.safetensors` holds for a key, by field (`FIELDS`)."""
         var = self.m2 / self.count.clamp(min=1)
-        values = {
+        return {
             "count": self.count,
             "mean": self.mean,
             "var": torch.where(self.count > 0, var, torch.nan),
@@ -128,16 +129,14 @@ class FeatureStats:
             ),
             "rows": torch.tensor(self.rows),
         }
-        return {f"{key}/{name}": value for name, value in values.items()}
 
 
-def stats_file(features: dict[str, FeatureStats], run_id: str | None) -> bytes:
-    """The bytes of `stats.safetensors`: every key's statistics (`KEY/FIELD`)."""
+def stats_file(fields: Mapping[str, Mapping[str, torch.Tensor]], run_id: str | None) -> bytes:
+    """The bytes of `stats.safetensors`: every key's fields (`KEY/FIELD`), as a dump holds
+    them and an export carries them."""
     from safetensors.torch import save
 
-    tensors: dict[str, torch.Tensor] = {}
-    for key, stats in features.items():
-        tensors.update(stats.to_tensors(key))
+    tensors = {f"{key}/{name}": value for key, by in fields.items() for name, value in by.items()}
     return save(tensors, metadata={"format": "hookdump/1", "run_id": run_id or ""})
 
 

@@ -39,12 +39,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
 from hookdump.format.keys import TOKEN_KEYS
 from hookdump.format.manifest import EXPORT_MARKER, STATS_FILE
+from hookdump.store.features import stats_file
 from hookdump.store.folder import inside
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.direct_io import allocate, pwrite_all
@@ -171,12 +171,8 @@ def _statistics(
     chosen = [key for key in keys if key in found]
     if not chosen:
         return {}
-    tensors = {
-        f"{names.get(key, key)}/{field}": value
-        for key in chosen
-        for field, value in found[key].items()
-    }
-    save_file(tensors, str(temp / STATS_FILE), metadata={"run_id": dump.manifest.run_id or ""})
+    fields = {names.get(key, key): found[key] for key in chosen}
+    (temp / STATS_FILE).write_bytes(stats_file(fields, dump.manifest.run_id))
     brief: dict[str, dict[str, float | None]] = {}
     for key in chosen:
         norm, features = float(found[key]["norm_mean"]), found[key]["mean"].numel()

@@ -35,8 +35,7 @@ def summarize(
                 summaries[key].count_bytes(dump.row_bytes([key]) * rows)
             for key in keys:
                 own = dataclasses.replace(shard, stop=min(shard.stop, dump.rows_of(key)))
-                shape = dump.manifest.tensors[key]["shape"]
-                if not (dump.row_bytes([key]) <= SLICE_BYTES or not shape or shape[0] < 2):
+                if not _whole_rows(dump, key):
                     summaries[key].lose_features()  # read in parts of a row: not as rows
                 for part in _parts(dump, opened, own, key):
                     if isinstance(part, int):
@@ -47,6 +46,13 @@ def summarize(
     return summaries
 
 
+def _whole_rows(dump: ShardReader, key: str) -> bool:
+    """Whether `key` is read whole rows at a time (a row larger than a slice, of more than
+    one part along its first dimension, is read a part at a time)."""
+    shape = dump.manifest.tensors[key]["shape"]
+    return dump.row_bytes([key]) <= SLICE_BYTES or not shape or shape[0] < 2
+
+
 def _parts(
     dump: ShardReader, opened: SafetensorsFile, shard: ShardEntry, key: str
 ) -> Iterator[torch.Tensor | int]:
@@ -55,7 +61,7 @@ def _parts(
     bytes on disk rather than the rows a header claims."""
     per_row, shape = dump.row_bytes([key]), dump.manifest.tensors[key]["shape"]
     per_element = ITEMSIZE.get(dump.manifest.tensors[key]["dtype"], 8)
-    if per_row <= SLICE_BYTES or not shape or shape[0] < 2:
+    if _whole_rows(dump, key):
         for lo, hi in dump.slices(shard, [key]):
             first = (lo - shard.start) * per_row
             if not opened.holds_data(key, first, (hi - lo) * per_row):
