@@ -10,15 +10,11 @@ if TYPE_CHECKING:
     import torch
 
 # keys the dump keeps for the input itself and for token rows: never a module's
-RESERVED_KEYS = (
-    "__input_ids__",
-    "__attention_mask__",
-    "__token_ids__",
-    "__sample__",
-    "__position__",
-)
+INPUT_IDS, ATTENTION_MASK = "__input_ids__", "__attention_mask__"  # a text dump's input
 # the columns of token rows: each row's token, its sequence, its position in the sequence
-TOKEN_KEYS = ("__token_ids__", "__sample__", "__position__")
+TOKEN_IDS, SAMPLE, POSITION = "__token_ids__", "__sample__", "__position__"
+TOKEN_KEYS = (TOKEN_IDS, SAMPLE, POSITION)
+RESERVED_KEYS = (INPUT_IDS, ATTENTION_MASK, *TOKEN_KEYS)
 # set on a module to show this class name instead of its own (unflattened export modules)
 TYPE_ATTRIBUTE = "_hookdump_type"
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.keys import KeyInfo
+from hookdump.format.keys import POSITION, SAMPLE, TOKEN_IDS, KeyInfo
 from hookdump.format.manifest import recipe
 from hookdump.hooks.capture import Receiver
 from hookdump.inputs.samples import Batch
@@ -86,9 +86,9 @@ class TokenRows:
         self._select = select
         samples = select.nonzero(as_tuple=True)[0]
         return int(select.sum()), {
-            "__token_ids__": ids[select].cpu(),
-            "__sample__": (samples + batch.start + self.first_sample).cpu(),
-            "__position__": order[select].cpu(),
+            TOKEN_IDS: ids[select].cpu(),
+            SAMPLE: (samples + batch.start + self.first_sample).cpu(),
+            POSITION: order[select].cpu(),
         }
 
     def _in_positions(self, order: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS
 from hookdump.format.rows import SampleIds
 from hookdump.inputs.samples import Batch, Feed
 
@@ -150,7 +151,7 @@ def _batch(item: Any, given: PythonData, start: int) -> Batch:
                 f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} of the batch "
                 f"at row {start} must both be [batch, tokens]"
             )
-        stored = {"__input_ids__": ids.cpu(), "__attention_mask__": mask.cpu()}
+        stored = {INPUT_IDS: ids.cpu(), ATTENTION_MASK: mask.cpu()}
         payload = item if given.forward is not None else None
         kwargs = {**item, **_positions_of(item, mask, given)}
         return Batch((), kwargs, start, stop, stored, given.forward, payload)

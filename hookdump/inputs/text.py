@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS
 from hookdump.format.manifest import recipe
 from hookdump.format.rows import SampleIds
 from hookdump.inputs.corpus import PIECE, ReadProgress, content_bytes, documents, text_files
@@ -310,9 +311,9 @@ def _batch(
     tokens = torch.tensor([ids + [pad] * (width - len(ids)) for ids in samples])
     real = torch.tensor([len(ids) for ids in samples])
     mask = (torch.arange(width)[None, :] < real[:, None]).long()
-    stored = {"__input_ids__": tokens}
+    stored = {INPUT_IDS: tokens}
     if not packed:
-        stored["__attention_mask__"] = mask
+        stored[ATTENTION_MASK] = mask
     return Batch(
         (),
         {"input_ids": tokens, "attention_mask": mask},

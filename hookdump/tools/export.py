@@ -42,7 +42,7 @@ import torch
 
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
-from hookdump.format.keys import TOKEN_KEYS
+from hookdump.format.keys import POSITION, SAMPLE, TOKEN_IDS, TOKEN_KEYS
 from hookdump.format.manifest import EXPORT_MARKER, STATS_FILE
 from hookdump.store.features import stats_file
 from hookdump.store.folder import inside
@@ -438,13 +438,13 @@ def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expor
         | {SAMPLE_ID: datasets.Value("string")}
     )
     tokens = dump.manifest.token_rows
-    read = keys + (["__sample__"] if tokens and "__sample__" not in keys else [])
+    read = keys + ([SAMPLE] if tokens and SAMPLE not in keys else [])
     ids = dump.manifest.sample_ids or []  # none: ids are row numbers
     folder = _ArrowFolder(temp, features)
     row = 0
     for chunk in _chunks(dump, read) if dump.num_samples else ():
         size = len(chunk[read[0]])
-        samples = chunk["__sample__"].tolist() if tokens else range(row, row + size)
+        samples = chunk[SAMPLE].tolist() if tokens else range(row, row + size)
         columns: dict[str, Any] = {key: _numpy(chunk[key], dtypes[key]) for key in keys}
         columns[SAMPLE_ID] = [str(ids[i]) if 0 <= i < len(ids) else str(i) for i in samples]
         folder.write(columns, size * dump.reader.row_bytes(keys))
@@ -525,7 +525,7 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
     for chunk in _chunks(dump, read):
         if held is not None:
             chunk = {k: torch.cat([held[k], chunk[k]]) for k in read}
-        samples = chunk["__sample__"]
+        samples = chunk[SAMPLE]
         cuts = (samples[1:] != samples[:-1]).nonzero().flatten() + 1
         bounds = [0, *cuts.tolist(), len(samples)]
         context = context or (bounds[1] - bounds[0] if len(bounds) > 2 else None)
@@ -536,7 +536,7 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
         if context is not None and whole:
             yield (
                 chunk[key][:whole].reshape(-1, context, *chunk[key].shape[1:]),
-                chunk["__token_ids__"][:whole].reshape(-1, context),
+                chunk[TOKEN_IDS][:whole].reshape(-1, context),
             )
         held = {k: v[whole:] for k, v in chunk.items()}
         if len(held[key]) > (context or MAX_CONTEXT):  # never a sequence held whole
@@ -547,14 +547,14 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
         _check_sequence(dump, held, 0, size, context)
         yield (
             held[key].reshape(1, size, *held[key].shape[1:]),
-            held["__token_ids__"].reshape(1, size),
+            held[TOKEN_IDS].reshape(1, size),
         )
 
 
 def _check_sequence(
     dump: Dump, rows: dict[str, torch.Tensor], lo: int, hi: int, context: int | None
 ) -> None:
-    positions = rows["__position__"][lo:hi]
+    positions = rows[POSITION][lo:hi]
     steps = positions[1:] - positions[:-1]
     if hi - lo > MAX_CONTEXT and context == MAX_CONTEXT:
         raise HookdumpError(
@@ -562,7 +562,7 @@ def _check_sequence(
             f"than {MAX_CONTEXT:,} token rows, longer than any context SAELens trains on"
         )
     if hi - lo != context or bool((steps != 1).any()):
-        sample = int(rows["__sample__"][lo])
+        sample = int(rows[SAMPLE][lo])
         raise HookdumpError(
             f"{opt('to')} saelens needs every sequence's tokens in order, as many each: sample "
             f"{sample} of {dump.path} has {hi - lo} token rows"

@@ -35,8 +35,6 @@ from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.rows import ShardRows
 from hookdump.store.read.scatter import Places
 
-TOKEN_COLUMNS = TOKEN_KEYS  # compared across the dumps, row by row
-
 
 class _Columns:
     """One dump's share of an aligned pass: its keys under the caller's names."""
@@ -184,7 +182,7 @@ def _opened(
     _check_same_rows(readers)
     if len(readers) > 1 and readers[0].manifest.token_rows:  # compared as the pass goes
         for index, (_, names) in enumerate(opened.values()):
-            names.update({f"{column}.{index}": column for column in TOKEN_COLUMNS})
+            names.update({f"{column}.{index}": column for column in TOKEN_KEYS})
     return tuple(opened.values())
 
 
@@ -230,16 +228,16 @@ def _checked(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The batches, once their token columns agree across the dumps (then left out)."""
     names = [
-        [f"{column}.{index}" for column in TOKEN_COLUMNS]
+        [f"{column}.{index}" for column in TOKEN_KEYS]
         for index in range(len(columns))
-        if f"{TOKEN_COLUMNS[0]}.{index}" in columns[index].names
+        if f"{TOKEN_KEYS[0]}.{index}" in columns[index].names
     ]
     for batch in batches:
         if names:
             first = [batch.pop(n) for n in names[0]]
             for index, others in enumerate(names[1:], 1):
                 theirs = [batch.pop(n) for n in others]
-                for column, a, b in zip(TOKEN_COLUMNS, first, theirs, strict=True):
+                for column, a, b in zip(TOKEN_KEYS, first, theirs, strict=True):
                     if not torch.equal(a, b):
                         at = int((a != b).nonzero()[0])
                         raise HookdumpError(

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.format.keys import SAMPLE
 from hookdump.store.read.dump import Dump
 from hookdump.tools.pictures import charts, grids
 from hookdump.tools.pictures.canvas import Picture, check_format
-from hookdump.tools.pictures.tokens import SAMPLE, Tokens, row_token, sample_tokens
+from hookdump.tools.pictures.tokens import Tokens, row_token, sample_tokens
 
 MAX_ROW_BYTES = 256 << 20
 MAX_SUGGESTED = 100_000  # the most sample ids searched for a did-you-mean

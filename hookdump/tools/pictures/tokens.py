@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-INPUT_IDS, MASK = "__input_ids__", "__attention_mask__"  # what a text dump keeps of its input
-TOKEN_IDS, SAMPLE, POSITION = "__token_ids__", "__sample__", "__position__"  # token rows
+from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS, POSITION, SAMPLE, TOKEN_IDS
+
 _VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "↵"})
 
 
@@ -42,8 +42,8 @@ def sample_tokens(dump: Any, sample: int) -> Tokens | None:
         return None
     ids = [int(i) for i in dump.row(INPUT_IDS, sample).tolist()]
     real = [True] * len(ids)
-    if MASK in dump:
-        real = [bool(m) for m in dump.row(MASK, sample).tolist()][: len(ids)]
+    if ATTENTION_MASK in dump:
+        real = [bool(m) for m in dump.row(ATTENTION_MASK, sample).tolist()][: len(ids)]
     return Tokens(written(dump, ids), real)
 
 
