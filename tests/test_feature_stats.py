@@ -76,6 +76,27 @@ def test_nonfinite_values_are_left_out_feature_by_feature(tmp_path: Path) -> Non
     assert int(stats["rows"]) == 2 + 2 + 0  # rows wholly finite: 2, 4 of the first two
 
 
+class _NoFeatures(nn.Module):
+    """An output of no features (`[B, 0]`): rows without values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x[:, :0])
+
+
+def test_rows_of_no_features_are_counted(tmp_path: Path) -> None:
+    """A key of shape [0] (it made the statistics' reshape fail, and the run with it)."""
+    dump = hookdump.dump(_NoFeatures(), [torch.randn(3, 4), torch.randn(2, 4)], tmp_path / "d",
+                         layers="out")  # fmt: skip
+    assert dump["out"].shape == (5, 0)
+    stats = dump.stats("out")
+    assert stats["mean"].shape == (0,) and int(stats["rows"]) == 5
+    assert float(stats["norm_mean"]) == 0.0  # each row's norm: 0
+
+
 def test_token_rows_take_real_tokens_only(gpt2: Path, tmp_path: Path) -> None:
     """--per-token dumps only real tokens; the statistics are over those rows (and the
     integer keys, token ids and positions, have none)."""

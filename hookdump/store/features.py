@@ -23,13 +23,13 @@ F64 = torch.float64
 
 
 def as_rows(tensor: torch.Tensor) -> torch.Tensor:
-    """A batch of samples as rows of features (see the module's docstring)."""
-    sample = tensor.shape[1:]
+    """A batch of samples as rows of features (see the module's docstring); the rows are
+    counted, not left to `reshape`, which cannot infer them for rows of no features."""
+    sample = tuple(tensor.shape[1:])
     if len(sample) == 3:
-        return tensor.movedim(1, -1).reshape(-1, sample[0])
-    if not sample:
-        return tensor.reshape(-1, 1)
-    return tensor.reshape(-1, sample[-1])
+        tensor = tensor.movedim(1, -1)  # the channel last
+    rows = tensor.shape[:-1].numel() if sample else len(tensor)
+    return tensor.reshape(rows, features_of(sample))
 
 
 def features_of(shape: tuple[int, ...]) -> int:
