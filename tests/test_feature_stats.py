@@ -95,6 +95,12 @@ def test_rows_of_no_features_are_counted(tmp_path: Path) -> None:
     stats = dump.stats("out")
     assert stats["mean"].shape == (0,) and int(stats["rows"]) == 5
     assert float(stats["norm_mean"]) == 0.0  # each row's norm: 0
+    # read back (as a resumed run reads its kept shards), such a key is not read at all: its
+    # rows would go uncounted, so it has no statistics rather than a short count
+    from hookdump.store.read.summary import summarize
+
+    summary = summarize(dump.reader)["out"]
+    assert summary.features is None and summary.features_lost
 
 
 def test_token_rows_take_real_tokens_only(gpt2: Path, tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ def summarize(
     keys = [
         key for key in dump.manifest.tensors if dump.row_bytes([key])
     ]  # zero-width: nothing to read
+    for key in summaries.keys() - set(keys):
+        summaries[key].lose_features()  # never read: its rows are not counted here
     for shard in dump.shards if shards is None else shards:
         with dump.open(shard, keys) as opened:
             for key in dump.manifest.tensors:
