@@ -35,15 +35,16 @@ def unrotated(
         return query, key
     cos, sin = embeddings
     width = cos.shape[-1]
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # over the heads
+    over_heads = cos.unsqueeze(1), sin.unsqueeze(1)
 
     def back(x: torch.Tensor) -> torch.Tensor:
         turned, rest = x[..., :width], x[..., width:]
-        return torch.cat([turned * cos - _rotate_half(turned) * sin, rest], dim=-1)
+        c, s = over_heads
+        return torch.cat([turned * c - _rotate_half(turned) * s, rest], dim=-1)
 
     q, k = back(query), back(key)
     apply = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", None)
-    again = apply(q, k, cos.squeeze(1), sin.squeeze(1)) if callable(apply) else None
+    again = apply(q, k, cos, sin) if callable(apply) else None
     scale = max(float(query.abs().max()), float(key.abs().max()), 1.0)
     if again is None or not all(
         torch.allclose(a, b, rtol=1e-4, atol=1e-4 * scale)
