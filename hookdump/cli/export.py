@@ -35,7 +35,8 @@ def export(
         typer.Option(
             "--hook-name",
             metavar="NAME",
-            help="saelens: the activations' column, SAELens' hook_name (default: the key).",
+            help="saelens: the activations' column, SAELens' hook_name (default: the key's "
+            "standard name, blocks.N.hook_resid_post, where the dump records one; else the key).",
             show_default=False,
         ),
     ] = None,

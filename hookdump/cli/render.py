@@ -305,10 +305,7 @@ def layers_table(rows: Sequence[LayerRow], width: int | None = None, indent: boo
         _Column("name", [Text(printable(name)) for name in names]),
         _Column(
             "class",
-            [
-                Text(printable(row.module_type + (" (attention)" if row.attention else "")))
-                for row in rows
-            ],
+            [Text(printable(row.shown_class)) for row in rows],
         ),
         _Column("params", [Text(f"{row.params:,}") for row in rows], "right"),
         _Column("output (per sample)", [Text(printable(format_outputs(row))) for row in rows]),

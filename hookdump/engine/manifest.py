@@ -14,7 +14,7 @@ import torch
 from hookdump._version import __version__
 from hookdump.engine.options import RunOptions
 from hookdump.format.dtypes import dtype_name
-from hookdump.hooks.selection import select_modules
+from hookdump.hooks.selection import select
 from hookdump.inputs.corpus import corpus_kind
 from hookdump.inputs.samples import Feed, SampleForm
 from hookdump.model.loading import LoadedModel
@@ -36,7 +36,7 @@ def manifest_fields(
     the selection as the hooks will make it; `processes`: torchrun's (None: one), which
     `--resume` checks it goes on with."""
     capture = options.capture
-    modules = list(select_modules(loaded.module, capture.layers, capture.exclude, capture.types))
+    selection = select(loaded.module, capture.layers, capture.exclude, capture.types)
     fields = {
         "model": loaded.manifest_entry(),
         "command": _scrubbed(options),
@@ -46,7 +46,8 @@ def manifest_fields(
             "layers": list(capture.layers),
             "exclude": list(capture.exclude),
             "types": list(capture.types),
-            "modules": modules,
+            "modules": list(selection.modules),
+            "standard_names": {name: site.module for name, site in selection.sites.items()},
         },
         "capture": list(capture.kinds),
         "reduce": capture.reduce,

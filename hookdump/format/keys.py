@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
 # keys the dump keeps for the input itself and for token rows: never a module's
 INPUT_IDS, ATTENTION_MASK = "__input_ids__", "__attention_mask__"  # a text dump's input
@@ -17,6 +18,12 @@ TOKEN_KEYS = (TOKEN_IDS, SAMPLE, POSITION)
 RESERVED_KEYS = (INPUT_IDS, ATTENTION_MASK, *TOKEN_KEYS)
 # set on a module to show this class name instead of its own (unflattened export modules)
 TYPE_ATTRIBUTE = "_hookdump_type"
+ROOT = "__root__"  # the model itself, in module names and keys
+
+
+def module_type_name(module: nn.Module) -> str:
+    """The module's class name (the original one, for modules restored from an export)."""
+    return getattr(module, TYPE_ATTRIBUTE, None) or type(module).__name__
 
 
 def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
@@ -56,6 +63,7 @@ class KeyInfo:
     shape: tuple[int, ...]
     dtype: torch.dtype
     rows: int | None = None
+    standard_name: str | None = None  # the value's standard name (`hooks.names`), if any
 
     @property
     def nbytes(self) -> int | None:

@@ -207,7 +207,7 @@ def _check_tensor(key: Any, meta: Any, bad: Any) -> None:
         _count(dim, f"{where} 'shape'", bad)
     if meta.get("dtype") not in DTYPES:
         raise bad(f"{where} has 'dtype' {str(meta.get('dtype'))[:40]!r}, not one of {DTYPES}")
-    for name in ("module_type", "part"):
+    for name in ("module_type", "part", "standard_name"):
         if meta.get(name) is not None and not isinstance(meta[name], str):
             raise bad(f"{where} has {name!r} {_kind(meta[name])}, not a string")
 

@@ -32,9 +32,10 @@ from hookdump.choices import (
 from hookdump.errors import HookdumpError, keywords_checked, opt
 from hookdump.format.keys import RESERVED_KEYS, KeyInfo, tensor_key
 from hookdump.hooks.attention import AttentionTap, check_selection
+from hookdump.hooks.names import Side, Site, first_names, name_of, standard_sites
 from hookdump.hooks.ops import OpRecorder, check_patterns
 from hookdump.hooks.reduce import channels_first, reduce_attention, reduce_tensor
-from hookdump.hooks.selection import module_type_name, select_modules
+from hookdump.hooks.selection import Selection, module_type_name, named_modules, select
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,26 @@ class _Attached:
             stack.close()
 
 
+@dataclass(frozen=True)
+class _Targets:
+    """What the hooks go on: every hooked module, those picked by name, the standard names
+    picked of each module, and the standard name of every value that has one."""
+
+    modules: dict[str, nn.Module]
+    named: dict[str, nn.Module]
+    sites: dict[str, list[Site]]
+    standard: dict[tuple[str, Side], str]
+
+    @classmethod
+    def of(cls, model: nn.Module, selection: Selection) -> _Targets:
+        every = named_modules(model)
+        sites: dict[str, list[Site]] = {}
+        for site in selection.sites.values():
+            sites.setdefault(site.module, []).append(site)
+        standard = first_names(standard_sites(every))
+        return cls(selection.hooked(every), selection.modules, sites, standard)
+
+
 def _restore_modes(modes: list[tuple[nn.Module, bool]]) -> None:
     for module, training in modes:
         module.training = training
@@ -239,9 +260,11 @@ class Capture:
     ) -> None:
         self.reduce = parse_reduction(reduce)
         self.model = model
-        self.modules = select_modules(model, _as_list(layers), _as_list(exclude), _as_list(types))
+        selection = select(model, _as_list(layers), _as_list(exclude), _as_list(types))
+        self._targets = _Targets.of(model, selection)
         self.kinds = parse_capture(capture)
-        check_selection(model, self.modules, self.kinds)
+        _check_kinds(self.kinds, self.named, selection.sites)
+        check_selection(model, self.named, self.kinds)
         self.train = train
         self._receiver: Receiver = receiver or _Tensors()
         # the current batch's attention mask ([B, T]): token reductions skip the padding
@@ -251,6 +274,21 @@ class Capture:
         self.ops = tuple(ops)
         self._calls = _Calls()
         self._attached = _Attached()
+
+    @property
+    def modules(self) -> dict[str, nn.Module]:
+        """Every hooked module by name, in registration order."""
+        return self._targets.modules
+
+    @property
+    def named(self) -> dict[str, nn.Module]:
+        """The modules selected by their own names: `kinds` are taken of these."""
+        return self._targets.named
+
+    @property
+    def sites(self) -> dict[str, list[Site]]:
+        """module -> the standard names selected of it (`hooks.names`)."""
+        return self._targets.sites
 
     @property
     def calls(self) -> dict[str, int]:
@@ -303,10 +341,10 @@ class Capture:
         per_kind = {kind: 32 if kind == "ops" else 2 for kind in self.kinds}
         return [
             f"{name}:{kind}.part_{n:02d}@{n}"
-            for name in self.modules
+            for name in self.named
             for kind, count in per_kind.items()
             for n in range(count)
-        ]
+        ] + [f"{site.name}@{n}" for sites in self.sites.values() for site in sites for n in (1, 2)]
 
     @contextlib.contextmanager
     def counting_only(self) -> Iterator[None]:
@@ -335,13 +373,13 @@ class Capture:
                     module.register_forward_hook(self._post_hook(name, module_type))
                 )
             if "ops" in self.kinds:
-                recorder = OpRecorder(self.model, list(self.modules), self.ops, self._record_op)
+                recorder = OpRecorder(self.model, list(self.named), self.ops, self._record_op)
                 stack.callback(recorder.remove)
                 attached.recorder = stack.enter_context(recorder)
             inside = [kind for kind in self.kinds if kind in ATTENTION_KINDS]
             if inside:
                 rows = bool(getattr(self._receiver, "token_rows", False))
-                tap = AttentionTap(self.model, self.modules, inside, self._record_inside, rows)
+                tap = AttentionTap(self.model, self.named, inside, self._record_inside, rows)
                 attached.tap = stack.enter_context(tap)
             attached.stack = stack.pop_all()
         return self
@@ -374,30 +412,53 @@ class Capture:
         return tensors
 
     def _pre_hook(self, name: str, module_type: str) -> Callable[..., None]:
+        kinds = self.kinds if name in self.named else ()
+        sites = [site for site in self.sites.get(name, ()) if site.side == "input"]
+
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             call = self._calls.enter(name)
             inputs = [(str(i), arg) for i, arg in enumerate(args)] + list(kwargs.items())
             with self._attached.quiet():
                 for part, arg in inputs:
-                    if "input" in self.kinds:
+                    if "input" in kinds:
                         self._record(name, module_type, "input", part, arg, call)
-                    if "grad" in self.kinds:
+                    if "grad" in kinds:
                         self._hook_grads(name, module_type, "grad_input", part, arg, call)
+                if sites:
+                    first = inputs[0] if args else ("hidden_states", kwargs.get("hidden_states"))
+                    self._record_sites(sites, module_type, first, call)
 
         return hook
 
     def _post_hook(self, name: str, module_type: str) -> Callable[..., None]:
+        kinds = self.kinds if name in self.named else ()
+        sites = [site for site in self.sites.get(name, ()) if site.side == "output"]
+
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             call = self._calls.leave(name)
             with self._attached.quiet():
-                if "output" in self.kinds:
+                if "output" in kinds:
                     self._record(name, module_type, "output", None, output, call)
-                if "grad" in self.kinds:
+                if "grad" in kinds:
                     self._hook_grads(name, module_type, "grad_output", None, output, call)
+                if sites:
+                    self._record_sites(sites, module_type, next(flatten(output)), call)
             if self._calls.last_needed(name, call):
                 raise StopForward
 
         return hook
+
+    def _record_sites(
+        self, sites: list[Site], module_type: str, first: tuple[str | None, Any], call: int
+    ) -> None:
+        """The value standard names take: a module's hidden states, or its output's first."""
+        part, value = first
+        for site in sites:
+            key = f"{site.name}@{call}" if call else site.name
+            if not isinstance(value, torch.Tensor):
+                self.skipped.setdefault(key, Skipped(key, type(value).__name__))
+                continue
+            self._keep(key, site.module, module_type, site.side, call, part, value, site.name)
 
     def _record(
         self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int
@@ -418,8 +479,10 @@ class Capture:
         call: int,
         part: str | None,
         tensor: torch.Tensor,
+        standard: str | None = None,
     ) -> None:
-        """Note where `key` came from (once) and keep a copy of its value."""
+        """Note where `key` came from (once) and keep a copy of its value; `standard`: the
+        standard name it is kept under (else the one its value has, if any)."""
         known = self.info.get(key)
         if known is None and key in RESERVED_KEYS:
             raise HookdumpError(
@@ -428,6 +491,8 @@ class Capture:
             )
         if known is None:
             rows = tensor.shape[0] if tensor.dim() else None
+            if standard is None and call == 0:
+                standard = name_of(self._targets.standard, name, kind, part)
             self.info[key] = KeyInfo(
                 key,
                 name,
@@ -438,6 +503,7 @@ class Capture:
                 tuple(tensor.shape[1:]),
                 tensor.dtype,
                 rows,
+                standard,
             )
         elif (known.module, known.kind, known.call, known.part) != (name, kind, call, part):
             raise HookdumpError(
@@ -492,6 +558,19 @@ class Capture:
                 self._keep(key, name, module_type, kind, call, part, grad)
 
         return hook
+
+
+def _check_kinds(
+    kinds: tuple[CaptureKind, ...], named: Mapping[str, nn.Module], sites: Mapping[str, Site]
+) -> None:
+    """A selection of standard names alone takes their values: no other kind."""
+    if sites and not named and kinds != ("output",):
+        first = next(iter(sites))
+        raise HookdumpError(
+            f"{opt('capture')} {','.join(kinds)} is taken of modules selected by their own "
+            f"names; {first!r} is a standard name, one value of module "
+            f"{sites[first].module!r}: select that module by its name for more of it"
+        )
 
 
 def _origin(info: KeyInfo) -> str:

@@ -1,23 +1,28 @@
-"""Selecting modules by qualified name (`--layers`, `--exclude`) and class name (`--type`)."""
+"""Selecting modules by qualified name (`--layers`, `--exclude`) and class name (`--type`), and
+standard names (`blocks.5.hook_resid_post`, see `hooks.names`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from hookdump.errors import HookdumpError, nearest, opt
-from hookdump.format.keys import TYPE_ATTRIBUTE
+from hookdump.format.keys import ROOT, module_type_name
+from hookdump.hooks.names import (
+    ALIASES,
+    FAMILIES,
+    Site,
+    looks_standard,
+    spelled_out,
+    standard_sites,
+)
 
 if TYPE_CHECKING:
     from torch import nn
 
-ROOT = "__root__"
-
-
-def module_type_name(module: nn.Module) -> str:
-    """The module's class name (the original one, for modules restored from an export)."""
-    return getattr(module, TYPE_ATTRIBUTE, None) or type(module).__name__
+__all__ = ["ROOT", "Selection", "is_leaf", "module_type_name", "named_modules", "select_modules"]
 
 
 def named_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -30,25 +35,38 @@ def is_leaf(module: nn.Module) -> bool:
     return next(iter(module.children()), None) is None
 
 
-def select_modules(
+@dataclass(frozen=True)
+class Selection:
+    """What the hooks take: `modules`, picked by their own names (or classes), and `sites`,
+    picked by standard names (`hooks.names`), each one value of a module."""
+
+    modules: dict[str, nn.Module]
+    sites: dict[str, Site]
+
+    def hooked(self, every: Mapping[str, nn.Module]) -> dict[str, nn.Module]:
+        """Every module a hook goes on, in registration order (`every`: the model's)."""
+        wanted = set(self.modules) | {site.module for site in self.sites.values()}
+        return {name: m for name, m in every.items() if name in wanted}
+
+
+def select(
     model: nn.Module,
     layers: Sequence[str] = (),
     exclude: Sequence[str] = (),
     types: Sequence[str] = (),
-) -> dict[str, nn.Module]:
-    """The selected modules by name, in registration order.
+) -> Selection:
+    """The selected modules and standard names.
 
     No `layers`: every leaf module, plus, when `types` is given, every module of those types
     (so `--type Bottleneck` finds containers too). Then `exclude` removes, then `types` keeps.
-    A pattern or type that matches nothing is an error naming the nearest real names.
+    A pattern that matches no module but standard names (`blocks.*.hook_resid_post`,
+    `resid_post.5`) picks those. A pattern or type that matches nothing is an error naming
+    the nearest real names.
     """
     modules = named_modules(model)
     names = list(modules)
-
-    for pattern in [*layers, *exclude]:
-        if not any(fnmatchcase(name, pattern) for name in names):
-            flag = opt("layers") if pattern in layers else opt("exclude")
-            raise HookdumpError(_no_match(f"{flag} {pattern!r}", pattern, names))
+    sites = standard_sites(modules) if any(map(looks_standard, [*layers, *exclude])) else {}
+    _check_patterns(layers, exclude, names, list(sites))
     present_types = {module_type_name(m) for m in modules.values()}
     for type_name in types:
         if type_name not in present_types:
@@ -56,22 +74,72 @@ def select_modules(
                 _no_match(f"{opt('types')} {type_name!r}", type_name, present_types)
             )
 
-    if layers:
-        chosen = [n for n in names if any(fnmatchcase(n, p) for p in layers)]
-    elif types:
-        chosen = list(names)
-    else:
-        chosen = [n for n in names if is_leaf(modules[n])]
+    by_name = [p for p in layers if _matches(p, names)]
+    if by_name:
+        chosen = [n for n in names if any(fnmatchcase(n, p) for p in by_name)]
+    elif not layers:
+        chosen = [n for n in names if types or is_leaf(modules[n])]
+    else:  # standard names only
+        chosen = []
     chosen = [n for n in chosen if not any(fnmatchcase(n, p) for p in exclude)]
     if types:
         chosen = [n for n in chosen if module_type_name(modules[n]) in types]
-    if not chosen:
+    wanted = [spelled_out(p) for p in layers if p not in by_name]
+    picked = {
+        name: site
+        for name, site in sites.items()
+        if any(fnmatchcase(name, p) for p in wanted)
+        and not any(fnmatchcase(name, spelled_out(p)) for p in exclude)
+    }
+    if not chosen and not picked:
         raise HookdumpError(
             "the selection is empty: every module matched by the includes was removed by "
             f"{opt('exclude')} or {opt('types')}; loosen them (`hookdump layers MODEL` lists the "
             "names)"
         )
-    return {n: modules[n] for n in chosen}
+    return Selection({n: modules[n] for n in chosen}, picked)
+
+
+def select_modules(
+    model: nn.Module,
+    layers: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    types: Sequence[str] = (),
+) -> dict[str, nn.Module]:
+    """The modules `select` picks by their own names, in registration order."""
+    return select(model, layers, exclude, types).modules
+
+
+def _matches(pattern: str, names: Sequence[str]) -> bool:
+    return any(fnmatchcase(name, pattern) for name in names)
+
+
+def _check_patterns(
+    layers: Sequence[str], exclude: Sequence[str], names: list[str], sites: list[str]
+) -> None:
+    """Every pattern matches a module, or else a standard name."""
+    for pattern in [*layers, *exclude]:
+        if _matches(pattern, names) or _matches(spelled_out(pattern), sites):
+            continue
+        flag = opt("layers") if pattern in layers else opt("exclude")
+        if not looks_standard(pattern):
+            raise HookdumpError(_no_match(f"{flag} {pattern!r}", pattern, names))
+        if not sites:
+            raise HookdumpError(
+                f"{flag} {pattern!r} is a standard name, but this model has no block of a "
+                f"family hookdump names ({FAMILIES}); select modules by their own names "
+                "(`hookdump layers MODEL` lists them)"
+            )
+        hint = nearest(spelled_out(pattern), sites)
+        suggestion = f"; nearest: {', '.join(hint)}" if hint else ""
+        raise HookdumpError(
+            f"{flag} {pattern!r} matches no standard name of this model{suggestion} "
+            f"(blocks 0 to {_last_block(sites)}, hooks {', '.join(ALIASES)})"
+        )
+
+
+def _last_block(sites: list[str]) -> int:
+    return max(int(name.split(".")[1]) for name in sites)
 
 
 def _no_match(what: str, word: str, candidates: Sequence[str] | set[str]) -> str:

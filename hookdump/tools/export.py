@@ -92,7 +92,8 @@ def export(
             activations: packed token dumps only) or `npy` (a `.npy` per key).
         keys: globs of the keys to write (default: all; `saelens`: one key).
         hook_name: `saelens`: the activations' column, SAELens' `hook_name` (default: the
-            key).
+            key's standard name, `blocks.5.hook_resid_post`, where the manifest records one;
+            else the key).
         storage_options: fsspec options for a dump at a URL.
 
     Returns:
@@ -120,6 +121,8 @@ def export(
             f"{dump.manifest.tensors[empty[0]]['shape']}); "
             f"nothing to export: choose other keys with {opt('keys')}"
         )
+    if to == "saelens" and hook_name is None:
+        hook_name = _standard_name(dump, chosen)
     target = Path(out)
     if target.is_symlink():  # the folder it names is the export's, as `run --out` takes it
         target = Path(os.path.realpath(target))
@@ -504,6 +507,15 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
         f"d_in {shape[0]}, hook_name {name!r}"
     )
     return ExportResult(temp, "saelens", count, [key], notes)
+
+
+def _standard_name(dump: Dump, keys: list[str]) -> str | None:
+    """The standard name the manifest records for the one key captured (None: none)."""
+    captured = [key for key in keys if key not in TOKEN_KEYS]
+    if len(captured) != 1:
+        return None
+    name = dump.manifest.tensors[captured[0]].get("standard_name")
+    return name if isinstance(name, str) else None
 
 
 def _refuse_clash(names: list[str], reserved: str, what: str, option: str) -> None:

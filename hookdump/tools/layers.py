@@ -10,6 +10,7 @@ import torch
 from hookdump.hooks.attention import is_attention
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import forward
+from hookdump.hooks.names import Site
 from hookdump.hooks.selection import ROOT, module_type_name
 from hookdump.inputs.samples import SampleForm, random_batches
 from hookdump.model.loading import LoadedModel
@@ -30,6 +31,16 @@ class LayerRow:
     # asked for (`ops`): the ops its own forward calls in one forward, as keys name them
     ops: list[str] | None = None
     attention: bool = False  # takes --capture pattern, scores, q, k, v, z (hooks.attention)
+    # a standard name's row (`hooks.names`): the module and which of its values
+    site: Site | None = None
+
+    @property
+    def shown_class(self) -> str:
+        """What the table's class column says: the class, marked as attention; for a
+        standard name, which value of which module it is."""
+        if self.site is not None:
+            return f"{self.site.side} of {self.site.module}"
+        return self.module_type + (" (attention)" if self.attention else "")
 
     @property
     def depth(self) -> int:
@@ -48,6 +59,8 @@ class LayerRow:
         }
         if self.attention:  # marked where true: an attention module
             found["attention"] = True
+        if self.site is not None:
+            found |= {"module": self.site.module, "side": self.site.side}
         return found if self.ops is None else {**found, "ops": self.ops}
 
 
@@ -81,9 +94,23 @@ def list_layers(
             ops=[] if ops else None,
             attention=is_attention(module),
         )
-        for name, module in cap.modules.items()
+        for name, module in cap.named.items()
     }
+    for sites in cap.sites.values():
+        for site in sites:
+            module = cap.modules[site.module]
+            rows[site.name] = LayerRow(
+                site.name,
+                module_type_name(module),
+                sum(p.numel() for p in module.parameters()),
+                cap.calls.get(site.module, 0),
+                site=site,
+            )
     for info in cap.info.values():
+        if info.standard_name == info.key or info.key.startswith(f"{info.standard_name}@"):
+            if info.call == 0:
+                rows[info.key].outputs[""] = list(info.shape)
+            continue
         if info.kind == "op":
             listed = rows[info.module].ops
             assert listed is not None

@@ -59,6 +59,7 @@ def key_info(key: str, meta: Mapping[str, Any], rows: int | None = None) -> KeyI
         tuple(meta["shape"]),
         getattr(torch, meta["dtype"], torch.float32),
         rows,
+        meta.get("standard_name"),
     )
 
 

@@ -359,6 +359,8 @@ class DumpWriter:
                 "shape": shape,
                 "dtype": dtype_name(tensor.dtype),
             }
+            if info.standard_name is not None:
+                self.tensors[key]["standard_name"] = info.standard_name
         elif key in self.tensors and shape != self.tensors[key]["shape"]:
             raise HookdumpError(
                 f"{key!r} changed its per-sample shape from {self.tensors[key]['shape']} to "
