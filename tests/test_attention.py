@@ -295,3 +295,33 @@ def test_reduce_of_attention_kinds_counts_real_queries_only() -> None:
     torch.testing.assert_close(got[1], pattern[1, :, :3].mean(1))  # three real queries
     torch.testing.assert_close(reduce_attention(q, "last", "q", mask)[1], q[1, 2])
     torch.testing.assert_close(reduce_attention(q, "max", "q", mask)[1], q[1, :3].amax(0))
+
+
+def test_repeated_key_value_heads_are_the_ones_each_query_head_reads(tmp_path: Path) -> None:
+    """`repeat_kv_heads`: k, v and k_pre_rope with a head per query head, as transformers'
+    own `repeat_kv` makes them, and such that each head's z is its pattern times its v."""
+    from transformers.models.llama import modeling_llama
+
+    model, batch = _llama(), _batch()
+    kinds = ["k", "v", "k_pre_rope", "pattern", "z"]
+    layer = ["model.layers.1.self_attn"]
+    grouped = hookdump.dump(model, [batch], tmp_path / "g", layers=layer, capture=kinds)
+    repeated = hookdump.dump(model, [batch], tmp_path / "r", layers=layer, capture=kinds,
+                             repeat_kv_heads=True)  # fmt: skip
+    for kind in ("k", "v", "k_pre_rope"):
+        key = f"{layer[0]}:{kind}"
+        assert grouped[key].shape == (2, 7, 2, 8) and repeated[key].shape == (2, 7, 4, 8)
+        own = modeling_llama.repeat_kv(grouped[key].transpose(1, 2), 2).transpose(1, 2)
+        assert torch.equal(repeated[key], own), kind
+    pattern, v = repeated[f"{layer[0]}:pattern"], repeated[f"{layer[0]}:v"]
+    z = torch.einsum("bhts,bshd->bthd", pattern, v)
+    torch.testing.assert_close(repeated[f"{layer[0]}:z"], z, rtol=1e-5, atol=1e-6)
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["recipe"]["repeat_kv_heads"]
+
+
+def test_repeating_key_value_heads_needs_k_or_v(tmp_path: Path) -> None:
+    with pytest.raises(HookdumpError, match=r"repeat_kv_heads=True repeats the key-value heads"):
+        hookdump.dump(_llama(), [_batch()], tmp_path / "d", layers=["model.layers.0.self_attn"],
+                      capture="pattern", repeat_kv_heads=True)  # fmt: skip
+    result = invoke("run", "resnet18", "--repeat-kv-heads", "-n", "1", "-o", str(tmp_path / "x"))
+    assert_usage_error(result, "--repeat-kv-heads repeats the key-value heads of k, v")

@@ -82,6 +82,20 @@ def test_resume_needs_the_same_options(tmp_path: Path, monkeypatch: pytest.Monke
     assert_usage_error(invoke(*RUN, "-o", str(out), "--resume"), "already complete")
 
 
+def test_resume_takes_an_option_newer_than_the_dump_as_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dump begun before `repeat_kv_heads` existed has no such entry in its recipe: the
+    option was off, so a resume with it off goes on."""
+    out = tmp_path / "d"
+    interrupted(out, monkeypatch, at=2)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["recipe"]["repeat_kv_heads"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0
+    assert hookdump.load(out).complete
+
+
 def test_resume_with_nothing_there_starts_anew(tmp_path: Path) -> None:
     out = tmp_path / "d"
     assert invoke(*RUN, "-o", str(out), "--resume").exit_code == 0

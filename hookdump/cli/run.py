@@ -93,6 +93,14 @@ def run(
             show_default=False,
         ),
     ] = None,
+    repeat_kv_heads: Annotated[
+        bool,
+        typer.Option(
+            "--repeat-kv-heads",
+            help="With --capture k, v or k_pre_rope of grouped-query attention: repeat each "
+            "key-value head for the query heads that share it ([T, heads, head_dim]).",
+        ),
+    ] = False,
     reduce: Annotated[
         str,
         typer.Option(
@@ -310,7 +318,15 @@ def run(
                 model, weights, model_arg, seed, device, train, not no_strict, unsafe_pickle
             ),
             capture=_capture_options(
-                layers, exclude, types, capture, ops, reduce, grad_target, not no_early_stop
+                layers,
+                exclude,
+                types,
+                capture,
+                ops,
+                reduce,
+                grad_target,
+                not no_early_stop,
+                repeat_kv_heads,
             ),
             input=InputOptions(
                 source=input,
@@ -373,6 +389,7 @@ def _capture_options(
     reduce: str,
     grad_target: str,
     early_stop: bool,
+    repeat_kv_heads: bool,
 ) -> CaptureOptions:
     """--layers ... --no-early-stop as the capture's option group."""
     from hookdump.choices import parse_reduction
@@ -389,6 +406,7 @@ def _capture_options(
         reduce=parse_reduction(reduce),
         grad_target=parse_grad_target(grad_target),
         early_stop=early_stop,
+        repeat_kv_heads=repeat_kv_heads,
     )
 
 

@@ -47,6 +47,7 @@ def dump(
     types: str | Sequence[str] = (),
     capture: str | Sequence[str] = ("output",),
     ops: str | Sequence[str] = (),
+    repeat_kv_heads: bool = False,
     reduce: Reduction = "none",
     forward: Callable[[Any, Any], Any] | None = None,
     ids: Callable[[Any], Iterable[Any]] | Iterable[Any] | None = None,
@@ -87,6 +88,9 @@ def dump(
         layers, exclude, types: which modules (globs over qualified names, class names).
         capture: any of `output`, `input`, `grad`, `ops` (the results of the ops each
             module's own forward calls, `M:op.add`); `ops`: globs of the op names kept.
+        repeat_kv_heads: with `capture` `k`, `v` or `k_pre_rope` of grouped-query
+            attention, each key-value head repeated for the query heads that share it
+            (`[T, heads, head_dim]`, as the scores use them).
             reduce: `none`, `mean`, `max`, `first`, `last` or `flatten`.
         forward: `forward(model, batch)` runs the model on a batch instead (e.g.
             `lambda m, b: m(b[0])` for `(image, label)` pairs).
@@ -140,6 +144,7 @@ def dump(
         types=types,
         capture=capture,
         ops=ops,
+        repeat_kv_heads=repeat_kv_heads,
         reduce=reduce,
         per_token=per_token,
         positions=positions,
@@ -183,6 +188,7 @@ def run_options(
     types: str | Sequence[str] = (),
     capture: str | Sequence[str] = ("output",),
     ops: str | Sequence[str] = (),
+    repeat_kv_heads: bool = False,
     reduce: Reduction = "none",
     per_token: bool = False,
     positions: str | slice | None = None,
@@ -215,6 +221,7 @@ def run_options(
             "early_stop": early_stop,
             "progress": progress,
             "train": train,
+            "repeat_kv_heads": repeat_kv_heads,
         },
         {"num_samples": num_samples, "seed": seed},
     )
@@ -238,6 +245,7 @@ def run_options(
             reduce,
             _grad_target(grad_target),
             early_stop,
+            repeat_kv_heads,
         ),
         input=InputOptions(num_samples=num_samples),
         tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,

@@ -54,6 +54,7 @@ def dump(
     types: str | Sequence[str] = (),
     capture: str | Sequence[str] = ("output",),
     ops: str | Sequence[str] = (),
+    repeat_kv_heads: bool = False,
     reduce: Reduction = "none",
     save_dtype: torch.dtype | str | None = None,
     dtype: torch.dtype | str = torch.float32,
@@ -82,7 +83,8 @@ def dump(
         batch_size: rows per forward. part_size: rows per task, each written as a part of
             the dump (at least one shard; a task that fails is run again whole).
         concurrency: how many actors (each a model); num_gpus: GPUs per actor.
-        layers, exclude, types, capture, ops, reduce, save_dtype, dtype, shard_size,
+        layers, exclude, types, capture, ops, repeat_kv_heads, reduce, save_dtype, dtype,
+            shard_size,
             overwrite, storage_options, spool: as in `hookdump.dump`. (Token rows,
             `per_token`, are not offered: a task does not know where its samples sit in the
             dataset, which their `__sample__` numbers are.)
@@ -112,6 +114,7 @@ def dump(
         types=types,
         capture=capture,
         ops=ops,
+        repeat_kv_heads=repeat_kv_heads,
         reduce=reduce,
         save_dtype=save_dtype,
         dtype=dtype,

@@ -208,6 +208,8 @@ def previous_dump(
 def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: str) -> None:
     before = manifest.get("recipe") or {}
     for name, value in options.recipe().items():
+        if name not in before and value is False:  # an option newer than the dump, off
+            continue
         if before.get(name) != value:
             raise HookdumpError(
                 f"{RESUME}: {opt(name)} was {before.get(name)!r:.80} for the dump in {out}, now "

@@ -377,6 +377,7 @@ def _hooks(capture: CaptureOptions, loaded: LoadedModel, receiver: Receiver) -> 
         reduce=capture.reduce,
         receiver=receiver,
         ops=capture.ops,
+        repeat_kv_heads=capture.repeat_kv_heads,
     )
 
 

@@ -66,7 +66,9 @@ def check_selection(model: nn.Module, modules: dict[str, nn.Module], kinds: Sequ
 
 class AttentionTap:
     """While active (`with`), the `modules` named report `kinds` to `seen`; `tokens`:
-    patterns and scores come as `[B, T, heads, T]` (a row per query token)."""
+    patterns and scores come as `[B, T, heads, T]` (a row per query token);
+    `repeat_kv_heads`: keys and values of grouped-query attention come with a head per
+    query head."""
 
     def __init__(
         self,
@@ -75,12 +77,14 @@ class AttentionTap:
         kinds: Sequence[str],
         seen: AttentionSeen,
         tokens: bool = False,
+        repeat_kv_heads: bool = False,
     ) -> None:
         check_selection(model, modules, kinds)
         self._modules = {name: m for name, m in modules.items() if is_attention(m)}
         self._kinds = tuple(kinds)
         self._seen = seen
         self._tokens = tokens
+        self.repeat_kv_heads = repeat_kv_heads
         self._configs: dict[int, Any] = {}
         # `q_pre_rope`, `k_pre_rope`: each module's rotary embedding, taken by a pre-hook
         self._rotary: dict[int, Any] = {}
@@ -174,6 +178,7 @@ def _attention(
     mask = _additive(module, query, key, attention_mask)
     output, pattern = _eager(module)(module, query, key, value, mask, **kwargs)
     unturned = functools.cache(lambda: unrotated(name, module, query, key, tap.rotary(module)))
+    heads = query.shape[1] if tap.repeat_kv_heads else key.shape[1]
     tap.report(
         name,
         {
@@ -182,11 +187,11 @@ def _attention(
                 query, key, mask, kwargs.get("scaling"), kwargs.get("softcap")
             ),
             "q": lambda: query.transpose(1, 2),
-            "k": lambda: key.transpose(1, 2),
-            "v": lambda: value.transpose(1, 2),
+            "k": lambda: _repeated(key, heads).transpose(1, 2),
+            "v": lambda: _repeated(value, heads).transpose(1, 2),
             "z": lambda: output,
             "q_pre_rope": lambda: unturned()[0].transpose(1, 2),
-            "k_pre_rope": lambda: unturned()[1].transpose(1, 2),
+            "k_pre_rope": lambda: _repeated(unturned()[1], heads).transpose(1, 2),
         },
     )
     return output, pattern
@@ -202,12 +207,19 @@ def _scores(
     """The scores the softmax takes: q·kᵀ (keys repeated for grouped-query heads), scaled,
     soft-capped where the model caps its attention logits (Gemma 2: cap * tanh(s / cap), as
     its eager attention does) and masked; made only when asked for."""
-    groups = query.shape[1] // key.shape[1]
-    keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    keys = _repeated(key, query.shape[1])
     scores = torch.matmul(query, keys.transpose(2, 3)) * (scaling or query.shape[-1] ** -0.5)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     return scores if mask is None else scores + mask[:, :, :, : keys.shape[-2]]
+
+
+def _repeated(states: torch.Tensor, heads: int) -> torch.Tensor:
+    """`[B, kv_heads, T, D]` keys or values with each head repeated for the `heads` query
+    heads that share it (transformers' `repeat_kv`: query head h reads key head
+    h // (heads // kv_heads))."""
+    groups = heads // states.shape[1]
+    return states.repeat_interleave(groups, dim=1) if groups > 1 else states
 
 
 def _additive(

@@ -222,6 +222,23 @@ class _Targets:
         return cls(selection.hooked(every), selection.modules, sites, standard)
 
 
+@dataclass(frozen=True)
+class _Inside:
+    """Options of the kinds taken inside a module: which ops, whether grouped-query keys and
+    values come with a head per query head."""
+
+    ops: tuple[str, ...]
+    repeat_kv_heads: bool
+
+
+def _check_inside(inside: _Inside, kinds: tuple[CaptureKind, ...]) -> None:
+    if inside.repeat_kv_heads and not {"k", "v", "k_pre_rope"} & set(kinds):
+        raise HookdumpError(
+            f"{opt('repeat_kv_heads', True)} repeats the key-value heads of k, v and "
+            f"k_pre_rope; add one of them to {opt('capture')}"
+        )
+
+
 def _restore_modes(modes: list[tuple[nn.Module, bool]]) -> None:
     for module, training in modes:
         module.training = training
@@ -243,6 +260,8 @@ class Capture:
         ops: with `ops`, globs of the op names kept (none: every op but views).
         reduce: `none`, `mean`, `max` or `flatten` (see `reduce_tensor`).
         receiver: where values go instead of `tensors` (a `Receiver`).
+        repeat_kv_heads: `k`, `v`, `k_pre_rope` of grouped-query attention with a head per
+            query head (see `hooks.attention`).
     """
 
     def __init__(
@@ -257,6 +276,7 @@ class Capture:
         reduce: Reduction = "none",
         receiver: Receiver | None = None,
         ops: Sequence[str] = (),
+        repeat_kv_heads: bool = False,
     ) -> None:
         self.reduce = parse_reduction(reduce)
         self.model = model
@@ -271,7 +291,8 @@ class Capture:
         self.token_mask: torch.Tensor | None = None
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
-        self.ops = tuple(ops)
+        self._inside = _Inside(tuple(ops), repeat_kv_heads)
+        _check_inside(self._inside, self.kinds)
         self._calls = _Calls()
         self._attached = _Attached()
 
@@ -279,6 +300,11 @@ class Capture:
     def modules(self) -> dict[str, nn.Module]:
         """Every hooked module by name, in registration order."""
         return self._targets.modules
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """With `ops`: globs of the op names kept (none: every op but views)."""
+        return self._inside.ops
 
     @property
     def named(self) -> dict[str, nn.Module]:
@@ -379,7 +405,14 @@ class Capture:
             inside = [kind for kind in self.kinds if kind in ATTENTION_KINDS]
             if inside:
                 rows = bool(getattr(self._receiver, "token_rows", False))
-                tap = AttentionTap(self.model, self.named, inside, self._record_inside, rows)
+                tap = AttentionTap(
+                    self.model,
+                    self.named,
+                    inside,
+                    self._record_inside,
+                    rows,
+                    self._inside.repeat_kv_heads,
+                )
                 attached.tap = stack.enter_context(tap)
             attached.stack = stack.pop_all()
         return self
@@ -591,6 +624,7 @@ def capture(
     train: bool | None = None,
     reduce: Reduction = "none",
     ops: str | Sequence[str] | None = None,
+    repeat_kv_heads: bool = False,
 ) -> Capture:
     """Hook the selected modules of `model` for the `with` block; the hooks are removed on
     exit, also on an error or Ctrl-C, and the modules' train/eval modes restored.
@@ -607,6 +641,9 @@ def capture(
         train: set the mode inside the block (None: leave it as it is).
         reduce: `none`, `mean` or `max` over the spatial dims of `[B, C, H, W]` (and over
             tokens of `[B, T, D]`), or `flatten` to `[B, -1]`.
+        ops: with `ops`, globs of the op names kept (none: every op but views).
+        repeat_kv_heads: `k`, `v` and `k_pre_rope` of grouped-query attention with each
+            key-value head repeated for the query heads that share it.
 
     Returns:
         A `Capture`: after a forward in the block, `cap.tensors` maps each key (`M`,
@@ -633,6 +670,7 @@ def capture(
         train=train,
         reduce=reduce,
         ops=_as_list(ops),
+        repeat_kv_heads=repeat_kv_heads,
     )
 
 

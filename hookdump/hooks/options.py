@@ -21,6 +21,8 @@ class CaptureOptions:
         reduce: `none`, `mean`, `max`, `first`, `last` or `flatten` (see `hooks.reduce`).
         grad_target: the objective of `grad`: `sum`, or an index into dim 1 of the output.
         early_stop: end each forward once every selected module has made all its calls.
+        repeat_kv_heads: `k`, `v` and `k_pre_rope` of grouped-query attention with each
+            key-value head repeated for the query heads that share it, as the scores use it.
     """
 
     layers: tuple[str, ...] = field(default=(), metadata=recipe())
@@ -31,3 +33,4 @@ class CaptureOptions:
     reduce: Reduction = field(default="none", metadata=recipe())
     grad_target: str | int = field(default="sum", metadata=recipe())
     early_stop: bool = True
+    repeat_kv_heads: bool = field(default=False, metadata=recipe())
