@@ -237,3 +237,39 @@ def test_a_transformers_vit_layer_names_its_sublayers(tmp_path: Path) -> None:
     torch.testing.assert_close(dump["blocks.1.hook_mlp_in"], mid)
     torch.testing.assert_close(dump["blocks.1.hook_mlp_out"], mlp)
     torch.testing.assert_close(dump["blocks.1.hook_resid_post"], mid + mlp)
+
+
+def test_layers_says_what_each_standard_name_is(gpt2: Path) -> None:
+    result = invoke("layers", f"hf:{gpt2}", "-l", "resid_mid.1", "-l", "h.0")
+    assert result.exit_code == 0, result.stderr
+    rows = [" ".join(line.split()) for line in result.stdout.splitlines()]
+    assert any(row.startswith("blocks.1.hook_resid_mid input of h.1.ln_2 64 64×32") for row in rows)
+    assert any(row.startswith("h.0 GPT2Block") for row in rows)
+    names = invoke("layers", f"hf:{gpt2}", "-l", "blocks.*.hook_attn_out", "--names")
+    assert names.stdout.split() == ["blocks.0.hook_attn_out", "blocks.1.hook_attn_out"]
+    listed = json.loads(invoke("layers", f"hf:{gpt2}", "-l", "mlp_out.0", "--json").stdout)
+    assert listed == [{"name": "blocks.0.hook_mlp_out", "depth": 3, "class": "GPT2MLP",
+                       "params": 32 * 128 + 128 + 128 * 32 + 32, "calls": 1,
+                       "outputs": {"": [64, 32]}, "unbatched": [],
+                       "module": "h.0.mlp", "side": "output"}]  # fmt: skip
+
+
+class _Named(torch.nn.Module):
+    """A model whose own modules carry standard names (a TransformerLens model's do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Module()])
+        self.blocks[0].hook_resid_post = torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[0].hook_resid_post(x)
+
+
+def test_a_module_of_that_name_is_taken_as_it_is(tmp_path: Path) -> None:
+    model = _Named().eval()
+    x = torch.randn(4, 3)
+    dump = hookdump.dump(model, [x], tmp_path / "d", layers=["blocks.*.hook_resid_post"])
+    assert dump.keys() == ["blocks.0.hook_resid_post"]
+    assert dump.info("blocks.0.hook_resid_post").standard_name is None
+    torch.testing.assert_close(dump["blocks.0.hook_resid_post"], model(x).detach())

@@ -129,7 +129,7 @@ def test_no_number_of_the_diff_table_is_cut(width: int) -> None:
         assert max(len(line) for line in text.splitlines()) <= width
     lines = text.splitlines()
     status = lines[0].index("status")
-    keys = "".join(line[1:status] for line in lines[1:5]).replace(" ", "")
+    keys = "".join(line[1:status] for line in lines[1:8]).replace(" ", "")
     assert "encoder.layer.11.attention.self.query:output.0" in keys  # folded, not cut
 
 
@@ -157,5 +157,18 @@ def test_the_layer_listing_folds_names_and_never_cuts_a_number(width: int) -> No
         assert any(value in line.split() for line in lines), (width, value)
     start = next(i for i, line in enumerate(lines) if line.startswith(" encoder."))
     column = lines[start - 1].index("class")
-    folded = "".join(line[1:column] for line in lines[start : start + 6]).replace(" ", "")
+    folded = "".join(line[1:column] for line in lines[start : start + 10]).replace(" ", "")
     assert name in folded
+
+
+def test_a_long_name_folds_after_a_dot_where_it_can() -> None:
+    """`blocks.11.hook_resid_post` in a narrow key column: the block, then the hook's name
+    whole; a word wider than the column folds where it must."""
+    stats = TensorStats(4096, 0.5, 0.25 * 4096, -1.0, 1.0, 0, 0, [1, 2, 1])
+    keys = [_key("blocks.11.hook_resid_post", "GPT2Block", (128, 768), stats),
+            _key("x" * 30, "Linear", (128, 768), stats)]  # fmt: skip
+    lines = _render(keys, 60).splitlines()
+    shape = lines[0].index("shape")
+    cells = [line[1:shape].strip() for line in lines[1:]]
+    assert cells[:2] == ["blocks.11.", "hook_resid_post"]
+    assert len(cells[2]) < 30 and "".join(cells[2:4]) == "x" * 30

@@ -155,11 +155,41 @@ def _table(
             overflow="fold",
             width=allotted.get(column.name, column.width),
         )
+        if column.name in folding:
+            column.cells = [_broken(cell, allotted[column.name]) for cell in column.cells]
         for cell in column.cells:
             cell.justify = column.justify
     for row in zip(*(column.cells for column in columns), strict=True):
         table.add_row(*row)
     return table
+
+
+# a long name folds after a dot, colon or slash where it can, else after an underscore
+BREAKS = ("./:", "_")
+
+
+def _broken(cell: Text, width: int) -> Text:
+    """A plain name wider than `width` as lines broken after a dot, colon or slash, else an
+    underscore (`blocks.5.` `hook_resid_post`), mid-word only where a word is wider than
+    `width`."""
+    text = cell.plain
+    if (
+        cell.cell_len <= width
+        or cell.spans
+        or len(text) != cell.cell_len
+        or any(c.isspace() for c in text)
+    ):  # words: rich wraps them at their spaces
+        return cell
+    lines = []
+    while len(text) > width:
+        cut = next((c for seps in BREAKS if (c := _last(text, seps, width) + 1)), 0)
+        lines.append(text[: cut or width])
+        text = text[cut or width :]
+    return Text("\n".join([*lines, text]), style=cell.style)
+
+
+def _last(text: str, separators: str, width: int) -> int:
+    return max(text.rfind(sep, 0, width) for sep in separators)
 
 
 def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Column]:
