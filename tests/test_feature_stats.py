@@ -57,6 +57,7 @@ def test_statistics_equal_torchs_over_the_whole_key(tmp_path: Path) -> None:
     for key in dump:
         assert_stats_match(dump, key)
     conv = dump.stats("conv")
+    assert list(conv) == ["count", "mean", "var", "std", "min", "max", "norm_mean", "rows"]
     assert conv["mean"].shape == (4,) and conv["mean"].dtype == torch.float64
     assert int(conv["rows"]) == 17 * 36  # a row per pixel of each sample
     assert torch.all(conv["mean"] > 900)  # the conv's bias

@@ -15,6 +15,7 @@ from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS
 from hookdump.format.keys import KeyInfo, parse_key
 from hookdump.format.manifest import EXPORT_MARKER, FORMAT, MANIFEST, Manifest
 from hookdump.format.values import format_bytes
+from hookdump.store.features import FIELDS
 from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
 from hookdump.store.read.dataset import DumpDataset, KeysPass
@@ -142,9 +143,8 @@ class Dump(Mapping[str, torch.Tensor]):
                 f"{key!r} of {self.path} has no per-feature statistics: only floating-point "
                 "keys read as whole rows have them"
             )
-        values = dict(found[key])
-        values["std"] = values["var"].sqrt()
-        return values
+        kept = {**found[key], "std": found[key]["var"].sqrt()}
+        return {field: kept[field] for field in (*FIELDS[:3], "std", *FIELDS[3:])}
 
     def row(self, key: str, index: int) -> torch.Tensor:
         """Sample `index` of `key`, read from the one shard that holds it."""
