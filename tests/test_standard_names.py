@@ -119,10 +119,23 @@ def test_each_standard_name_is_transformer_lens_hook_of_that_name(
 
     batches = [{"input_ids": ids[:2]}, {"input_ids": ids[2:]}]
     dump = hookdump.dump(model, batches, tmp_path_factory.mktemp("d"), layers=["blocks.*.hook_*"])
-    names = [f"blocks.{n}.hook_{alias}" for n in range(LAYERS) for alias in ALIASES]
+    # Qwen 3 norms q and k before the rotary embedding: its hook_q, hook_k (before that norm)
+    # are not named, its hook_rot_q, hook_rot_k are
+    inside = ["v", "attn_scores", "pattern", "z", "rot_q", "rot_k"]
+    inside += ["q", "k"] if family != "qwen3" else []
+    names = [f"blocks.{n}.{hook}" for n in range(LAYERS)
+             for hook in [*(f"hook_{a}" for a in ALIASES), *(f"attn.hook_{i}" for i in inside)]
+             if f"blocks.{n}.{hook}" in cache]  # fmt: skip
     assert sorted(dump.keys()) == sorted(names)
+    rotary = "blocks.0.attn.hook_rot_q" in cache
+    assert len(names) == LAYERS * (12 + 2 * rotary - 2 * (family == "qwen3"))
     for name in names:
-        torch.testing.assert_close(dump[name], cache[name], rtol=1e-5, atol=1e-5, msg=name)
+        got, expected = dump[name], cache[name]
+        if name.endswith("attn_scores"):  # a masked score: -inf there, the lowest float here
+            masked = expected == -torch.inf
+            assert torch.all(got[masked] <= torch.finfo(got.dtype).min / 2), name
+            got, expected = got[~masked], expected[~masked]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=name)
         assert dump.info(name).standard_name == name
     # TransformerLens' hook_mlp_in is the stream before the second norm: resid_mid
     assert torch.equal(dump["blocks.1.hook_mlp_in"], dump["blocks.1.hook_resid_mid"])
@@ -225,7 +238,7 @@ def test_a_transformers_vit_layer_names_its_sublayers(tmp_path: Path) -> None:
                          num_attention_heads=4, image_size=32, patch_size=8)  # fmt: skip
     model = t.ViTModel(config).eval()
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(6))
-    dump = hookdump.dump(model, [images], tmp_path / "d", layers=["blocks.1.hook_*"])
+    dump = hookdump.dump(model, [images], tmp_path / "d", layers=["blocks.1.*hook_*"])
     layer = model.layers[1] if hasattr(model, "layers") else model.encoder.layer[1]
     with torch.no_grad():
         pre = dump["blocks.1.hook_resid_pre"]
@@ -237,6 +250,10 @@ def test_a_transformers_vit_layer_names_its_sublayers(tmp_path: Path) -> None:
     torch.testing.assert_close(dump["blocks.1.hook_mlp_in"], mid)
     torch.testing.assert_close(dump["blocks.1.hook_mlp_out"], mlp)
     torch.testing.assert_close(dump["blocks.1.hook_resid_post"], mid + mlp)
+    # and inside its attention: each head's output is its pattern times its values
+    pattern, v = dump["blocks.1.attn.hook_pattern"], dump["blocks.1.attn.hook_v"]
+    z = torch.einsum("bhts,bshd->bthd", pattern, v)
+    torch.testing.assert_close(dump["blocks.1.attn.hook_z"], z, rtol=1e-5, atol=1e-6)
 
 
 def test_layers_says_what_each_standard_name_is(gpt2: Path) -> None:

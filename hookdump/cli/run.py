@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
     from hookdump.hooks.options import CaptureOptions
     from hookdump.hooks.tokens import TokenOptions
+    from hookdump.inputs.text import TextOptions
     from hookdump.store.write.writer import DumpOptions
 
 
@@ -309,10 +310,10 @@ def run(
         from hookdump.engine.options import RunOptions
         from hookdump.engine.runner import run as run_dump
         from hookdump.inputs.samples import InputOptions, parse_shape
-        from hookdump.inputs.text import TextOptions
         from hookdump.model.prepare import resolve_dtype
 
         # the strings of the command line become typed options here, and nowhere else
+        corpus = (text_field, tokenizer, context_size, bos, max_length, max_tokens, sort_by_length)
         options = RunOptions(
             model=model_options(
                 model, weights, model_arg, seed, device, train, not no_strict, unsafe_pickle
@@ -337,18 +338,7 @@ def run(
                 skip_bad_inputs=skip_bad_inputs,
                 workers=workers,
             ),
-            text=None
-            if text is None
-            else TextOptions(
-                text,
-                text_field,
-                tokenizer,
-                context_size,
-                bos,
-                max_length,
-                max_tokens,
-                sort_by_length,
-            ),
+            text=_text_options(text, *corpus),
             tokens=_token_options(per_token, positions, skip_special_tokens),
             dump=_dump_options(
                 out, spool, storage_option, overwrite, resume, shard_size, save_dtype
@@ -367,6 +357,26 @@ def run(
         _report(result, quiet, json_output, fail_on_nonfinite)
     finally:
         pause.end()
+
+
+def _text_options(
+    text: str | None,
+    field: str,
+    tokenizer: str | None,
+    context_size: int | None,
+    bos: bool | None,
+    max_length: int | None,
+    max_tokens: int | None,
+    sort_by_length: bool,
+) -> TextOptions | None:
+    """--text and the options of its corpus (None: no text)."""
+    from hookdump.inputs.text import TextOptions
+
+    if text is None:
+        return None
+    return TextOptions(
+        text, field, tokenizer, context_size, bos, max_length, max_tokens, sort_by_length
+    )
 
 
 def _token_options(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -65,23 +65,21 @@ def check_selection(model: nn.Module, modules: dict[str, nn.Module], kinds: Sequ
 
 
 class AttentionTap:
-    """While active (`with`), the `modules` named report `kinds` to `seen`; `tokens`:
-    patterns and scores come as `[B, T, heads, T]` (a row per query token);
-    `repeat_kv_heads`: keys and values of grouped-query attention come with a head per
-    query head."""
+    """While active (`with`), each attention module of `modules` reports its `kinds` (by
+    module name) to `seen`; `tokens`: patterns and scores come as `[B, T, heads, T]` (a row
+    per query token); `repeat_kv_heads`: keys and values of grouped-query attention come
+    with a head per query head."""
 
     def __init__(
         self,
-        model: nn.Module,
-        modules: dict[str, nn.Module],
-        kinds: Sequence[str],
+        modules: Mapping[str, nn.Module],
+        kinds: Mapping[str, Sequence[str]],
         seen: AttentionSeen,
         tokens: bool = False,
         repeat_kv_heads: bool = False,
     ) -> None:
-        check_selection(model, modules, kinds)
-        self._modules = {name: m for name, m in modules.items() if is_attention(m)}
-        self._kinds = tuple(kinds)
+        self._modules = {n: m for n, m in modules.items() if kinds.get(n) and is_attention(m)}
+        self._kinds = {name: tuple(kinds[name]) for name in self._modules}
         self._seen = seen
         self._tokens = tokens
         self.repeat_kv_heads = repeat_kv_heads
@@ -100,7 +98,7 @@ class AttentionTap:
                     self._configs[id(config)] = config
                     _ORIGINAL[id(config)] = config._attn_implementation
                     config._attn_implementation = NAME
-                if {"q_pre_rope", "k_pre_rope"} & set(self._kinds):
+                if {"q_pre_rope", "k_pre_rope"} & set(self._kinds[name]):
                     self._handles.append(
                         module.register_forward_pre_hook(self._take_rotary, with_kwargs=True)
                     )
@@ -129,7 +127,7 @@ class AttentionTap:
 
     def report(self, name: str, values: dict[str, Callable[[], torch.Tensor]]) -> None:
         """Hand over the kinds asked for (`values`: how to make each)."""
-        for kind in self._kinds:
+        for kind in self._kinds[name]:
             value = values[kind]()
             if kind in ("pattern", "scores") and self._tokens:
                 value = value.transpose(1, 2)

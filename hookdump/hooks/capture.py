@@ -231,7 +231,7 @@ class _Inside:
     repeat_kv_heads: bool
 
 
-def _check_inside(inside: _Inside, kinds: tuple[CaptureKind, ...]) -> None:
+def _check_inside(inside: _Inside, kinds: Sequence[str]) -> None:
     if inside.repeat_kv_heads and not {"k", "v", "k_pre_rope"} & set(kinds):
         raise HookdumpError(
             f"{opt('repeat_kv_heads', True)} repeats the key-value heads of k, v and "
@@ -292,7 +292,8 @@ class Capture:
         self.info: dict[str, KeyInfo] = {}
         self.skipped: dict[str, Skipped] = {}
         self._inside = _Inside(tuple(ops), repeat_kv_heads)
-        _check_inside(self._inside, self.kinds)
+        sides = [site.side for sites in self.sites.values() for site in sites]
+        _check_inside(self._inside, [*self.kinds, *sides])
         self._calls = _Calls()
         self._attached = _Attached()
 
@@ -402,23 +403,28 @@ class Capture:
                 recorder = OpRecorder(self.model, list(self.named), self.ops, self._record_op)
                 stack.callback(recorder.remove)
                 attached.recorder = stack.enter_context(recorder)
-            inside = [kind for kind in self.kinds if kind in ATTENTION_KINDS]
+            inside = self._attention_kinds()
             if inside:
                 rows = bool(getattr(self._receiver, "token_rows", False))
-                tap = AttentionTap(
-                    self.model,
-                    self.named,
-                    inside,
-                    self._record_inside,
-                    rows,
-                    self._inside.repeat_kv_heads,
-                )
+                repeat = self._inside.repeat_kv_heads
+                tap = AttentionTap(self.modules, inside, self._record_inside, rows, repeat)
                 attached.tap = stack.enter_context(tap)
             attached.stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._attached.detach()
+
+    def _attention_kinds(self) -> dict[str, list[str]]:
+        """module -> the attention kinds taken of it: those asked of the modules selected by
+        name, and those of the standard names selected of it (`attn.hook_z`)."""
+        asked: list[str] = [kind for kind in self.kinds if kind in ATTENTION_KINDS]
+        kinds = {name: list(asked) for name in self.named} if asked else {}
+        for name, sites in self.sites.items():
+            for site in sites:
+                if site.side in ATTENTION_KINDS and site.side not in kinds.get(name, []):
+                    kinds.setdefault(name, []).append(site.side)
+        return kinds
 
     def next_batch(self, token_mask: torch.Tensor | None) -> None:
         """The next batch's attention mask ([B, T], 1 for real tokens), when reductions are
@@ -577,11 +583,18 @@ class Capture:
         self._keep(key, name, module_type_name(self.modules[name]), "op", call, op, value)
 
     def _record_inside(self, name: str, kind: str, value: torch.Tensor) -> None:
-        """A value from inside attention module `name` (see `hooks.attention`)."""
+        """A value from inside attention module `name` (see `hooks.attention`), under its
+        key if the module was selected by name for it, and under its standard names."""
         call = self._calls.current(name)
-        key = tensor_key(name, kind, None, call)
+        module_type = module_type_name(self.modules[name])
         with self._attached.quiet():
-            self._keep(key, name, module_type_name(self.modules[name]), kind, call, None, value)
+            if name in self.named and kind in self.kinds:
+                key = tensor_key(name, kind, None, call)
+                self._keep(key, name, module_type, kind, call, None, value)
+            for site in self.sites.get(name, ()):
+                if site.side == kind:
+                    key = f"{site.name}@{call}" if call else site.name
+                    self._keep(key, name, module_type, kind, call, None, value, site.name)
 
     def _grad_hook(
         self, key: str, name: str, module_type: str, kind: str, part: str, call: int

@@ -1,6 +1,6 @@
-"""Standard names: TransformerLens' hook names (`blocks.5.hook_resid_post`) for the blocks of
-the model families hookdump knows, each a module's first input or the first tensor of its
-output (`Site`).
+"""Standard names: TransformerLens' hook names (`blocks.5.hook_resid_post`,
+`blocks.5.attn.hook_z`) for the blocks of the model families hookdump knows, each a module's
+first input, the first tensor of its output, or a value inside its attention (`Site`).
 
 The blocks are numbered in the order the model registers them, so `blocks.N` is the N-th
 block of the model (a ResNet's `layer1.0` is `blocks.0`, its `layer2.0` the next after
@@ -15,14 +15,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from hookdump.choices import ATTENTION_KINDS, AttentionKind
 from hookdump.format.keys import ROOT, module_type_name
+from hookdump.hooks.attention import is_attention
 
 if TYPE_CHECKING:
     from torch import nn
 
-Side = Literal["input", "output"]
+# a module's input or output, or an attention kind of an attention module (`hooks.attention`)
+Side = Literal["input", "output", AttentionKind]
 ALIASES = ("resid_pre", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post")
-# alias -> (the module's path under the block, "" for the block; which side of it)
+# name under the block (`hook_resid_pre`, `attn.hook_z`) -> (the module's path under the
+# block, "" for the block itself; which of its values)
 Layout = Mapping[str, tuple[str, Side]]
 
 
@@ -33,41 +37,75 @@ def _layout(
     outputs of those modules, `resid_mid` the input of the norm before the MLP (so is
     TransformerLens' `hook_mlp_in`: before the norm, not the MLP's own input)."""
     return {
-        "resid_pre": ("", "input"),
-        "attn_out": (attn_out, "output"),
-        "resid_mid": (second_norm, "input"),
-        "mlp_in": (second_norm, "input"),
-        "mlp_out": (mlp_out, "output"),
-        "resid_post": resid_post,
+        "hook_resid_pre": ("", "input"),
+        "hook_attn_out": (attn_out, "output"),
+        "hook_resid_mid": (second_norm, "input"),
+        "hook_mlp_in": (second_norm, "input"),
+        "hook_mlp_out": (mlp_out, "output"),
+        "hook_resid_post": resid_post,
     }
 
 
-_LLAMA = _layout("self_attn", "post_attention_layernorm", "mlp")
+def _attention(path: str, rotary: bool = False, qk_norm: bool = False) -> Layout:
+    """The names inside attention module `path` (a transformers one, see `hooks.attention`):
+    `hook_q`, `hook_k` before the rotary embedding and `hook_rot_q`, `hook_rot_k` after it
+    (only a rotary model has those), keys and values with the key-value heads. With a norm
+    of q and k (Qwen 3), TransformerLens' `hook_q` and `hook_k` are the projections before
+    it, which hookdump does not take (`q_pre_rope` is after it): not named."""
+    names: dict[str, tuple[str, Side]] = {
+        "attn.hook_v": (path, "v"),
+        "attn.hook_attn_scores": (path, "scores"),
+        "attn.hook_pattern": (path, "pattern"),
+        "attn.hook_z": (path, "z"),
+    }
+    if not qk_norm:
+        names |= {
+            "attn.hook_q": (path, "q_pre_rope" if rotary else "q"),
+            "attn.hook_k": (path, "k_pre_rope" if rotary else "k"),
+        }
+    if rotary:
+        names |= {"attn.hook_rot_q": (path, "q"), "attn.hook_rot_k": (path, "k")}
+    return names
+
+
+_LLAMA = {
+    **_layout("self_attn", "post_attention_layernorm", "mlp"),
+    **_attention("self_attn", rotary=True),
+}
 # Gemma 2: each sublayer's output is normalised before it is added to the stream
-_SANDWICH = _layout(
-    "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"
-)
+_SANDWICH = {
+    **_layout(
+        "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"
+    ),
+    **_attention("self_attn", rotary=True),
+}
 # BERT is post-norm: TransformerLens' stream is the sums before each LayerNorm, so
 # `resid_post` is not the block's output (that is the next block's `resid_pre`)
-_BERT = _layout(
-    "attention.output.dense",
-    "attention.output.LayerNorm",
-    "output.dense",
-    ("output.LayerNorm", "input"),
-)
-_RESIDUAL: Layout = {"resid_pre": ("", "input"), "resid_post": ("", "output")}
+_BERT = {
+    **_layout(
+        "attention.output.dense",
+        "attention.output.LayerNorm",
+        "output.dense",
+        ("output.LayerNorm", "input"),
+    ),
+    **_attention("attention.self"),
+}
+_RESIDUAL: Layout = {"hook_resid_pre": ("", "input"), "hook_resid_post": ("", "output")}
 
 # a block's class name (qualified by its module where the bare name is too common) -> layout
 LAYOUTS: dict[str, Layout] = {
-    "GPT2Block": _layout("attn", "ln_2", "mlp"),
+    "GPT2Block": {**_layout("attn", "ln_2", "mlp"), **_attention("attn")},
     "LlamaDecoderLayer": _LLAMA,
     "MistralDecoderLayer": _LLAMA,
     "Qwen2DecoderLayer": _LLAMA,
-    "Qwen3DecoderLayer": _LLAMA,
+    "Qwen3DecoderLayer": {
+        **_layout("self_attn", "post_attention_layernorm", "mlp"),
+        **_attention("self_attn", rotary=True, qk_norm=True),
+    },
     "GemmaDecoderLayer": _LLAMA,
     "Gemma2DecoderLayer": _SANDWICH,
     "BertLayer": _BERT,
-    "ViTLayer": _layout("attention", "layernorm_after", "mlp"),
+    "ViTLayer": {**_layout("attention", "layernorm_after", "mlp"), **_attention("attention")},
     "timm.models.vision_transformer.Block": _layout("ls1", "norm2", "ls2"),
     "torchvision.models.resnet.BasicBlock": _RESIDUAL,
     "torchvision.models.resnet.Bottleneck": _RESIDUAL,
@@ -116,8 +154,9 @@ def standard_sites(modules: Mapping[str, nn.Module]) -> dict[str, Site]:
     for number, (block, layout) in enumerate((b, lay) for b, lay in blocks if lay is not None):
         for alias, (path, side) in layout.items():
             module = block if not path else f"{block}.{path}" if block != ROOT else path
-            if module in modules:
-                name = f"blocks.{number}.hook_{alias}"
+            inside = side not in ("input", "output")
+            if module in modules and (not inside or is_attention(modules[module])):
+                name = f"blocks.{number}.{alias}"
                 sites[name] = Site(name, module, side)
     return sites
 
@@ -135,9 +174,12 @@ def name_of(
     names: Mapping[tuple[str, Side], str], module: str, kind: str, part: str | None
 ) -> str | None:
     """The standard name of a key's value (`first_names`): the hidden states a module is
-    called with (positional 0 or `hidden_states`), or its output's first tensor."""
+    called with (positional 0 or `hidden_states`), its output's first tensor, or a value
+    inside its attention."""
     if kind == "input" and part in ("0", "hidden_states"):
         return names.get((module, "input"))
     if kind == "output" and part in (None, "0"):
         return names.get((module, "output"))
+    if kind in ATTENTION_KINDS and part is None:
+        return names.get((module, kind))
     return None

@@ -45,7 +45,7 @@ def unrotated(
     q, k = back(query), back(key)
     apply = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", None)
     again = apply(q, k, cos, sin) if callable(apply) else None
-    scale = max(float(query.abs().max()), float(key.abs().max()), 1.0)
+    scale = max(float(query.detach().abs().max()), float(key.detach().abs().max()), 1.0)
     if again is None or not all(
         torch.allclose(a, b, rtol=1e-4, atol=1e-4 * scale)
         for a, b in zip(again, (query, key), strict=True)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from hookdump.errors import HookdumpError, nearest, opt
 from hookdump.format.keys import ROOT, module_type_name
 from hookdump.hooks.names import (
-    ALIASES,
     FAMILIES,
     Site,
     looks_standard,
@@ -134,12 +133,17 @@ def _check_patterns(
         suggestion = f"; nearest: {', '.join(hint)}" if hint else ""
         raise HookdumpError(
             f"{flag} {pattern!r} matches no standard name of this model{suggestion} "
-            f"(blocks 0 to {_last_block(sites)}, hooks {', '.join(ALIASES)})"
+            f"(blocks 0 to {_last_block(sites)}, each {', '.join(_hooks(sites))})"
         )
 
 
 def _last_block(sites: list[str]) -> int:
     return max(int(name.split(".")[1]) for name in sites)
+
+
+def _hooks(sites: list[str]) -> list[str]:
+    """The names under a block (`hook_resid_post`, `attn.hook_z`), in the model's order."""
+    return list(dict.fromkeys(name.split(".", 2)[2] for name in sites))
 
 
 def _no_match(what: str, word: str, candidates: Sequence[str] | set[str]) -> str:
