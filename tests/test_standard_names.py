@@ -290,3 +290,26 @@ def test_a_module_of_that_name_is_taken_as_it_is(tmp_path: Path) -> None:
     assert dump.keys() == ["blocks.0.hook_resid_post"]
     assert dump.info("blocks.0.hook_resid_post").standard_name is None
     torch.testing.assert_close(dump["blocks.0.hook_resid_post"], model(x).detach())
+
+
+def test_heads_export_to_saelens_flattened_as_it_flattens_them(
+    gpt2: Path, corpus: Path, tmp_path: Path
+) -> None:
+    """`blocks.1.attn.hook_z` token rows are [heads, head_dim]; SAELens' own store flattens
+    a head dimension to d_in = heads * head_dim, and so does the export (the norm scaling
+    factor, which the per-feature statistics cannot give for flattened rows, is left out)."""
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "5",
+                    "--per-token", "-l", "blocks.1.attn.hook_z", "-o", str(out), "-q")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    rows = dump["blocks.1.attn.hook_z"]
+    assert rows.shape[1:] == (2, 16)
+    result = invoke("export", str(out), str(tmp_path / "sae"), "--to", "saelens")
+    assert result.exit_code == 0, result.stderr
+    assert "rows of shape [2, 16] written flattened to 32" in result.stderr
+    loaded = datasets.load_from_disk(str(tmp_path / "sae")).with_format("torch")[:]
+    torch.testing.assert_close(loaded["blocks.1.attn.hook_z"], rows.reshape(-1, 5, 32))
+    marker = json.loads((tmp_path / "sae" / "hookdump-export.json").read_text())
+    assert marker["statistics"]["blocks.1.attn.hook_z"]["norm_scaling_factor"] is None

@@ -133,7 +133,7 @@ def export(
         result = _WRITERS[to](dump, chosen, temp, hook_name)
         result.out = target
         names = {key: hook_name for key in result.keys} if to == "saelens" and hook_name else {}
-        statistics = _statistics(dump, result.keys, temp, names)
+        statistics = _statistics(dump, result.keys, temp, names, vectors=to == "saelens")
         (temp / MARKER).write_text(
             json.dumps(
                 {
@@ -164,12 +164,14 @@ def export(
 
 
 def _statistics(
-    dump: Dump, keys: list[str], temp: Path, names: dict[str, str]
+    dump: Dump, keys: list[str], temp: Path, names: dict[str, str], vectors: bool = False
 ) -> dict[str, dict[str, float | None]]:
     """The exported keys' per-feature statistics, carried into the export as
     `stats.safetensors` (under the names written, `KEY/FIELD` as in a dump), and in brief
     for the marker: each key's mean row norm and SAELens' norm scaling factor
-    (sqrt(d) / mean row norm), which SAELens would otherwise estimate from a pass."""
+    (sqrt(d) / mean row norm), which SAELens would otherwise estimate from a pass.
+    `vectors`: rows are written as flat vectors, whose norms the statistics (of each row's
+    last dimension) do not hold for rows of more dimensions: those get none."""
     found = dump.reader.feature_stats() or {}
     chosen = [key for key in keys if key in found]
     if not chosen:
@@ -178,6 +180,9 @@ def _statistics(
     (temp / STATS_FILE).write_bytes(stats_file(fields, dump.manifest.run_id))
     brief: dict[str, dict[str, float | None]] = {}
     for key in chosen:
+        if vectors and len(dump.manifest.tensors[key]["shape"]) > 1:
+            brief[names.get(key, key)] = {"norm_mean": None, "norm_scaling_factor": None}
+            continue
         norm, features = float(found[key]["norm_mean"]), found[key]["mean"].numel()
         brief[names.get(key, key)] = {
             "norm_mean": norm,
@@ -471,12 +476,14 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
         )
     key = captured[0]
     shape = dump.manifest.tensors[key]["shape"]
-    if len(shape) != 1:
+    if not shape:
         raise HookdumpError(
-            f"{opt('to')} saelens: {key!r} has rows of shape {shape}; SAELens trains on "
-            "vectors [d_in]"
+            f"{opt('to')} saelens: {key!r} has a number per row; SAELens trains on vectors [d_in]"
         )
+    d_in = math.prod(shape)
     notes: list[str] = []
+    if len(shape) > 1:  # heads: SAELens' own store flattens them (`hook_z`)
+        notes.append(f"{key}: rows of shape {shape} written flattened to {d_in}, as SAELens does")
     dtype = _widened(dump.manifest.tensors[key]["dtype"], key, notes)
     sequences = _sequences(dump, key)
     first = next(sequences, None)
@@ -489,7 +496,7 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
         temp,
         datasets.Features(
             {
-                name: datasets.Array2D(shape=(context, shape[0]), dtype=dtype),
+                name: datasets.Array2D(shape=(context, d_in), dtype=dtype),
                 "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
             }
         ),
@@ -497,14 +504,17 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
     count = 0
     for acts, token_ids in itertools.chain([first], sequences):
         folder.write(
-            {name: _numpy(acts, dtype), "token_ids": token_ids.int().numpy()},
+            {
+                name: _numpy(acts.reshape(len(acts), context, d_in), dtype),
+                "token_ids": token_ids.int().numpy(),
+            },
             acts.numel() * acts.element_size(),
         )
         count += len(acts)
     folder.finish()
     notes.append(
         f"{count} sequences of {context} tokens: SAELens' context_size is {context}, "
-        f"d_in {shape[0]}, hook_name {name!r}"
+        f"d_in {d_in}, hook_name {name!r}"
     )
     return ExportResult(temp, "saelens", count, [key], notes)
 
