@@ -123,12 +123,14 @@ def test_each_standard_name_is_transformer_lens_hook_of_that_name(
     # are not named, its hook_rot_q, hook_rot_k are
     inside = ["v", "attn_scores", "pattern", "z", "rot_q", "rot_k"]
     inside += ["q", "k"] if family != "qwen3" else []
+    mlp = ["mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post"]  # pre_linear: gated MLPs
     names = [f"blocks.{n}.{hook}" for n in range(LAYERS)
-             for hook in [*(f"hook_{a}" for a in ALIASES), *(f"attn.hook_{i}" for i in inside)]
+             for hook in [*(f"hook_{a}" for a in ALIASES), *(f"attn.hook_{i}" for i in inside),
+                          *mlp]
              if f"blocks.{n}.{hook}" in cache]  # fmt: skip
     assert sorted(dump.keys()) == sorted(names)
-    rotary = "blocks.0.attn.hook_rot_q" in cache
-    assert len(names) == LAYERS * (12 + 2 * rotary - 2 * (family == "qwen3"))
+    rotary, gated = "blocks.0.attn.hook_rot_q" in cache, "blocks.0.mlp.hook_pre_linear" in cache
+    assert len(names) == LAYERS * (14 + 2 * rotary + gated - 2 * (family == "qwen3"))
     for name in names:
         got, expected = dump[name], cache[name]
         if name.endswith("attn_scores"):  # a masked score: -inf there, the lowest float here
@@ -185,7 +187,7 @@ def test_a_timm_vit_block_names_its_sublayers(tmp_path: Path) -> None:
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
                               depth=2).eval()  # fmt: skip
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
-    dump = hookdump.dump(model, [images], tmp_path / "d", layers=["blocks.1.hook_*"])
+    dump = hookdump.dump(model, [images], tmp_path / "d", layers=["blocks.1.*hook_*"])
     block = model.blocks[1]
     with torch.no_grad():
         pre = dump["blocks.1.hook_resid_pre"]
@@ -196,6 +198,9 @@ def test_a_timm_vit_block_names_its_sublayers(tmp_path: Path) -> None:
     torch.testing.assert_close(dump["blocks.1.hook_resid_mid"], mid)
     torch.testing.assert_close(dump["blocks.1.hook_mlp_out"], mlp)
     torch.testing.assert_close(dump["blocks.1.hook_resid_post"], mid + mlp)
+    pre = block.mlp.fc1(block.norm2(mid))
+    torch.testing.assert_close(dump["blocks.1.mlp.hook_pre"], pre)
+    torch.testing.assert_close(dump["blocks.1.mlp.hook_post"], block.mlp.act(pre))
 
 
 def test_standard_names_are_refused_in_one_line(gpt2: Path) -> None:
@@ -250,6 +255,9 @@ def test_a_transformers_vit_layer_names_its_sublayers(tmp_path: Path) -> None:
     torch.testing.assert_close(dump["blocks.1.hook_mlp_in"], mid)
     torch.testing.assert_close(dump["blocks.1.hook_mlp_out"], mlp)
     torch.testing.assert_close(dump["blocks.1.hook_resid_post"], mid + mlp)
+    pre = layer.mlp.fc1(layer.layernorm_after(mid))
+    torch.testing.assert_close(dump["blocks.1.mlp.hook_pre"], pre)
+    torch.testing.assert_close(dump["blocks.1.mlp.hook_post"], layer.mlp.activation_fn(pre))
     # and inside its attention: each head's output is its pattern times its values
     pattern, v = dump["blocks.1.attn.hook_pattern"], dump["blocks.1.attn.hook_v"]
     z = torch.einsum("bhts,bshd->bthd", pattern, v)

@@ -1,6 +1,7 @@
 """Standard names: TransformerLens' hook names (`blocks.5.hook_resid_post`,
-`blocks.5.attn.hook_z`) for the blocks of the model families hookdump knows, each a module's
-first input, the first tensor of its output, or a value inside its attention (`Site`).
+`blocks.5.attn.hook_z`, `blocks.5.mlp.hook_post`) for the blocks of the model families
+hookdump knows, each a module's first input, the first tensor of its output, or a value
+inside its attention (`Site`).
 
 The blocks are numbered in the order the model registers them, so `blocks.N` is the N-th
 block of the model (a ResNet's `layer1.0` is `blocks.0`, its `layer2.0` the next after
@@ -68,9 +69,21 @@ def _attention(path: str, rotary: bool = False, qk_norm: bool = False) -> Layout
     return names
 
 
+def _mlp(pre: str, post: str, pre_linear: str | None = None) -> Layout:
+    """The names inside an MLP: `mlp.hook_pre`, the output of its first projection (the
+    gate's, in a gated MLP, whose other projection is `mlp.hook_pre_linear`), and
+    `mlp.hook_post`, the input of its last projection (after the activation)."""
+    names: dict[str, tuple[str, Side]] = {"mlp.hook_pre": (pre, "output")}
+    if pre_linear is not None:
+        names["mlp.hook_pre_linear"] = (pre_linear, "output")
+    return names | {"mlp.hook_post": (post, "input")}
+
+
+_GATED = _mlp("mlp.gate_proj", "mlp.down_proj", "mlp.up_proj")
 _LLAMA = {
     **_layout("self_attn", "post_attention_layernorm", "mlp"),
     **_attention("self_attn", rotary=True),
+    **_GATED,
 }
 # Gemma 2: each sublayer's output is normalised before it is added to the stream
 _SANDWICH = {
@@ -78,6 +91,7 @@ _SANDWICH = {
         "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"
     ),
     **_attention("self_attn", rotary=True),
+    **_GATED,
 }
 # BERT is post-norm: TransformerLens' stream is the sums before each LayerNorm, so
 # `resid_post` is not the block's output (that is the next block's `resid_pre`)
@@ -89,24 +103,37 @@ _BERT = {
         ("output.LayerNorm", "input"),
     ),
     **_attention("attention.self"),
+    **_mlp("intermediate.dense", "output.dense"),
 }
 _RESIDUAL: Layout = {"hook_resid_pre": ("", "input"), "hook_resid_post": ("", "output")}
 
 # a block's class name (qualified by its module where the bare name is too common) -> layout
 LAYOUTS: dict[str, Layout] = {
-    "GPT2Block": {**_layout("attn", "ln_2", "mlp"), **_attention("attn")},
+    "GPT2Block": {
+        **_layout("attn", "ln_2", "mlp"),
+        **_attention("attn"),
+        **_mlp("mlp.c_fc", "mlp.c_proj"),
+    },
     "LlamaDecoderLayer": _LLAMA,
     "MistralDecoderLayer": _LLAMA,
     "Qwen2DecoderLayer": _LLAMA,
     "Qwen3DecoderLayer": {
         **_layout("self_attn", "post_attention_layernorm", "mlp"),
         **_attention("self_attn", rotary=True, qk_norm=True),
+        **_GATED,
     },
     "GemmaDecoderLayer": _LLAMA,
     "Gemma2DecoderLayer": _SANDWICH,
     "BertLayer": _BERT,
-    "ViTLayer": {**_layout("attention", "layernorm_after", "mlp"), **_attention("attention")},
-    "timm.models.vision_transformer.Block": _layout("ls1", "norm2", "ls2"),
+    "ViTLayer": {
+        **_layout("attention", "layernorm_after", "mlp"),
+        **_attention("attention"),
+        **_mlp("mlp.fc1", "mlp.fc2"),
+    },
+    "timm.models.vision_transformer.Block": {
+        **_layout("ls1", "norm2", "ls2"),
+        **_mlp("mlp.fc1", "mlp.fc2"),
+    },
     "torchvision.models.resnet.BasicBlock": _RESIDUAL,
     "torchvision.models.resnet.Bottleneck": _RESIDUAL,
     "timm.models.resnet.BasicBlock": _RESIDUAL,
