@@ -211,6 +211,9 @@ def test_standard_names_are_refused_in_one_line(gpt2: Path) -> None:
     assert_usage_error(result, "matches no standard name")
     result = invoke("run", "alexnet", "-l", "resid_post", "-n", "1")
     assert_usage_error(result, "'resid_post' is a standard name", "no block of a family")
+    # a pattern picks standard names only when it looks like one: `blocks.*` is no module
+    result = invoke("run", f"hf:{gpt2}", "-l", "resid_post", "-l", "blocks.*", "-n", "1")
+    assert_usage_error(result, "--layers 'blocks.*' matches no module of this model")
     result = invoke("run", f"hf:{gpt2}", "-l", "resid_post", "--capture", "grad", "-n", "1")
     assert_usage_error(result, "--capture grad is taken of modules selected by their own names")
 

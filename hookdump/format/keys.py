@@ -33,6 +33,12 @@ def tensor_key(module: str, kind: str, part: str | None, call: int) -> str:
         key = module if kind == "output" else f"{module}:{kind}"
     else:
         key = f"{module}:{kind}.{part}"
+    return called(key, call)
+
+
+def called(key: str, call: int) -> str:
+    """`key` for a module's call `call`: as it is for the first (0), `key@n` for the n-th
+    extra one."""
     return f"{key}@{call}" if call else key
 
 

@@ -30,12 +30,12 @@ from hookdump.choices import (
     parse_reduction,
 )
 from hookdump.errors import HookdumpError, keywords_checked, opt
-from hookdump.format.keys import RESERVED_KEYS, KeyInfo, tensor_key
+from hookdump.format.keys import RESERVED_KEYS, KeyInfo, called, tensor_key
 from hookdump.hooks.attention import AttentionTap, check_selection
-from hookdump.hooks.names import Side, Site, first_names, name_of, standard_sites
+from hookdump.hooks.names import Side, Site, first_names, name_of
 from hookdump.hooks.ops import OpRecorder, check_patterns
 from hookdump.hooks.reduce import channels_first, reduce_attention, reduce_tensor
-from hookdump.hooks.selection import Selection, module_type_name, named_modules, select
+from hookdump.hooks.selection import Selection, module_type_name, select
 
 
 @dataclass(frozen=True)
@@ -213,13 +213,12 @@ class _Targets:
     standard: dict[tuple[str, Side], str]
 
     @classmethod
-    def of(cls, model: nn.Module, selection: Selection) -> _Targets:
-        every = named_modules(model)
+    def of(cls, selection: Selection) -> _Targets:
         sites: dict[str, list[Site]] = {}
         for site in selection.sites.values():
             sites.setdefault(site.module, []).append(site)
-        standard = first_names(standard_sites(every))
-        return cls(selection.hooked(every), selection.modules, sites, standard)
+        standard = first_names(selection.standard)
+        return cls(selection.hooked, selection.modules, sites, standard)
 
 
 @dataclass(frozen=True)
@@ -281,7 +280,7 @@ class Capture:
         self.reduce = parse_reduction(reduce)
         self.model = model
         selection = select(model, _as_list(layers), _as_list(exclude), _as_list(types))
-        self._targets = _Targets.of(model, selection)
+        self._targets = _Targets.of(selection)
         self.kinds = parse_capture(capture)
         _check_kinds(self.kinds, self.named, selection.sites)
         check_selection(model, self.named, self.kinds)
@@ -493,7 +492,7 @@ class Capture:
         """The value standard names take: a module's hidden states, or its output's first."""
         part, value = first
         for site in sites:
-            key = f"{site.name}@{call}" if call else site.name
+            key = called(site.name, call)
             if not isinstance(value, torch.Tensor):
                 self.skipped.setdefault(key, Skipped(key, type(value).__name__))
                 continue
@@ -593,7 +592,7 @@ class Capture:
                 self._keep(key, name, module_type, kind, call, None, value)
             for site in self.sites.get(name, ()):
                 if site.side == kind:
-                    key = f"{site.name}@{call}" if call else site.name
+                    key = called(site.name, call)
                     self._keep(key, name, module_type, kind, call, None, value, site.name)
 
     def _grad_hook(

@@ -3,7 +3,7 @@ standard names (`blocks.5.hook_resid_post`, see `hooks.names`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
@@ -37,15 +37,19 @@ def is_leaf(module: nn.Module) -> bool:
 @dataclass(frozen=True)
 class Selection:
     """What the hooks take: `modules`, picked by their own names (or classes), and `sites`,
-    picked by standard names (`hooks.names`), each one value of a module."""
+    picked by standard names (`hooks.names`), each one value of a module; `every`: the
+    model's modules, and `standard`: every standard name the model has."""
 
     modules: dict[str, nn.Module]
     sites: dict[str, Site]
+    every: dict[str, nn.Module]
+    standard: dict[str, Site]
 
-    def hooked(self, every: Mapping[str, nn.Module]) -> dict[str, nn.Module]:
-        """Every module a hook goes on, in registration order (`every`: the model's)."""
+    @property
+    def hooked(self) -> dict[str, nn.Module]:
+        """Every module a hook goes on, in registration order."""
         wanted = set(self.modules) | {site.module for site in self.sites.values()}
-        return {name: m for name, m in every.items() if name in wanted}
+        return {name: m for name, m in self.every.items() if name in wanted}
 
 
 def select(
@@ -64,7 +68,7 @@ def select(
     """
     modules = named_modules(model)
     names = list(modules)
-    sites = standard_sites(modules) if any(map(looks_standard, [*layers, *exclude])) else {}
+    sites = standard_sites(modules)
     _check_patterns(layers, exclude, names, list(sites))
     present_types = {module_type_name(m) for m in modules.values()}
     for type_name in types:
@@ -73,22 +77,22 @@ def select(
                 _no_match(f"{opt('types')} {type_name!r}", type_name, present_types)
             )
 
-    by_name = [p for p in layers if _matches(p, names)]
+    by_name = [p for p in layers if _matched(p, names)]
     if by_name:
-        chosen = [n for n in names if any(fnmatchcase(n, p) for p in by_name)]
+        chosen = [n for n in names if _matches(n, by_name)]
     elif not layers:
         chosen = [n for n in names if types or is_leaf(modules[n])]
     else:  # standard names only
         chosen = []
-    chosen = [n for n in chosen if not any(fnmatchcase(n, p) for p in exclude)]
+    chosen = [n for n in chosen if not _matches(n, exclude)]
     if types:
         chosen = [n for n in chosen if module_type_name(modules[n]) in types]
-    wanted = [spelled_out(p) for p in layers if p not in by_name]
+    wanted = [spelled_out(p) for p in layers if p not in by_name and looks_standard(p)]
+    unwanted = [spelled_out(p) for p in exclude if looks_standard(p)]
     picked = {
         name: site
         for name, site in sites.items()
-        if any(fnmatchcase(name, p) for p in wanted)
-        and not any(fnmatchcase(name, spelled_out(p)) for p in exclude)
+        if _matches(name, wanted) and not _matches(name, unwanted)
     }
     if not chosen and not picked:
         raise HookdumpError(
@@ -96,7 +100,7 @@ def select(
             f"{opt('exclude')} or {opt('types')}; loosen them (`hookdump layers MODEL` lists the "
             "names)"
         )
-    return Selection({n: modules[n] for n in chosen}, picked)
+    return Selection({n: modules[n] for n in chosen}, picked, modules, sites)
 
 
 def select_modules(
@@ -109,19 +113,28 @@ def select_modules(
     return select(model, layers, exclude, types).modules
 
 
-def _matches(pattern: str, names: Sequence[str]) -> bool:
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    """Whether `name` matches any of `patterns`."""
+    return any(fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _matched(pattern: str, names: Sequence[str]) -> bool:
+    """Whether `pattern` matches any of `names`."""
     return any(fnmatchcase(name, pattern) for name in names)
 
 
 def _check_patterns(
     layers: Sequence[str], exclude: Sequence[str], names: list[str], sites: list[str]
 ) -> None:
-    """Every pattern matches a module, or else a standard name."""
+    """Every pattern matches a module, or else (looking like one) a standard name."""
     for pattern in [*layers, *exclude]:
-        if _matches(pattern, names) or _matches(spelled_out(pattern), sites):
+        if _matched(pattern, names):
+            continue
+        standard = looks_standard(pattern)
+        if standard and _matched(spelled_out(pattern), sites):
             continue
         flag = opt("layers") if pattern in layers else opt("exclude")
-        if not looks_standard(pattern):
+        if not standard:
             raise HookdumpError(_no_match(f"{flag} {pattern!r}", pattern, names))
         if not sites:
             raise HookdumpError(
