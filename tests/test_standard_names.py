@@ -181,6 +181,24 @@ def test_a_resnet_names_its_blocks_in_order(tmp_path: Path) -> None:
     assert torch.equal(dump["blocks.7.hook_resid_post"], cap.tensors["layer4.1"])
 
 
+def _assert_pre_norm_block(
+    dump: Any, attention: Any, norm1: Any, norm2: Any, mlp: Any, act: Any
+) -> None:
+    """Block 1's names against the block's own sublayers: x + attention(norm1(x)), then
+    + mlp(norm2(.)), the MLP's hidden layer before (`fc1`) and after `act`."""
+    with torch.no_grad():
+        pre = dump["blocks.1.hook_resid_pre"]
+        attn = attention(norm1(pre))
+        mid = pre + attn
+        out = mlp(norm2(mid))
+        hidden = mlp.fc1(norm2(mid))
+    expected = {"hook_attn_out": attn, "hook_resid_mid": mid, "hook_mlp_in": mid,
+                "hook_mlp_out": out, "hook_resid_post": mid + out,
+                "mlp.hook_pre": hidden, "mlp.hook_post": act(hidden)}  # fmt: skip
+    for name, value in expected.items():
+        torch.testing.assert_close(dump[f"blocks.1.{name}"], value, msg=name)
+
+
 def test_a_timm_vit_block_names_its_sublayers(tmp_path: Path) -> None:
     """timm's ViT: the stream is x + ls1(attn(norm1(x))), then + ls2(mlp(norm2(.)))."""
     timm = pytest.importorskip("timm")
@@ -189,18 +207,7 @@ def test_a_timm_vit_block_names_its_sublayers(tmp_path: Path) -> None:
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
     dump = hookdump.dump(model, [images], tmp_path / "d", layers=["blocks.1.*hook_*"])
     block = model.blocks[1]
-    with torch.no_grad():
-        pre = dump["blocks.1.hook_resid_pre"]
-        attn = block.attn(block.norm1(pre))
-        mid = pre + attn
-        mlp = block.mlp(block.norm2(mid))
-    torch.testing.assert_close(dump["blocks.1.hook_attn_out"], attn)
-    torch.testing.assert_close(dump["blocks.1.hook_resid_mid"], mid)
-    torch.testing.assert_close(dump["blocks.1.hook_mlp_out"], mlp)
-    torch.testing.assert_close(dump["blocks.1.hook_resid_post"], mid + mlp)
-    pre = block.mlp.fc1(block.norm2(mid))
-    torch.testing.assert_close(dump["blocks.1.mlp.hook_pre"], pre)
-    torch.testing.assert_close(dump["blocks.1.mlp.hook_post"], block.mlp.act(pre))
+    _assert_pre_norm_block(dump, block.attn, block.norm1, block.norm2, block.mlp, block.mlp.act)
 
 
 def test_standard_names_are_refused_in_one_line(gpt2: Path) -> None:
@@ -247,20 +254,9 @@ def test_a_transformers_vit_layer_names_its_sublayers(tmp_path: Path) -> None:
     model = t.ViTModel(config).eval()
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(6))
     dump = hookdump.dump(model, [images], tmp_path / "d", layers=["blocks.1.*hook_*"])
-    layer = model.layers[1] if hasattr(model, "layers") else model.encoder.layer[1]
-    with torch.no_grad():
-        pre = dump["blocks.1.hook_resid_pre"]
-        attn = layer.attention(layer.layernorm_before(pre))[0]
-        mid = pre + attn
-        mlp = layer.mlp(layer.layernorm_after(mid))
-    torch.testing.assert_close(dump["blocks.1.hook_attn_out"], attn)
-    torch.testing.assert_close(dump["blocks.1.hook_resid_mid"], mid)
-    torch.testing.assert_close(dump["blocks.1.hook_mlp_in"], mid)
-    torch.testing.assert_close(dump["blocks.1.hook_mlp_out"], mlp)
-    torch.testing.assert_close(dump["blocks.1.hook_resid_post"], mid + mlp)
-    pre = layer.mlp.fc1(layer.layernorm_after(mid))
-    torch.testing.assert_close(dump["blocks.1.mlp.hook_pre"], pre)
-    torch.testing.assert_close(dump["blocks.1.mlp.hook_post"], layer.mlp.activation_fn(pre))
+    layer = model.layers[1]
+    _assert_pre_norm_block(dump, lambda x: layer.attention(x)[0], layer.layernorm_before,
+                           layer.layernorm_after, layer.mlp, layer.mlp.activation_fn)  # fmt: skip
     # and inside its attention: each head's output is its pattern times its values
     pattern, v = dump["blocks.1.attn.hook_pattern"], dump["blocks.1.attn.hook_v"]
     z = torch.einsum("bhts,bshd->bthd", pattern, v)
