@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from hookdump.format.keys import called
 from hookdump.hooks.attention import is_attention
 from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import forward
@@ -86,35 +87,21 @@ def list_layers(
     with cap, torch.inference_mode(), cap.counting_only():
         forward(cap, model, batch, loaded.spec)
     rows = {
-        name: LayerRow(
-            name,
-            module_type_name(module),
-            sum(p.numel() for p in module.parameters()),
-            cap.calls.get(name, 0),
-            ops=[] if ops else None,
-            attention=is_attention(module),
-        )
+        name: _row(name, name, cap, ops=[] if ops else None, attention=is_attention(module))
         for name, module in cap.named.items()
     }
     for sites in cap.sites.values():
         for site in sites:
-            module = cap.modules[site.module]
-            rows[site.name] = LayerRow(
-                site.name,
-                module_type_name(module),
-                sum(p.numel() for p in module.parameters()),
-                cap.calls.get(site.module, 0),
-                site=site,
-            )
+            rows[site.name] = _row(site.name, site.module, cap, site=site)
     for info in cap.info.values():
-        if info.standard_name == info.key or info.key.startswith(f"{info.standard_name}@"):
-            if info.call == 0:
-                rows[info.key].outputs[""] = list(info.shape)
+        if info.standard_name and info.key == called(info.standard_name, info.call):
+            if info.call == 0:  # a standard name's value
+                rows[info.standard_name].outputs[""] = list(info.shape)
             continue
         if info.kind == "op":
             listed = rows[info.module].ops
             assert listed is not None
-            listed.append(f"{info.part}@{info.call}" if info.call else str(info.part))
+            listed.append(called(str(info.part), info.call))
             continue
         if info.call != 0:
             continue
@@ -125,6 +112,13 @@ def list_layers(
             row.outputs[part] = [info.rows, *info.shape] if info.rows is not None else []
             row.unbatched.append(part)
     return list(rows.values())
+
+
+def _row(name: str, module: str, cap: Capture, **extra: Any) -> LayerRow:
+    """Row `name` of hooked module `module` (itself, or a standard name's value of it)."""
+    found = cap.modules[module]
+    params = sum(p.numel() for p in found.parameters())
+    return LayerRow(name, module_type_name(found), params, cap.calls.get(module, 0), **extra)
 
 
 def down_to(rows: list[LayerRow], depth: int | None) -> list[LayerRow]:
