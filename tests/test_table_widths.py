@@ -172,3 +172,21 @@ def test_a_long_name_folds_after_a_dot_where_it_can() -> None:
     cells = [line[1:shape].strip() for line in lines[1:]]
     assert cells[:2] == ["blocks.11.", "hook_resid_post"]
     assert len(cells[2]) < 30 and "".join(cells[2:4]) == "x" * 30
+
+
+def test_a_long_name_among_words_folds_after_a_dot() -> None:
+    """`layers`' class column of a standard name, `output of model.layers.3.self_attn`, in a
+    narrow column: rich wraps at the spaces, and the module's name breaks after a dot."""
+    from hookdump.cli.render import layers_table
+    from hookdump.hooks.names import Site
+    from hookdump.tools.layers import LayerRow
+
+    site = Site("blocks.3.hook_attn_out", "model.layers.3.self_attn", "output")
+    rows = [LayerRow(site.name, "LlamaAttention", 3072, 1, {"": [128, 32]}, site=site)]
+    out = io.StringIO()
+    Console(file=out, width=60, color_system=None).print(layers_table(rows, 60), crop=False)
+    lines = out.getvalue().splitlines()
+    header = next(i for i, line in enumerate(lines) if "class" in line)
+    column = lines[header].index("class")
+    cells = [line[column:].split("  ")[0].strip() for line in lines[header + 1 :]]
+    assert cells == ["output of", "model.", "layers.3.", "self_attn"]  # not `model.layer`

@@ -169,23 +169,28 @@ BREAKS = ("./:", "_")
 
 
 def _broken(cell: Text, width: int) -> Text:
-    """A plain name wider than `width` as lines broken after a dot, colon or slash, else an
-    underscore (`blocks.5.` `hook_resid_post`), mid-word only where a word is wider than
-    `width`."""
+    """A plain cell whose names are wider than `width`, each name broken into lines after a
+    dot, colon or slash, else an underscore (`blocks.5.` `hook_resid_post`), mid-word only
+    where a word is wider than `width`; rich wraps the rest at its spaces."""
     text = cell.plain
+    words = text.split(" ")
     if (
-        cell.cell_len <= width
+        max(len(word) for word in words) <= width
         or cell.spans
         or len(text) != cell.cell_len
-        or any(c.isspace() for c in text)
-    ):  # words: rich wraps them at their spaces
+        or any(c.isspace() and c != " " for c in text)
+    ):
         return cell
+    return Text(" ".join(_name_lines(word, width) for word in words), style=cell.style)
+
+
+def _name_lines(name: str, width: int) -> str:
     lines = []
-    while len(text) > width:
-        cut = next((c for seps in BREAKS if (c := _last(text, seps, width) + 1)), 0)
-        lines.append(text[: cut or width])
-        text = text[cut or width :]
-    return Text("\n".join([*lines, text]), style=cell.style)
+    while len(name) > width:
+        cut = next((c for seps in BREAKS if (c := _last(name, seps, width) + 1)), 0)
+        lines.append(name[: cut or width])
+        name = name[cut or width :]
+    return "\n".join([*lines, name])
 
 
 def _last(text: str, separators: str, width: int) -> int:
