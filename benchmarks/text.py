@@ -187,10 +187,11 @@ def bench_throughput(job: Job, reps: int) -> dict[str, Any]:
 
 def bench_statistics(job: Job, reps: int) -> dict[str, Any]:
     """The per-feature statistics' cost: the token-row dump's seconds (loop and finish)
-    with them, and with `KeySummary.add_features` made a no-op (nothing else changes)."""
-    from hookdump.store.stats import KeySummary
+    with them, and without (`KeySummary.add_features` a no-op and `batch_stats` answering
+    None: the whole-key statistics then made the older way, one chunked pass)."""
+    from hookdump.store import stats
 
-    real = KeySummary.add_features
+    real = stats.KeySummary.add_features, stats.batch_stats
 
     def seconds(timings: dict[str, float]) -> float:
         return timings["loop"] + timings["finish"]
@@ -199,11 +200,12 @@ def bench_statistics(job: Job, reps: int) -> dict[str, Any]:
         return seconds(job.hookdump("hd"))
 
     def without() -> float:
-        KeySummary.add_features = lambda *_, **__: None  # type: ignore[method-assign]
+        stats.KeySummary.add_features = lambda *_, **__: None  # type: ignore[method-assign]
+        stats.batch_stats = lambda _: None
         try:
             return seconds(job.hookdump("hd"))
         finally:
-            KeySummary.add_features = real  # type: ignore[method-assign]
+            stats.KeySummary.add_features, stats.batch_stats = real  # type: ignore[method-assign]
 
     runs = paired({"without_statistics": without, "with_statistics": with_stats}, reps)
     ratio = [w / o for w, o in zip(runs["with_statistics"], runs["without_statistics"],

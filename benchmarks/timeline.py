@@ -42,7 +42,8 @@ def instrument() -> None:
     from hookdump.engine import loop, runner
     from hookdump.hooks import forward
     from hookdump.model import prepare
-    from hookdump.store.write import direct_io, memory, shards, sink, stats, writer
+    from hookdump.store import stats
+    from hookdump.store.write import direct_io, memory, shards, sink, writer
 
     EVENTS.append(("MainThread", "import torch + hookdump", STARTED, time.perf_counter()))
     timed(runner, "prepare", "model: import + build")
@@ -50,7 +51,8 @@ def instrument() -> None:
     timed(sink.BatchSink, "begin", "wait for a slot")
     timed(memory.BufferPool, "copy", "copy in hook")
     timed(sink.BatchSink, "close", "wait for the writer")
-    timed(stats.TensorStats, "update", "statistics")
+    timed(memory.Budget, "take", "wait for room (512 MiB)")
+    timed(stats.KeySummary, "add_values", "statistics")
     timed(shards.ShardFile, "write", "stage (shard)")
     timed(shards.PlannedShard, "write_rows", "stage (planned)")
     timed(direct_io._DiskThread, "take", "wait for a staging buffer")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -121,6 +123,7 @@ class Worker(Generic[J]):
                 self._changed.wait(timeout)
 
     def _run(self, last: float) -> None:
+        one_torch_thread()
         while (jobs := self._take(last)) is not None:
             try:
                 if self._error is None:
@@ -148,6 +151,21 @@ def _one_at_a_time(handle: Callable[[J], None] | None) -> Callable[[list[J]], No
         handle(job)
 
     return handle_one
+
+
+def one_torch_thread() -> None:
+    """torch's ops on the calling thread run on it alone, not on a team of OpenMP threads:
+    a background thread's small ops (statistics of a piece, a reader's bookkeeping) each woke
+    a team that then spun beside the forward's own, on cores the forward needs (issue 43:
+    1.9 of a shuffled pass's 3.1 CPU s). Only this thread changes: OpenMP keeps a team size
+    per thread, which torch sets on a thread's first ask, so it is asked first. Nothing
+    where torch is not imported yet, or no OpenMP runtime is found."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    torch.get_num_threads()
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).omp_set_num_threads(1)
 
 
 class Channel(Generic[T]):

@@ -10,6 +10,7 @@ import contextlib
 import os
 import sys
 import threading
+from collections.abc import MutableMapping
 from typing import Annotated, NoReturn
 
 import typer
@@ -68,6 +69,7 @@ app.command("export", short_help="Write a dump for datasets, SAELens or numpy.")
 def main() -> None:
     """Console-script entry point: the first Ctrl-C or SIGTERM stops the command, and any
     later one is ignored (see `engine.signals`) until the process is gone."""
+    wait_passively(os.environ)
     try:
         with interrupts_once(process_ends=True):
             app(prog_name="hookdump")
@@ -78,6 +80,15 @@ def main() -> None:
             ignore_from_now()
         _exit(exc.code)
     _exit(0)
+
+
+def wait_passively(environ: MutableMapping[str, str]) -> None:
+    """The forward's OpenMP threads wait for each other asleep, not spinning (set before torch
+    loads OpenMP, which reads it once; any setting of the user's own is kept). Spinning, each
+    waited on a core that hookdump's writer threads needed: the resnet50 job spent 3.6 of its
+    12.4 CPU s so, for no gain of the bare forward's (benchmarks/README.md)."""
+    if not any(name in environ for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def _exit(code: object) -> NoReturn:

@@ -9,10 +9,11 @@ from typing import Any
 import torch
 
 from hookdump.format.keys import KeyInfo
-from hookdump.store.features import FeatureStats, features_of
+from hookdump.store.features import FeatureStats, batch_stats, features_of
 
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram
+HIST_RUN = 256  # taken in runs of this many neighbours: an element a cache line is slow
 # elements per chunk of the one pass: 1 MiB of float32, read from memory once and then from
 # the cache: several times faster than four whole-tensor passes
 _CHUNK = 1 << 18
@@ -35,6 +36,15 @@ def _one_pass(flat: torch.Tensor) -> tuple[float, float, float, float]:
         float(torch.stack(sums).double().sum()),
         float(torch.stack(squares).double().sum()),
     )
+
+
+def _sample(flat: torch.Tensor) -> torch.Tensor:
+    """About HIST_SAMPLE elements of `flat`, evenly spread in runs of HIST_RUN."""
+    runs = HIST_SAMPLE // HIST_RUN
+    if flat.numel() <= HIST_SAMPLE:
+        return flat
+    stride = flat.numel() // runs
+    return flat[: runs * stride].reshape(runs, stride)[:, :HIST_RUN]
 
 
 @dataclass
@@ -93,6 +103,15 @@ class TensorStats:
         self.max = max(self.max, hi)
         self._histogram(flat, lo, hi)
 
+    def fold(self, whole: tuple[int, float, float, float, float], values: torch.Tensor) -> None:
+        """Fold in one batch's statistics made already (count, mean, sum of squared
+        deviations, min, max: `FeatureStats.whole`, all finite) and its `values`' sketch."""
+        count, mean, m2, lo, hi = whole
+        if not count:
+            return
+        self.merge(TensorStats(count, mean, m2, lo, hi))
+        self._histogram(values.reshape(-1), lo, hi)
+
     def add_zeros(self, count: int) -> None:
         """Fold in `count` zeros without reading them (a hole in a sparse shard)."""
         if count <= 0:
@@ -107,7 +126,7 @@ class TensorStats:
             else min(HIST_BINS - 1, max(0, int(-first / (last - first) * HIST_BINS)))
         )
         hist = list(self.hist)
-        hist[at] += min(count, HIST_SAMPLE)  # as a batch's strided sample counts
+        hist[at] += min(count, HIST_SAMPLE)  # as a batch's sample counts
         self.merge(zeros)
         self.hist = hist
 
@@ -116,8 +135,8 @@ class TensorStats:
             self.hist_range = (lo, hi if hi > lo else lo + 1.0)
             self.hist = [0] * HIST_BINS
         first, last = self.hist_range
-        sample = flat[:: max(1, flat.numel() // HIST_SAMPLE)]  # a sparkline needs no more
-        counts = torch.histc(sample.clamp(first, last), bins=HIST_BINS, min=first, max=last)
+        sample = _sample(flat)  # a sparkline needs no more
+        counts = torch.histc(sample.float().clamp(first, last), bins=HIST_BINS, min=first, max=last)
         self.hist = [a + int(b) for a, b in zip(self.hist, counts.tolist(), strict=True)]
 
     def merge(self, other: TensorStats) -> None:
@@ -181,8 +200,9 @@ class KeySummary:
         """Some values were not seen as rows: no per-feature statistics for this key."""
         self.features, self.features_lost = None, True
 
-    def add_features(self, tensor: torch.Tensor, finite: bool) -> None:
-        """Fold a batch of rows into the per-feature statistics (floating keys only)."""
+    def add_features(self, tensor: torch.Tensor, batch: FeatureStats | None = None) -> None:
+        """Fold a batch of rows into the per-feature statistics (floating keys only), or
+        its statistics made already (`batch`)."""
         if self.features_lost or not tensor.is_floating_point():
             return
         if tuple(tensor.shape[1:]) != self.shape:  # refused by the writer; else not rows alike
@@ -190,7 +210,10 @@ class KeySummary:
             return
         if self.features is None:
             self.features = FeatureStats.empty(features_of(self.shape))
-        self.features.update(tensor, finite)
+        if batch is None:
+            self.features.update(tensor)
+        else:
+            self.features.merge(batch)
 
     def count_bytes(self, nbytes: int) -> None:
         """Rows of `nbytes` are on disk (read back: their values are added apart)."""
@@ -204,10 +227,15 @@ class KeySummary:
         return nbytes
 
     def add_values(self, tensor: torch.Tensor) -> None:
-        """Fold a batch of rows into the statistics (their bytes are counted apart)."""
-        seen = (self.stats.nan, self.stats.inf)
-        self.stats.update(tensor)
-        self.add_features(tensor, finite=(self.stats.nan, self.stats.inf) == seen)
+        """Fold a batch of rows into the statistics (their bytes are counted apart): a
+        floating batch without NaN or infinities in one read of its memory, whose
+        per-feature statistics make the whole key's."""
+        batch = batch_stats(tensor)
+        if batch is None:
+            self.stats.update(tensor)
+        else:
+            self.stats.fold(batch.whole(), tensor)
+        self.add_features(tensor, batch)
 
     def as_dict(self) -> dict[str, Any]:
         return {
