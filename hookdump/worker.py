@@ -215,15 +215,16 @@ class Channel(Generic[T]):
             yield item
 
 
-# each open prefetch's stop, run at exit: torch aborts a process that tears down while a
-# thread is inside it
-_open: dict[int, Callable[[], None]] = {}
+# the stop of each prefetch whose thread is still running, run at exit: a thread inside
+# torch when the interpreter tears down is ended inside a C++ frame that may not unwind, and
+# the process aborts ("terminate called without an active exception", SIGABRT)
+_running: dict[object, Callable[[], None]] = {}
 EXIT_JOIN = 30.0  # seconds a prefetch's thread is given to stop at exit
 
 
 @atexit.register
-def _stop_open() -> None:
-    for stop in list(_open.values()):
+def _stop_running() -> None:
+    for stop in list(_running.values()):
         stop()
 
 
@@ -232,9 +233,11 @@ def prefetch(
 ) -> Iterator[T]:
     """`items`, made on a worker thread up to `depth` ahead (off the consumer's path); an
     error there is raised here once the items made before it are taken. A consumer that
-    stops early (an error, Ctrl-C, the interpreter ending) does not wait: the worker stops
-    at its next item, and `on_leave` (called then) may stop it sooner."""
+    stops early (`break`, an error, Ctrl-C, the iterator dropped) does not wait: the worker
+    stops at its next item, and `on_leave` (called then) may stop it sooner. Until the
+    thread has stopped, the interpreter's exit waits for it (`_stop_running`)."""
     channel: Channel[T] = Channel(depth)
+    running, token = _running, object()  # a local: at teardown globals may be gone first
 
     def produce(_: None) -> None:
         try:
@@ -243,24 +246,25 @@ def prefetch(
                     return
         finally:
             channel.close()
-            if isinstance(items, Generator):  # its own cleanup runs now, on this thread
-                items.close()
+            try:
+                if isinstance(items, Generator):  # its own cleanup runs now, on this thread
+                    items.close()
+            finally:
+                running.pop(token, None)  # the last of this thread's work
 
     worker: Worker[None] = Worker(name, produce)
-    worker.submit(None)
 
     def stop(join: bool = True) -> None:
         channel.leave()
         on_leave()
         worker.close(join=join, timeout=EXIT_JOIN)
 
-    registry = _open  # a local: at teardown the module's globals may be gone first
-    registry[id(channel)] = stop
+    running[token] = stop
+    worker.submit(None)
     finished = False
     try:
         yield from channel
         finished = True
     finally:
-        registry.pop(id(channel), None)
         stop(join=finished)
     worker.raise_if_failed()
