@@ -37,7 +37,7 @@ SHARD_BYTES = 64 << 20
 BATCH = 4096
 
 _CHILD = """
-import json, os, sys, time
+import json, os, resource, sys, time
 import hookdump
 path, how = sys.argv[1:3]
 dump = hookdump.load(path)
@@ -46,16 +46,19 @@ def peak_kib():  # VmHWM: this process's own high-water mark (ru_maxrss keeps th
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 before = peak_kib()
-start, rows = time.perf_counter(), 0
+start, rows, cpu_start = time.perf_counter(), 0, cpu()
 if how != "load":
     for batch in dump.batches(keys, 4096, shuffle=how == "shuffled", seed=0):
         rows += len(batch["0"])
     assert rows == dump.num_samples, (rows, dump.num_samples)
-seconds = time.perf_counter() - start
+seconds, cpu_seconds = time.perf_counter() - start, cpu() - cpu_start
 peak = peak_kib()
 print(json.dumps({"seconds": seconds, "rows": rows, "bytes": rows * dump.reader.row_bytes(keys),
-                  "peak_kib": peak, "before_kib": before}))
+                  "peak_kib": peak, "before_kib": before, "cpu_seconds": cpu_seconds}))
 """
 
 
@@ -145,6 +148,10 @@ def bench_read(job: Job, reps: int) -> dict[str, Any]:
         "mb_per_s": {name: spread(values) for name, values in mb_s.items()},
         "rows_per_s": {name: spread(values) for name, values in rows_s.items()},
         "vs_dd": {name: spread(values) for name, values in ratio.items()},
+        "cpu_s_per_gib": {
+            name: spread([r["cpu_seconds"] / (r["bytes"] / (1 << 30)) for r in runs[name]])
+            for name in ("in_order", "shuffled")
+        },
         "peak_rss_mib": {
             "loaded": base / 1024,
             **{

@@ -5,6 +5,7 @@ batch, and DataLoader workers times ranks reading every row once."""
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,7 @@ class _Rows:
 
     def __init__(self, log: list[tuple[int, int]]) -> None:
         self.log = log
+        self.done = threading.Event()  # closed
 
     def allocate(self, count: int) -> dict[str, torch.Tensor]:
         return {"id": torch.full((count,), -1), "twice": torch.full((count,), -1)}
@@ -151,6 +153,12 @@ class _Rows:
 
     def will_need(self, lo: int, hi: int) -> None:
         pass
+
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+        self.done.set()
 
     def scatter(self, lo: int, hi: int, places: Any, positions: torch.Tensor) -> None:
         self.log.append((lo, hi))
@@ -163,7 +171,21 @@ def _pass(sizes: list[int], group: int = 2, log: list | None = None, **options: 
 
     chosen = PassOptions(**{"batch_size": 8, "seed": 3, **options})
     blocks = torch.tensor(_blocks(sizes), dtype=torch.int64).reshape(-1, 2)
-    return list(pass_batches(blocks, _Rows([] if log is None else log), chosen, group))
+    source = _Rows([] if log is None else log)
+    batches = list(pass_batches(blocks, source, chosen, group))
+    assert source.closed == 1  # what the pass kept open is let go, once
+    return batches
+
+
+def test_a_pass_left_early_closes_its_source() -> None:
+    from hookdump.store.read.batches import PassOptions, pass_batches
+
+    blocks = torch.tensor(_blocks([10] * 10), dtype=torch.int64)
+    source = _Rows([])
+    rows = pass_batches(blocks, source, PassOptions(batch_size=4, shuffle=True), 2)
+    next(rows)
+    rows.close()  # the reading thread closes it as it stops
+    assert source.done.wait(600) and source.closed == 1
 
 
 @pytest.mark.parametrize("sizes", [[103], [10] * 10 + [3], [1] * 103, [50, 0, 53]])

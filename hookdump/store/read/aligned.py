@@ -72,6 +72,10 @@ class _AlignedRows:
         for column in self.columns:
             column.rows.will_need(lo, hi)
 
+    def close(self) -> None:
+        for column in self.columns:
+            column.rows.close()
+
 
 @dataclass(frozen=True)
 class AlignedPass:

@@ -68,6 +68,10 @@ class RowSource(Protocol):
 
     def will_need(self, lo: int, hi: int) -> None: ...
 
+    def close(self) -> None:
+        """The pass has ended: let go of what it kept open."""
+        ...
+
     @property
     def ahead(self) -> int:
         """How many blocks to announce (`will_need`) ahead of the one read."""
@@ -178,7 +182,7 @@ def pass_batches(
     order), read from `source` a buffer of `group` blocks at a time, on a thread that reads
     the next buffer's rows into their batches while this one's are given out."""
     control = _ReadAhead()
-    buffers = _buffers(blocks, source, options, group, control)
+    buffers = _closing(_buffers(blocks, source, options, group, control), source)
     size = options.batch_size
     try:  # the next buffer filled on a thread while this one is given out
         for buffer in prefetch(buffers, 1, "hookdump-read", on_leave=control.stop):
@@ -195,6 +199,14 @@ def pass_batches(
             del buffer
     finally:
         control.stop()  # a pass left early: the thread stops at its next read
+
+
+def _closing(buffers: Iterator[_Buffer], source: RowSource) -> Iterator[_Buffer]:
+    """`buffers`, then the source closed, however the pass ends (on the reading thread)."""
+    try:
+        yield from buffers
+    finally:
+        source.close()
 
 
 def _buffers(

@@ -6,18 +6,21 @@ their places. `Dump.batches` reads this way.
 
 A shard is checked once (its run id, and its header against the manifest, by
 `ShardReader.open`, on the very file or object read), and its tensors' byte offsets are
-taken from that header, each checked to hold exactly the rows the manifest gives it. A
-local shard whose file changed since (another inode, size or time: another run wrote over
-the dump) is checked again, so a replaced shard is an `InvalidDump`, never another run's
-rows; an object at a URL is looked up (size, ETag) once per pass.
+taken from that header, each checked to hold exactly the rows the manifest gives it. A pass
+opens each shard once and keeps it open (up to `OPEN_SHARDS` at a time; opening a file for
+every block cost a path check, an open and a stat each): the rows read are the checked
+file's, never another run's, even if the dump is written over meanwhile. A shard opened
+again is checked again where it changed (another inode, size or time, or at a URL another
+size or ETag).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hookdump.errors import InvalidDump
@@ -29,6 +32,7 @@ from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
 # blocks asked for ahead of their read from a URL: each a request per key in flight, so
 # the memory beyond a pass's buffers is at most this many blocks (of BLOCK_BYTES)
 REMOTE_AHEAD = 8
+OPEN_SHARDS = 64  # shards a pass keeps open, the least recently read closed first
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,23 @@ class ShardRows:
         # shard's object, looked up (and checked) once per pass
         self.ahead = 1 if dump.remote is None else REMOTE_AHEAD
         self._pending: dict[tuple[int, int], list[Future[bytes]]] = {}
-        self._objects: dict[str, Blob] = {}
+        self._opened: dict[str, Blob] = {}  # by file, the most recently read last
+
+    def close(self) -> None:
+        """Close the shards the pass keeps open (it may read on: they open again)."""
+        while self._opened:
+            self._opened.popitem()[1].close()
+
+    def _blob(self, shard: ShardEntry) -> Blob:
+        """The shard's file or object, opened (and its size checked) the first time the
+        pass meets it, and kept open."""
+        blob = self._opened.pop(shard.file, None)
+        if blob is None:
+            blob = self.dump.blob(shard)
+            if len(self._opened) >= OPEN_SHARDS:
+                self._opened.pop(next(iter(self._opened))).close()
+        self._opened[shard.file] = blob
+        return blob
 
     def allocate(self, count: int) -> dict[str, torch.Tensor]:
         """Empty tensors of `count` rows of each key, as the manifest shapes them."""
@@ -59,20 +79,27 @@ class ShardRows:
         """Rows `lo:hi` (dump row numbers, inside one shard) into `out` (`hi - lo` rows of
         each key, contiguous)."""
         if self.dump.remote is not None:
-            self._read_remote(self.dump.shard_of(lo), lo, hi, out)
+            self._read_remote(lo, hi, out)
             return
         self._read_local(lo, hi, lambda key, blob, at: blob.readinto(_bytes_of(out[key]), at))
 
     def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None:
         """Rows `lo:hi` (inside one shard) straight to `positions` of `places` (one each):
-        locally with one `preadv` per key, into the batches themselves."""
-        if self.dump.remote is not None or not scattered_reads():
+        locally with one `preadv` per key, into the batches themselves; at a URL from each
+        response's bytes."""
+        where = positions.numpy()
+        if self.dump.remote is not None:
+            for key, data in self._remote_rows(lo, hi):
+                if data:
+                    raw = np.frombuffer(data, dtype=np.uint8).reshape(hi - lo, -1)
+                    places.put_bytes(key, raw, where)
+            return
+        if not scattered_reads():
             rows = self.allocate(hi - lo)
             self.read_into(lo, hi, rows)
             for key, values in rows.items():
                 places.put(key, values, positions)
             return
-        where = positions.numpy()
 
         def read(key: str, blob: Blob, at: int) -> int:
             assert isinstance(blob, LocalBlob)
@@ -84,7 +111,7 @@ class ShardRows:
         """Rows `lo:hi` of a local shard, key by key: `read(key, blob, offset)` reads a
         key's rows from `offset` on and says how many bytes it read."""
         shard = self.dump.shard_of(lo)
-        blob = self.dump.blob(shard)
+        blob = self._blob(shard)
         try:
             layout = self._layout(shard, blob)
             for key in self.keys:
@@ -97,8 +124,6 @@ class ShardRows:
         except OSError as exc:
             where = self.dump.path / shard.file
             raise InvalidDump(f"cannot read shard {where}: {exc.strerror or exc}") from None
-        finally:
-            blob.close()
 
     def will_need(self, lo: int, hi: int) -> None:
         """Ask for rows `lo:hi` ahead of their read (a hint: errors wait for the read)."""
@@ -111,41 +136,40 @@ class ShardRows:
         if layout is None:
             return
         try:
-            blob = self.dump.blob(shard)
+            blob = self._blob(shard)
         except (OSError, InvalidDump):
             return
-        try:
-            for key in self.keys:
-                span = self._span(layout, shard, key, lo, hi)
-                blob.will_need(span.start, len(span))
-        finally:
-            blob.close()
+        for key in self.keys:
+            span = self._span(layout, shard, key, lo, hi)
+            blob.will_need(span.start, len(span))
 
     def _fetch(self, shard: ShardEntry, lo: int, hi: int) -> list[Future[bytes]]:
         """Requests for rows `lo:hi` of each key, sent now (the object looked up and its
         header checked the first time the pass meets the shard)."""
         remote = self.dump.remote
         assert remote is not None
-        blob = self._objects.get(shard.file)
-        if blob is None:
-            blob = self._objects[shard.file] = self.dump.blob(shard)
-        layout = self._layout(shard, blob)
+        layout = self._layout(shard, self._blob(shard))
         spans = [self._span(layout, shard, key, lo, hi) for key in self.keys]
         return [remote.fetch(shard.file, span.start, span.stop) for span in spans]
 
-    def _read_remote(
-        self, shard: ShardEntry, lo: int, hi: int, out: dict[str, torch.Tensor]
-    ) -> None:
+    def _read_remote(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
+        for key, data in self._remote_rows(lo, hi):
+            if data:
+                _bytes_of(out[key])[:] = data
+
+    def _remote_rows(self, lo: int, hi: int) -> Iterator[tuple[str, bytes]]:
+        """Each key's bytes of rows `lo:hi` from the URL (asked for ahead, or now), as the
+        responses hold them, checked to be whole."""
         remote = self.dump.remote
         assert remote is not None
+        shard = self.dump.shard_of(lo)
         futures = self._pending.pop((lo, hi), None) or self._fetch(shard, lo, hi)
         for key, future in zip(self.keys, futures, strict=True):
             data = remote.take(shard.file, future)
             want = (hi - lo) * self._row_bytes[key]
             if len(data) != want:
                 raise self._short(shard, key, len(data), want)
-            if want:
-                _bytes_of(out[key])[:] = data
+            yield key, data
 
     def _layout(self, shard: ShardEntry, blob: Blob) -> _Layout:
         known = self._layouts.get(shard.file)

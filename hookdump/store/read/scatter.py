@@ -104,10 +104,25 @@ class Places:
 
     def put(self, key: str, rows: torch.Tensor, positions: torch.Tensor) -> None:
         """Copy `rows` (in block order) to `positions`."""
-        which, slot = positions // self.size, positions % self.size
-        for batch in torch.unique(which).tolist():
-            chosen = which == batch
-            self.batches[batch][key][slot[chosen]] = rows[chosen]
+        if len(rows) and rows[0].numel():
+            self.put_bytes(key, _row_bytes(rows), positions.numpy())
+
+    def put_bytes(self, key: str, rows: np.ndarray, where: np.ndarray) -> None:
+        """Copy the rows' bytes (`rows`: [n, bytes of a row], in block order) to positions
+        `where`, batch by batch, with NumPy (torch's indexing took a fifth of a shuffled
+        pass's reading thread)."""
+        order = np.argsort(where, kind="stable")
+        batch = where[order] // self.size
+        firsts = np.flatnonzero(np.diff(batch, prepend=-1))
+        for first, last in zip(firsts, [*firsts[1:], len(order)], strict=True):
+            taken = order[first:last]
+            target = _row_bytes(self.batches[int(batch[first])][key])
+            target[where[taken] % self.size] = rows[taken]
+
+
+def _row_bytes(rows: torch.Tensor) -> np.ndarray:
+    """The bytes of contiguous `rows` as a [rows, bytes of a row] NumPy view."""
+    return rows.contiguous().view(torch.uint8).numpy().reshape(len(rows), -1)
 
 
 class Slabs:
