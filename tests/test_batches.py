@@ -66,6 +66,21 @@ def test_every_row_once_with_keys_aligned(dump: Dump, shuffle: bool, batch_size:
         assert torch.equal(xs, dump[X])  # in row order
 
 
+def test_shards_closed_to_keep_few_open_read_the_same(
+    dump: Dump, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass keeps few shards open (`OPEN_SHARDS`): one closed and met again is opened and
+    read again, giving the same rows in the same order."""
+    from hookdump.store.read import rows
+
+    whole = list(dump.batches([X, Y], 3, shuffle=True, seed=4, with_index=True))
+    monkeypatch.setattr(rows, "OPEN_SHARDS", 2)
+    again = list(dump.batches([X, Y], 3, shuffle=True, seed=4, with_index=True))
+    assert len(whole) == len(again)
+    for one, two in zip(whole, again, strict=True):
+        assert all(torch.equal(one[k], two[k]) for k in (X, Y, "__row__"))
+
+
 def test_the_order_is_fixed_by_the_seed_and_mixes_shards(dump: Dump) -> None:
     def order(seed: int) -> torch.Tensor:
         return torch.cat([b[X] for b in dump.batches([X], 8, shuffle=True, seed=seed)])
