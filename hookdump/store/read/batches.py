@@ -243,9 +243,9 @@ def _buffers(
             continue
         if not control.take():
             return
-        filled = _filled(
-            source, Fill(slabs, rows, mixed, size, len(carry)), carried, chosen, control
-        )
+        upcoming = [(lo, hi) for lo, hi in order[first + group :][: source.ahead].tolist()]
+        fill = Fill(slabs, rows, mixed, size, len(carry))
+        filled = _filled(source, fill, carried, (chosen, upcoming), control)
         if filled is None:
             return
         yield _Buffer(rows, mixed, max(0, options.start - given), filled[0])
@@ -253,7 +253,8 @@ def _buffers(
         carry, carried = _taken(rows, mixed, full * size, len(rows)), filled[1]
     if len(carry) and not options.drop_last and given >= options.start and control.take():
         if carried is None:  # passed over: fewer than a batch, read one by one
-            filled = _filled(source, Fill(slabs, carry, None, size, len(carry)), None, [], control)
+            fill = Fill(slabs, carry, None, size, len(carry))
+            filled = _filled(source, fill, None, ([], []), control)
             if filled is None:
                 return
             carried = filled[1]
@@ -275,14 +276,15 @@ def _filled(
     source: RowSource,
     fill: Fill,
     carried: dict[str, torch.Tensor] | None,
-    blocks: list[RowRange],
+    blocks: tuple[list[RowRange], list[RowRange]],
     control: _ReadAhead,
 ) -> tuple[list[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]] | None:
     """The buffer's whole batches, and the rows left over (fewer than a batch, in the
     order given out): the carried rows copied to their places (`carried`; None: read from
-    the disk one by one, their buffer having been passed over), then `blocks` read
-    straight to theirs, the disk asked for each next block while one is read. None: the
-    pass was stopped."""
+    the disk one by one, their buffer having been passed over), then the buffer's blocks
+    read straight to theirs, the disk asked for each next block while one is read. `blocks`:
+    the buffer's, and the next buffer's first few, asked for ahead too (requests stay in
+    flight across the turn of a buffer). None: the pass was stopped."""
     count, size = len(fill.rows), fill.size
     full = count // size
     batches = [fill.slabs.take(size) for _ in range(full)]
@@ -299,10 +301,12 @@ def _filled(
         for key, values in carried.items():
             places.put(key, values, where[: fill.carried])
     at = fill.carried
-    for index, (lo, hi) in enumerate(blocks):
+    mine, upcoming = blocks
+    asked = [*mine, *upcoming]
+    for index, (lo, hi) in enumerate(mine):
         if control.stopped:
             return None
-        for block in blocks[index + 1 : index + 1 + source.ahead]:
+        for block in asked[index + 1 : index + 1 + source.ahead]:
             source.will_need(*block)
         if hi > lo:
             source.scatter(lo, hi, places, where[at : at + hi - lo])

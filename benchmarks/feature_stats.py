@@ -5,7 +5,7 @@ GB), each with the statistics and without the per-feature ones (`KeySummary.add_
 made a no-op and `batch_stats` answering None: the whole-key statistics are then made the
 older way, one chunked pass, as before the per-feature ones existed).
 
-    python benchmarks/statistics.py [--reps 5] [--only vision,tokens]
+    python benchmarks/feature_stats.py [--reps 5] [--only vision,tokens]
 
 Runs are paired and alternate (with, without, with, ...); each starts after the last one's
 files were deleted and synced. Prints the median wall, user and system seconds of each, and
