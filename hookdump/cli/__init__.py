@@ -86,7 +86,7 @@ def wait_passively(environ: MutableMapping[str, str]) -> None:
     """The forward's OpenMP threads wait for each other asleep, not spinning (set before torch
     loads OpenMP, which reads it once; any setting of the user's own is kept). Spinning, each
     waited on a core that hookdump's writer threads needed: the resnet50 job spent 3.6 of its
-    12.4 CPU s so, for no gain of the bare forward's (benchmarks/README.md)."""
+    12.4 CPU s so; the bare forward is as fast within its spread (benchmarks/README.md)."""
     if not any(name in environ for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
