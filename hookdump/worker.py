@@ -65,6 +65,11 @@ class Worker(Generic[J]):
     def failed(self) -> bool:
         return self._error is not None
 
+    @property
+    def alive(self) -> bool:
+        """Whether its thread has not yet ended."""
+        return self._thread.is_alive()
+
     def submit(self, job: J, *, raise_error: bool = True) -> None:
         """Queue `job`; once the worker has failed, raises its error instead (the job is
         then the caller's to drop), or without `raise_error` queues it to be dropped."""
@@ -215,17 +220,19 @@ class Channel(Generic[T]):
             yield item
 
 
-# the stop of each prefetch whose thread is still running, run at exit: a thread inside
-# torch when the interpreter tears down is ended inside a C++ frame that may not unwind, and
-# the process aborts ("terminate called without an active exception", SIGABRT)
-_running: dict[object, Callable[[], None]] = {}
+# each prefetch's stop and worker, run at exit for those whose thread has not ended: a
+# thread inside torch when the interpreter tears down (even freeing a tensor, as it clears
+# its last frame) is ended inside a C++ frame that may not unwind, and the process aborts
+# ("terminate called without an active exception", SIGABRT)
+_running: dict[object, tuple[Callable[[], None], Worker[None]]] = {}
 EXIT_JOIN = 30.0  # seconds a prefetch's thread is given to stop at exit
 
 
 @atexit.register
 def _stop_running() -> None:
-    for stop in list(_running.values()):
-        stop()
+    for stop, worker in list(_running.values()):
+        if worker.alive:
+            stop()
 
 
 def prefetch(
@@ -235,9 +242,8 @@ def prefetch(
     error there is raised here once the items made before it are taken. A consumer that
     stops early (`break`, an error, Ctrl-C, the iterator dropped) does not wait: the worker
     stops at its next item, and `on_leave` (called then) may stop it sooner. Until the
-    thread has stopped, the interpreter's exit waits for it (`_stop_running`)."""
+    thread has ended, the interpreter's exit waits for it (`_stop_running`)."""
     channel: Channel[T] = Channel(depth)
-    running, token = _running, object()  # a local: at teardown globals may be gone first
 
     def produce(_: None) -> None:
         try:
@@ -246,11 +252,8 @@ def prefetch(
                     return
         finally:
             channel.close()
-            try:
-                if isinstance(items, Generator):  # its own cleanup runs now, on this thread
-                    items.close()
-            finally:
-                running.pop(token, None)  # the last of this thread's work
+            if isinstance(items, Generator):  # its own cleanup runs now, on this thread
+                items.close()
 
     worker: Worker[None] = Worker(name, produce)
 
@@ -259,7 +262,12 @@ def prefetch(
         on_leave()
         worker.close(join=join, timeout=EXIT_JOIN)
 
-    running[token] = stop
+    running = _running  # a local: at teardown the module's globals may be gone first
+    for token, (_, other) in list(running.items()):
+        if not other.alive:  # ended: nothing to wait for at exit
+            running.pop(token, None)
+    token = object()
+    running[token] = (stop, worker)
     worker.submit(None)
     finished = False
     try:
@@ -267,4 +275,6 @@ def prefetch(
         finished = True
     finally:
         stop(join=finished)
+        if finished:
+            running.pop(token, None)
     worker.raise_if_failed()

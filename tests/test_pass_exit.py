@@ -24,12 +24,14 @@ import sys, threading, torch, hookdump
 path, kind = sys.argv[1:3]
 dump = hookdump.load(path)
 def SOURCE(make):
-    return make() if kind == "pass" else [{"a": torch.zeros(2, 8)}] * 32
+    return make() if kind == "pass" else [{"a": torch.zeros(1, 8)}] * 32
 """
+# batches of one row: a buffer of thousands of them, whose tensors a reading thread left
+# behind frees one by one, each time letting the GIL go: the abort's window, made wide
 
 SCRIPTS = {
     "break": """
-for batch in SOURCE(lambda: dump.batches(["a"], 2)):
+for batch in SOURCE(lambda: dump.batches(["a"], 1)):
     break
 print("done")
 """,
@@ -39,11 +41,11 @@ for batch in SOURCE(lambda: dump.batches(["a"], 2, shuffle=True, buffer_bytes=1 
 print("done")
 """,
     "next_of_a_dropped_iterator": """
-next(iter(SOURCE(lambda: dump.batches(["a"], 2, shuffle=True))))
+next(iter(SOURCE(lambda: dump.batches(["a"], 1, shuffle=True))))
 print("done")
 """,
     "an_exception": """
-for batch in SOURCE(lambda: dump.batches(["a"], 2, shuffle=True)):
+for batch in SOURCE(lambda: dump.batches(["a"], 1, shuffle=True)):
     raise RuntimeError("the caller's own error")
 """,
     "open_at_exit": """
@@ -53,7 +55,7 @@ print("done")
 """,
     "aligned": """
 both = hookdump.aligned({"x": (path, "a"), "y": (path, "a:input.0")})
-for batch in SOURCE(lambda: both.batches(2, shuffle=True, buffer_bytes=1 << 12)):
+for batch in SOURCE(lambda: both.batches(1, shuffle=True)):
     break
 print("done")
 """,
@@ -102,10 +104,10 @@ def _run(script: str, path: Path, kind: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_leaving_a_pass_leaves_the_process_as_without_it(name: str, path: Path) -> None:
-    with_pass = _run(SCRIPTS[name], path, "pass")
     without = _run(SCRIPTS[name], path, "list")
-    assert with_pass == without
+    for _ in range(3):  # the abort was a race with the teardown: it showed one time in three
+        assert _run(SCRIPTS[name], path, "pass") == without
     if name == "an_exception":
-        assert with_pass[0] == 1 and with_pass[2].endswith("the caller's own error\n")
+        assert without[0] == 1 and without[2].endswith("the caller's own error\n")
     else:
-        assert with_pass == (0, "done\n", "")
+        assert without == (0, "done\n", "")
