@@ -76,11 +76,8 @@ class ShardRows:
         return {i.key: torch.empty((count, *i.shape), dtype=i.dtype) for i in infos}
 
     def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
-        """Rows `lo:hi` (dump row numbers, inside one shard) into `out` (`hi - lo` rows of
-        each key, contiguous)."""
-        if self.dump.remote is not None:
-            self._read_remote(lo, hi, out)
-            return
+        """Rows `lo:hi` of a local shard (dump row numbers, inside one shard) into `out`
+        (`hi - lo` rows of each key, contiguous): where `preadv` cannot scatter them."""
         self._read_local(lo, hi, lambda key, blob, at: blob.readinto(_bytes_of(out[key]), at))
 
     def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None:
@@ -151,11 +148,6 @@ class ShardRows:
         layout = self._layout(shard, self._blob(shard))
         spans = [self._span(layout, shard, key, lo, hi) for key in self.keys]
         return [remote.fetch(shard.file, span.start, span.stop) for span in spans]
-
-    def _read_remote(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
-        for key, data in self._remote_rows(lo, hi):
-            if data:
-                _bytes_of(out[key])[:] = data
 
     def _remote_rows(self, lo: int, hi: int) -> Iterator[tuple[str, bytes]]:
         """Each key's bytes of rows `lo:hi` from the URL (asked for ahead, or now), as the
