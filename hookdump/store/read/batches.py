@@ -245,7 +245,7 @@ def _buffers(
             return
         upcoming = [(lo, hi) for lo, hi in order[first + group :][: source.ahead].tolist()]
         fill = Fill(slabs, rows, mixed, size, len(carry))
-        filled = _filled(source, fill, carried, (chosen, upcoming), control)
+        filled = _filled(source, fill, carried, chosen, control, upcoming)
         if filled is None:
             return
         yield _Buffer(rows, mixed, max(0, options.start - given), filled[0])
@@ -254,7 +254,7 @@ def _buffers(
     if len(carry) and not options.drop_last and given >= options.start and control.take():
         if carried is None:  # passed over: fewer than a batch, read one by one
             fill = Fill(slabs, carry, None, size, len(carry))
-            filled = _filled(source, fill, None, ([], []), control)
+            filled = _filled(source, fill, None, [], control)
             if filled is None:
                 return
             carried = filled[1]
@@ -276,15 +276,16 @@ def _filled(
     source: RowSource,
     fill: Fill,
     carried: dict[str, torch.Tensor] | None,
-    blocks: tuple[list[RowRange], list[RowRange]],
+    blocks: list[RowRange],
     control: _ReadAhead,
+    upcoming: list[RowRange] | None = None,
 ) -> tuple[list[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]] | None:
     """The buffer's whole batches, and the rows left over (fewer than a batch, in the
     order given out): the carried rows copied to their places (`carried`; None: read from
     the disk one by one, their buffer having been passed over), then the buffer's blocks
-    read straight to theirs, the disk asked for each next block while one is read. `blocks`:
-    the buffer's, and the next buffer's first few, asked for ahead too (requests stay in
-    flight across the turn of a buffer). None: the pass was stopped."""
+    read straight to theirs, the disk asked for each next block while one is read, and for
+    the next buffer's first few (`upcoming`: requests stay in flight across the turn of a
+    buffer). None: the pass was stopped."""
     count, size = len(fill.rows), fill.size
     full = count // size
     batches = [fill.slabs.take(size) for _ in range(full)]
@@ -301,9 +302,8 @@ def _filled(
         for key, values in carried.items():
             places.put(key, values, where[: fill.carried])
     at = fill.carried
-    mine, upcoming = blocks
-    asked = [*mine, *upcoming]
-    for index, (lo, hi) in enumerate(mine):
+    asked = [*blocks, *(upcoming or [])]
+    for index, (lo, hi) in enumerate(blocks):
         if control.stopped:
             return None
         for block in asked[index + 1 : index + 1 + source.ahead]:
