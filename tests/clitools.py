@@ -117,3 +117,14 @@ def memory_limited(
         timeout=timeout,
     )
     return process.returncode, process.stdout, process.stderr
+
+
+def assert_shards_checksummed(out: Path) -> None:
+    """Every shard entry of the dump in folder `out` records the file's size and SHA-256."""
+    import hashlib
+    import json
+
+    shards = json.loads((out / "manifest.json").read_text())["shards"]
+    for entry in shards:
+        data = (out / entry["file"]).read_bytes()
+        assert (entry["bytes"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -41,7 +42,17 @@ def test_dump_layout_and_values_match_a_hand_computation(tmp_path: Path) -> None
         "weights": "none",
         "class": "tiny_models.TwoLinear",
     }
-    assert manifest["shards"] == [{"file": "shard-00000.safetensors", "start": 0, "stop": 5}]
+    shard = (out / "shard-00000.safetensors").read_bytes()
+    assert manifest["shards"] == [
+        {
+            "file": "shard-00000.safetensors",
+            "start": 0,
+            "stop": 5,
+            "bytes": len(shard),
+            "sha256": hashlib.sha256(shard).hexdigest(),
+            "inputs_skipped": 0,
+        }
+    ]
     assert manifest["tensors"]["linear_1"] == {
         "module": "linear_1",
         "module_type": "Linear",

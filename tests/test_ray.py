@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from clitools import assert_shards_checksummed
 from stattools import assert_same_stats
 from test_url_write import only_the_dump
 from torch import nn
@@ -113,6 +114,7 @@ def folder_holds_only_the_dump(out: Path) -> None:
     listed = json.loads((out / "manifest.json").read_text())["shards"]
     expected = ["manifest.json", "stats.safetensors", *(s["file"] for s in listed)]
     assert sorted(os.listdir(out)) == sorted(expected)
+    assert_shards_checksummed(out)  # each part's shards, as one process's
 
 
 def _dies_once(marker: str, row: torch.Tensor) -> Any:

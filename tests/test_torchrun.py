@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clitools import assert_shards_checksummed
 from PIL import Image
 from stattools import assert_same_stats
 
@@ -56,6 +57,7 @@ def test_two_ranks_make_the_single_process_dump(tmp_path: Path) -> None:
     starts = [(s["start"], s["stop"]) for s in manifest["shards"]]
     assert starts[0][0] == 0 and starts[-1][1] == 11
     assert all(a[1] == b[0] for a, b in itertools.pairwise(starts))
+    assert_shards_checksummed(tmp_path / "two")  # each rank's shards, as one process's
     assert result.stdout.count("8 tensors") == 1  # rank 0 alone prints the table
 
 

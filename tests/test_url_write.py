@@ -345,11 +345,12 @@ def test_the_spool_holds_a_few_shards_at_most() -> None:
 
     from hookdump.store.write.commit import Committer
     from hookdump.store.write.upload import SPOOL_SHARDS
+    from hookdump.store.write.url_place import UrlPlace
 
     release, committed = threading.Event(), []
 
     class Writer:  # a DumpWriter whose uploads wait for `release`
-        upload = object()
+        place = UrlPlace("s3://b/p", {})
 
         def replaces_old_dump(self) -> bool:
             return False
@@ -361,13 +362,18 @@ def test_the_spool_holds_a_few_shards_at_most() -> None:
             release.wait()
             committed.extend(jobs)
 
+    class Shard:  # a finished shard, its checksum taken
+        def take_checksum(self) -> None:
+            pass
+
+    shards = [Shard() for _ in range(SPOOL_SHARDS - 1)]
     committer = Committer(Writer())  # type: ignore[arg-type]
-    for n in range(SPOOL_SHARDS - 1):
-        committer.commit(n, None)  # type: ignore[arg-type]
+    for shard in shards:
+        committer.commit(shard, None)  # type: ignore[arg-type]
     assert not committer._room.acquire(blocking=False)  # the next shard would wait
     release.set()
     committer.wait()
-    assert [shard for shard, _ in committed] == list(range(SPOOL_SHARDS - 1))
+    assert [shard for shard, _ in committed] == shards
     assert committer._room.acquire(blocking=False)  # room again
     committer.close()
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Callable, Iterator
 
 from hookdump.cli import _output
 from hookdump.engine.progress import Progress, ProgressCallback
@@ -37,3 +39,41 @@ def progress_bar(enabled: bool, model: str) -> Progress:
     """`run`'s status line (`loading MODEL`) and progress bar on stderr, shown in a terminal
     only."""
     return Progress(enabled, _output.stderr(), loading=f"loading {model}")
+
+
+BIG_CHECK = 256 << 20  # bytes to check from which `inspect --check` shows a bar
+
+
+@contextlib.contextmanager
+def checking_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """`inspect --check`'s bar on stderr (bytes checked of all), in a terminal only, for a
+    dump of BIG_CHECK bytes or more; the callback to give it progress."""
+    console = _output.stderr()
+    if not enabled or not console.is_terminal:
+        yield None
+        return
+    from rich import progress
+
+    bar = progress.Progress(
+        progress.TextColumn("checking"),
+        progress.BarColumn(),
+        progress.DownloadColumn(binary_units=True),
+        progress.TransferSpeedColumn(),
+        progress.TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    task: list[progress.TaskID] = []
+
+    def update(done: int, total: int) -> None:
+        if not task and total >= BIG_CHECK:
+            bar.start()
+            task.append(bar.add_task("check", total=total))
+        if task:
+            bar.update(task[0], completed=done)
+
+    try:
+        yield update
+    finally:
+        if task:
+            bar.stop()

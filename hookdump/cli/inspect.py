@@ -9,6 +9,7 @@ import typer
 from hookdump.cli import _output
 from hookdump.cli._errors import flag, for_cli
 from hookdump.cli._options import JsonOpt, StorageOpt, storage_options
+from hookdump.cli._progress import checking_bar
 
 
 def inspect(
@@ -23,7 +24,9 @@ def inspect(
     check: Annotated[
         bool,
         typer.Option(
-            "--check", help="Exit 1 when the dump is incomplete or holds leftovers (for CI)."
+            "--check",
+            help="Also read every shard against the size and SHA-256 its manifest records; "
+            "exit 1 when the dump is incomplete, damaged or holds leftovers (for CI).",
         ),
     ] = False,
     json_output: JsonOpt = False,
@@ -33,13 +36,15 @@ def inspect(
     from hookdump.cli.render import print_inspection
     from hookdump.tools.inspect import inspect_dump
 
-    found = inspect_dump(path, storage_options(storage_option))
+    with checking_bar(check) as progress:
+        found = inspect_dump(path, storage_options(storage_option), check=check, progress=progress)
     if json_output:
         _output.print_json(found.as_dict(flag))
     else:
         print_inspection(found, _output.stdout())
     if not found.complete:
         problem = for_cli(found.problems[0])
-        typer.echo(f"warning: {path} is an incomplete dump: {problem}", err=True)
+        state = "a damaged" if found.damaged else "an incomplete"
+        typer.echo(f"warning: {path} is {state} dump: {problem}", err=True)
         if check:
             raise typer.Exit(1)

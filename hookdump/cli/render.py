@@ -294,7 +294,7 @@ def print_inspection(found: Inspection, console: Console) -> None:
     model = found.manifest.get("model", {}).get("spec")
     source = f" of {model}" if model else ""
     shards = counted(found.shards, "shard")
-    state = "complete" if found.complete else "INCOMPLETE"
+    state = "complete" if found.complete else "DAMAGED" if found.damaged else "INCOMPLETE"
     rows = counted(found.num_samples, "sample")
     if found.manifest.get("rows") == "tokens":
         sequences = int(found.manifest.get("num_sequences") or 0)
@@ -313,6 +313,8 @@ def print_inspection(found: Inspection, console: Console) -> None:
             markup=False,
             highlight=False,
         )
+    if found.checked is not None:
+        console.print(f"checked: {found.checked}", markup=False, highlight=False)
     for problem in found.problems:
         console.print(f"  - {for_cli(problem)}", markup=False, highlight=False, style="red")
 

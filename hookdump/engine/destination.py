@@ -5,8 +5,8 @@
 - a torchrun rank: its own shards and manifest, merged into one dump by rank 0 at the end;
 - a part: likewise, for a process that joins the parts (a Ray job's: `engine.on_ray`).
 
-Each writes a local folder, or a URL (`upload`: the shards are finished in a local spool,
-`out`, and uploaded; see `engine.at_url`).
+Each writes to a `DumpPlace` (a folder, or a URL whose shards are finished in a local
+spool, `out`), which answers for what differs between the two.
 
 The batch loop only sees the writer (or None, without `--out`); everything that differs
 between the modes happens here, before the loop (`open`, `start`) or after it (`finish`).
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hookdump.engine.at_url import keep_uploaded
 from hookdump.engine.distributed import (
     Ranks,
     RankShare,
@@ -29,15 +28,14 @@ from hookdump.engine.distributed import (
 )
 from hookdump.engine.options import RunOptions
 from hookdump.engine.parts import clear_part
-from hookdump.engine.resume import check_sources, previous_dump
+from hookdump.engine.resume import check_sources, keep_verified, previous_dump
 from hookdump.errors import opt
 from hookdump.format.manifest import Manifest, samples_fed
 from hookdump.store.features import stats_file
-from hookdump.store.folder import check_out_dir
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
-from hookdump.store.write.upload import Upload
+from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.writer import DumpWriter, Part
 
 
@@ -49,34 +47,35 @@ class Destination:
     ranks: Ranks | None = None
     previous: dict[str, Any] | None = None  # the interrupted dump being resumed
     overwrite: bool = False
-    upload: Upload | None = None  # the dump goes to a URL (`out` is its spool)
+    place: DumpPlace | None = None  # where the dump lives (`out`: where shards are finished)
     part: Part | None = None  # a part of a dump that another process finishes
     writer: DumpWriter | None = field(default=None, init=False)
 
     @classmethod
     def open(
-        cls, options: RunOptions, ranks: Ranks | None, upload: Upload | None = None
+        cls, options: RunOptions, ranks: Ranks | None, place: DumpPlace | None = None
     ) -> Destination:
         """Check `--out` for the run the options describe (before the slow part)."""
         dump = options.dump
-        if dump.part is not None:  # the folder or prefix holds the other parts: no check
-            clear_part(dump.part.names, dump.out, upload)
-            return cls(dump.out, ranks, None, True, upload, dump.part)
-        previous = previous_dump(options, ranks, upload) if dump.resume else None
-        if previous is not None and upload is not None:
-            previous = keep_uploaded(upload, previous, rank_names(ranks))
+        if place is None:
+            if dump.resume:
+                previous_dump(options, ranks, place)  # refused: nothing to resume
+            return cls(None, ranks)
+        if dump.part is not None:  # the place holds the other parts: no check
+            clear_part(dump.part.names, place)
+            return cls(dump.out, ranks, None, True, place, dump.part)
+        previous = previous_dump(options, ranks, place) if dump.resume else None
+        if previous is not None:
+            previous = keep_verified(place, previous, rank_names(ranks))
         # resuming with nothing to carry on (or only a first shard cut short) starts anew
         overwrite = dump.overwrite or (dump.resume and previous is None)
-        if upload is not None and previous is None:
-            upload.check_prefix(overwrite)
-        elif dump.out is not None and previous is None:
-            check_out_dir(dump.out, overwrite)
-        return cls(dump.out, ranks, previous, overwrite, upload)
+        place.check(overwrite, keep_old=previous is not None)
+        return cls(dump.out, ranks, previous, overwrite, place)
 
     @property
     def where(self) -> str:
         """The dump's folder or URL, for messages."""
-        return str(self.upload.url if self.upload is not None else self.out)
+        return self.place.label if self.place is not None else str(self.out)
 
     @property
     def done_ids(self) -> Sequence[Any]:
@@ -103,26 +102,16 @@ class Destination:
 
     def start(self, *, shard_bytes: int, fields: dict[str, Any]) -> None:
         """Make the writer (`fields`: what the manifest records of the run)."""
-        if self.out is None:
+        if self.place is None:
             return
         names = self.part.names if self.part is not None else rank_names(self.ranks)
         if self.previous is not None:
             self.writer = DumpWriter.resume(
-                self.out,
-                self.previous,
-                shard_bytes=shard_bytes,
-                fields=fields,
-                names=names,
-                upload=self.upload,
+                self.place, self.previous, shard_bytes=shard_bytes, fields=fields, names=names
             )
         else:
             self.writer = DumpWriter(
-                self.out,
-                overwrite=self.overwrite and self.upload is None,  # a spool is new
-                shard_bytes=shard_bytes,
-                fields=fields,
-                names=names,
-                upload=self.upload,
+                self.place, shard_bytes=shard_bytes, fields=fields, names=names
             )
         if self.part is not None:  # the dump's process has moved an old dump aside
             self.writer.clear_old_dump(here=False)
@@ -137,13 +126,10 @@ class Destination:
 
     def summaries_before(self) -> dict[str, KeySummary]:
         """Resuming: the statistics of the samples already in the dump."""
-        if self.previous is None or self.out is None or not self.previous["shards"]:
+        if self.previous is None or self.place is None or not self.previous["shards"]:
             return {}  # (a torchrun rank that had written nothing)
         manifest = Manifest.of_checked(self.previous)
-        if self.upload is not None:
-            remote = self.upload.remote
-            return summarize(ShardReader(remote.url, manifest, remote=remote))
-        return summarize(ShardReader(self.out, manifest))
+        return summarize(ShardReader(self.place.root, manifest, remote=self.place.remote))
 
     def interrupted(self) -> str:
         """What Ctrl-C leaves behind, and how to go on."""
@@ -184,7 +170,7 @@ class Destination:
                 stats_file(features, self.writer.run_id) if features else None,
             )
             if self.ranks is not None:
-                drop_rank_manifests(self.writer.out, self.ranks.world, self.upload)
+                drop_rank_manifests(self.writer.place, self.ranks.world)
         if self.ranks is not None:
             self.ranks.close()
         return manifest

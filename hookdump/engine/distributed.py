@@ -9,7 +9,6 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.rows import SampleIds
 from hookdump.store.stats import KeySummary
-from hookdump.store.write.upload import Upload
+from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.writer import FileNames
 
 
@@ -187,14 +186,10 @@ def _moved(shard: dict[str, Any], rows: int, samples: int, skipped: int) -> dict
     return moved
 
 
-def drop_rank_manifests(out: Path, world: int, upload: Upload | None = None) -> None:
-    """Once `manifest.json` lists every rank's shards, the ranks' own are not needed (at a
-    URL, `upload`: those of the `world` ranks)."""
-    if upload is not None:
-        upload.remove(_rank_files(rank).manifest for rank in range(world))
-        return
-    for path in out.glob(RANK_MANIFESTS):
-        path.unlink(missing_ok=True)
+def drop_rank_manifests(place: DumpPlace, world: int) -> None:
+    """Once `manifest.json` lists every rank's shards, the `world` ranks' own manifests are
+    not needed."""
+    place.remove(_rank_files(rank).manifest for rank in range(world))
 
 
 def _joined_ids(parts: list[Sequence[Any]]) -> SampleIds:

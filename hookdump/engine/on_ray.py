@@ -23,17 +23,16 @@ import torch
 from torch import nn
 
 from hookdump.choices import Reduction
-from hookdump.engine.at_url import at_url
 from hookdump.engine.destination import Destination
 from hookdump.engine.distributed import RankShare, join_shares
 from hookdump.engine.live import run_options
 from hookdump.engine.options import RunOptions
 from hookdump.engine.parts import drop_parts, part_name, share_of
+from hookdump.engine.place import held
 from hookdump.engine.runner import run
 from hookdump.engine.signals import interrupts_once
 from hookdump.errors import HookdumpError, keywords_checked, opt
 from hookdump.inputs.python import PythonData
-from hookdump.store.folder import locked
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.writer import Part
 
@@ -199,12 +198,9 @@ def _write(
     """Lock and check `out`, have the actors write the parts, join them (this process)."""
     part_size, concurrency, num_gpus = pool
     started = time.perf_counter()
-    with (
-        interrupts_once(),
-        at_url(task.options, True) as (options, upload),
-        locked(options.dump.out),
-    ):
-        destination = Destination.open(options, None, upload)
+    with interrupts_once(), held(task.options, True) as (options, place):
+        assert place is not None  # `out` is checked first
+        destination = Destination.open(options, None, place)
         destination.start(shard_bytes=options.dump.shard_bytes, fields={})
         writer = destination.writer
         assert writer is not None and writer.run_id is not None
@@ -223,17 +219,13 @@ def _write(
             parts = _collected(mapped)
             whole = _joined([share for _, (share, _) in parts], [name for name, _ in parts])
         except HookdumpError:  # every task has ended: what the others wrote is of no use
-            drop_parts(options.dump.out if upload is None else None, upload, set())
+            drop_parts(place, set())
             raise
         fields = parts[0][1][1]
         fields["input"] = {**fields.get("input", {}), "source": "ray"}
         writer.take_over(whole.shards, whole.tensors, fields)
         destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
-        drop_parts(
-            options.dump.out if upload is None else None,
-            upload,
-            {shard["file"] for shard in whole.shards},
-        )
+        drop_parts(place, {shard["file"] for shard in whole.shards})
 
 
 def _collected(mapped: Any) -> list[tuple[str, tuple[RankShare, dict[str, Any]]]]:

@@ -16,13 +16,11 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hookdump.engine.distributed import RankShare
 from hookdump.engine.options import RunResult
-from hookdump.store.folder import DUMP_FILE, remove_entry
-from hookdump.store.write.upload import Upload
+from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.writer import FileNames
 
 PART_FILE = re.compile(r"^(shard|manifest)-p[0-9a-f]+[-.]")
@@ -48,21 +46,9 @@ def part_name(ids: Sequence[Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def clear_part(names: FileNames, out: Path | None, upload: Upload | None) -> None:
+def clear_part(names: FileNames, place: DumpPlace) -> None:
     """Remove what an earlier attempt at this part left (its process was killed)."""
-    if upload is not None:
-
-        def mine(name: str) -> bool:
-            return name == names.manifest or name.startswith(names.shard_prefix)
-
-        upload.abort_unfinished(mine)
-        upload.remove(name for name in upload.entries() if mine(name) and DUMP_FILE.match(name))
-    elif out is not None and out.is_dir():
-        for path in out.iterdir():
-            if path.name.startswith((names.shard_prefix, names.manifest)) and DUMP_FILE.match(
-                path.name
-            ):
-                remove_entry(path)
+    place.remove_strays(lambda name: name.startswith((names.shard_prefix, names.manifest)))
 
 
 def share_of(result: RunResult) -> tuple[RankShare, dict[str, Any]]:
@@ -83,16 +69,7 @@ def share_of(result: RunResult) -> tuple[RankShare, dict[str, Any]]:
     return share, {name: value for name, value in manifest.items() if name not in _GROWING}
 
 
-def drop_parts(out: Path | None, upload: Upload | None, listed: set[str]) -> None:
+def drop_parts(place: DumpPlace, listed: set[str]) -> None:
     """Once `manifest.json` lists every part's shards: the parts' manifests, and any part's
     file it does not list, removed."""
-
-    def stray(name: str) -> bool:
-        return bool(PART_FILE.match(name) and DUMP_FILE.match(name)) and name not in listed
-
-    if upload is not None:
-        upload.remove(name for name in upload.entries() if stray(name))
-    elif out is not None:
-        for path in out.iterdir():
-            if stray(path.name):
-                remove_entry(path)
+    place.remove_strays(lambda name: bool(PART_FILE.match(name)) and name not in listed)

@@ -9,7 +9,6 @@ input file.
 from __future__ import annotations
 
 import fnmatch
-import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,11 +17,9 @@ from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import samples_fed
 from hookdump.model.weights import sha256, state_sha256
-from hookdump.store.location import Remote
-from hookdump.store.read.dump import Dump, read_manifest
-from hookdump.store.read.manifest import read_remote_manifest
-from hookdump.store.write.upload import Upload
-from hookdump.store.write.writer import MANIFEST
+from hookdump.store.read.manifest import manifest_at
+from hookdump.store.write.place import DumpPlace
+from hookdump.store.write.writer import MANIFEST, FileNames
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunOptions
@@ -138,68 +135,50 @@ def _short(entry: dict[str, Any] | None) -> str:
     return str(entry.get("sha256", "?"))[:12]
 
 
-class _Place:
-    """Where an interrupted dump is: a local folder, or a prefix at a URL (`upload`)."""
-
-    def __init__(self, out: Path, upload: Upload | None) -> None:
-        self.out, self.upload = out, upload
-        self.label = str(upload.url if upload is not None else out)
-
-    def exists(self) -> bool:
-        return self.upload is not None or self.out.is_dir()
-
-    @functools.cached_property
-    def _listed(self) -> list[str]:
-        """The prefix's entries, listed once: nothing writes there while a resume looks."""
-        assert self.upload is not None
-        return self.upload.entries()
-
-    def has(self, name: str) -> bool:
-        if self.upload is not None:
-            return name in self._listed
-        return (self.out / name).exists()
-
-    def manifest(self, name: str) -> dict[str, Any]:
-        """A manifest there, read and checked."""
-        if self.upload is None:
-            return read_manifest(self.out / name).to_json()
-        remote: Remote = self.upload.remote
-        return read_remote_manifest(remote, _gone(remote.url / name), name).to_json()
-
-    def rank_manifests(self) -> list[str]:
-        if self.upload is not None:
-            names = self._listed
-        else:
-            names = [p.name for p in self.out.iterdir()] if self.out.is_dir() else []
-        return sorted(n for n in names if fnmatch.fnmatchcase(n, RANK_MANIFESTS))
-
-
 def _gone(where: str) -> Any:
     return lambda _: HookdumpError(f"{where} is gone; start anew with {opt('overwrite', True)}")
 
 
+class _Looked:
+    """What `--resume` finds in a place: its entries listed once (nothing writes there
+    while a resume looks), its manifests read and checked."""
+
+    def __init__(self, place: DumpPlace) -> None:
+        self.place = place
+        self.label = place.label
+        self.listed = place.entries() if place.exists() else []
+
+    def has(self, name: str) -> bool:
+        return name in self.listed
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        place = self.place
+        return manifest_at(place.root, name, place.remote, _gone(place.label)).to_json()
+
+    def rank_manifests(self) -> list[str]:
+        return sorted(n for n in self.listed if fnmatch.fnmatchcase(n, RANK_MANIFESTS))
+
+
 def previous_dump(
-    options: RunOptions, ranks: Ranks | None = None, upload: Upload | None = None
+    options: RunOptions, ranks: Ranks | None, place: DumpPlace | None
 ) -> dict[str, Any] | None:
     """The incomplete dump that `resume` carries on (None: nothing there yet, start anew).
-    Under torchrun, this rank's own part of it (empty where the rank wrote nothing).
-    `upload`: the dump is at its URL (`options.dump.out` is the local spool)."""
-    out = options.dump.out
-    if out is None:
+    Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
+    if place is None:
         raise HookdumpError(
             f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"
         )
-    place = _Place(out, upload)
-    manifest = _one_process(place) if ranks is None else _this_rank(place, ranks)
+    looked = _Looked(place)
+    manifest = _one_process(looked) if ranks is None else _this_rank(looked, ranks)
     if manifest is None:  # nothing there: it starts anew (a rank, beside the others' parts)
         return dict(_NOTHING) if ranks is not None and place.exists() else None
-    _check_recipe(options, manifest, place.label)  # whatever it holds: it must be this run's
+    _check_recipe(options, manifest, looked.label)  # whatever it holds: it must be this run's
     if not manifest["shards"]:  # nothing was finished (by this rank): it starts anew
         return None if ranks is None else {**_NOTHING, "run_id": manifest.get("run_id")}
     listed = manifest.get("sample_ids")
     if listed is not None and len(listed) < samples_fed(manifest):
         raise HookdumpError(
-            f"{RESUME}: the manifest in {place.label} does not list its samples' ids, so the "
+            f"{RESUME}: the manifest in {looked.label} does not list its samples' ids, so the "
             f"dump cannot be carried on; start anew with {opt('overwrite', True)}"
         )
     return manifest
@@ -218,13 +197,11 @@ def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: str) -> No
             )
 
 
-def _one_process(place: _Place) -> dict[str, Any] | None:
+def _one_process(place: _Looked) -> dict[str, Any] | None:
     """The manifest a one-process run left (None: none, the run starts anew)."""
     out = place.label
     if place.has(MANIFEST):
-        manifest = (
-            Dump(place.out).manifest.to_json() if place.upload is None else place.manifest(MANIFEST)
-        )
+        manifest = place.manifest(MANIFEST)
         if manifest.get("complete"):
             raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
         return manifest
@@ -238,14 +215,14 @@ def _one_process(place: _Place) -> dict[str, Any] | None:
     return None
 
 
-def _this_rank(place: _Place, ranks: Ranks) -> dict[str, Any] | None:
+def _this_rank(place: _Looked, ranks: Ranks) -> dict[str, Any] | None:
     """The manifest this torchrun rank left (None where it wrote none)."""
     out = place.label
     if place.has(MANIFEST):
         raise HookdumpError(
             f"{RESUME}: the dump in {out} was started by one process; resume it without torchrun"
         )
-    if not place.exists():
+    if not place.place.exists():
         return None
     mine = rank_names(ranks).manifest
     if not place.has(mine):
@@ -258,3 +235,41 @@ def _this_rank(place: _Place, ranks: Ranks) -> dict[str, Any] | None:
             f"{manifest.get('processes')}"
         )
     return manifest
+
+
+def keep_verified(
+    place: DumpPlace, previous: dict[str, Any], names: FileNames
+) -> dict[str, Any] | None:
+    """What `--resume` keeps of a killed run's dump: the listed shards up to the first that
+    is missing or differs in size or SHA-256 from its manifest entry (the rest are redone),
+    the manifest cut to match (None: nothing kept, start anew). The files of this run's
+    names that are not kept (a torchrun rank: its own; one process: any dump file) are
+    removed, with the unfinished uploads of a URL's."""
+    shards = previous["shards"]
+    kept = 0
+    for entry in shards:
+        if not place.matches(entry["file"], entry):
+            break
+        kept += 1
+    listed = {names.manifest} | {entry["file"] for entry in shards[:kept]}
+    mine = names.shard_prefix if names.own_manifest else ""
+    place.remove_strays(lambda name: name.startswith(mine) and name not in listed)
+    if kept == len(shards):
+        return previous
+    if kept == 0:
+        return None
+    return _cut(previous, kept)
+
+
+def _cut(manifest: dict[str, Any], kept: int) -> dict[str, Any]:
+    """`manifest` as if only its first `kept` shards had been listed."""
+    last = manifest["shards"][kept - 1]
+    fed = int(last.get("sequences", last["stop"]))
+    cut = {**manifest, "shards": manifest["shards"][:kept], "num_samples": last["stop"]}
+    if "num_sequences" in manifest:
+        cut["num_sequences"] = fed
+    if manifest.get("sample_ids") is not None:
+        cut["sample_ids"] = manifest["sample_ids"][:fed]
+    skipped = manifest.get("skipped_inputs", [])
+    cut["skipped_inputs"] = skipped[: last.get("inputs_skipped", len(skipped))]
+    return cut

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookdump.engine.at_url import at_url
 from hookdump.engine.destination import Destination
 from hookdump.engine.distributed import Ranks, RankShare, from_environment, rank_device
 from hookdump.engine.loop import BatchLoop
 from hookdump.engine.manifest import manifest_fields
 from hookdump.engine.options import RunOptions, RunResult
+from hookdump.engine.place import held
 from hookdump.engine.progress import Notice, ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
@@ -48,9 +48,9 @@ from hookdump.inputs.token_ids import is_token_file
 from hookdump.model.loading import LoadedModel, is_model_file, live_model
 from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
-from hookdump.store.folder import locked, refuse_reads_inside
+from hookdump.store.folder import refuse_reads_inside
+from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.sink import BatchSink
-from hookdump.store.write.upload import Upload
 
 PYTHON = "python"  # the input a run fed by Python data records (`"input"` in the recipe)
 
@@ -114,14 +114,10 @@ def run(
     ranks = from_environment(options.model.device)  # set when run under torchrun
     # a part's process writes into a dump another process has locked and finishes
     main = (ranks is None or ranks.main) and options.dump.part is None
-    with (
-        interrupts_once(),
-        at_url(options, main) as (options, upload),
-        locked(options.dump.out if main or upload is not None else None),
-    ):
+    with interrupts_once(), held(options, main) as (options, place):
         try:
             return dataclasses.replace(
-                _run(options, ranks, started, (on_batch, on_notice), model, data, upload),
+                _run(options, ranks, started, (on_batch, on_notice), model, data, place),
                 out=given_out,
             )
         except Exception as exc:
@@ -276,9 +272,9 @@ def _run(
     shown: tuple[ProgressCallback | None, Notice | None],
     module: nn.Module | None,
     data: PythonData | None,
-    upload: Upload | None,
+    place: DumpPlace | None,
 ) -> RunResult:
-    destination = Destination.open(options, ranks, upload)
+    destination = Destination.open(options, ranks, place)
     if module is not None:
         loaded = live_model(module)
     else:

@@ -32,6 +32,9 @@ class Inspection:
     problems: list[str] = field(default_factory=list)
     # per key with per-feature statistics: features, mean row norm, smallest and largest std
     features: dict[str, dict[str, float]] = field(default_factory=dict)
+    # `check`: what was verified of the shards' bytes, in words; whether one failed
+    checked: str | None = None
+    damaged: bool = False
 
     @property
     def kind(self) -> str:
@@ -53,6 +56,7 @@ class Inspection:
             "shards": self.shards,
             "total_bytes": self.total_bytes,
             "problems": [render_message(p, name) for p in self.problems],
+            **({"checked": self.checked, "damaged": self.damaged} if self.checked else {}),
             "model": self.manifest.get("model"),
             "tensors": [
                 {**k.as_dict(), "features": self.features.get(k.info.key)} for k in self.keys
@@ -60,9 +64,17 @@ class Inspection:
         }
 
 
-def inspect_dump(path: str | Path, storage_options: Mapping[str, Any] | None = None) -> Inspection:
+def inspect_dump(
+    path: str | Path,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    check: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> Inspection:
     """Read every shard once (never the whole dump at a time) and summarise each key
-    (`path` a folder, a .safetensors file or a URL, with fsspec's `storage_options`)."""
+    (`path` a folder, a .safetensors file or a URL, with fsspec's `storage_options`).
+    `check`: first read every shard's bytes against the size and SHA-256 its manifest
+    records (`progress(done, total)`: bytes read so far, of all)."""
     dump = Dump(path, storage_options)
     folder = isinstance(dump.path, Path) and Path(path).is_dir()
     problems: list[str] = []
@@ -95,6 +107,10 @@ def inspect_dump(path: str | Path, storage_options: Mapping[str, Any] | None = N
             else f"{len(missing):,} of {len(dump.manifest.shards):,} shards are missing, the "
             f"first {where}"
         )
+    checked, damaged = None, False
+    if check and dump.manifest.get("lone_file") is None:
+        checked, readable = _verify(dump, readable, problems, progress)
+        damaged = len(readable) + len(missing) < len(dump.manifest.shards)
     summaries = summarize(dump.reader, readable)
     features = _features(dump, problems)
     lone = dump.manifest.get("lone_file") or {}
@@ -113,7 +129,56 @@ def inspect_dump(path: str | Path, storage_options: Mapping[str, Any] | None = N
         dump.manifest,
         problems,
         features,
+        checked,
+        damaged,
     )
+
+
+def _verify(
+    dump: Dump,
+    shards: list[ShardEntry],
+    problems: list[str],
+    progress: Callable[[int, int], None] | None,
+) -> tuple[str, list[ShardEntry]]:
+    """Every shard's bytes against the size and SHA-256 its manifest records, in order:
+    the first that fails is a problem (with how many more do); what was checked, in words,
+    and the shards that passed."""
+    total = sum(shard.bytes or 0 for shard in shards)
+    done = 0
+
+    def read(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
+    passed, failed = [], []
+    for shard in shards:
+        try:
+            if dump.reader.verify(shard, read):
+                passed.append(shard)
+                continue
+            failed.append(
+                f"shard {dump.path / shard.file} (samples {shard.start}:{shard.stop}) does not "
+                "match the SHA-256 its manifest records: its bytes changed after it was written"
+            )
+        except InvalidDump as exc:
+            failed.append(str(exc))
+    if failed:
+        more = f" (and {len(failed) - 1:,} more shards fail)" if len(failed) > 1 else ""
+        problems.append(failed[0] + more)
+    unrecorded = sum(shard.sha256 is None for shard in shards)
+    shards_word = f"{len(shards):,} shard{'s' if len(shards) != 1 else ''}"
+    if unrecorded == len(shards) and shards:
+        said = (
+            f"sizes only of {shards_word}: the manifest records no SHA-256 (a dump written "
+            "before hookdump recorded them)"
+        )
+    elif unrecorded:
+        said = f"sizes of {shards_word}, SHA-256 of the {len(shards) - unrecorded:,} recorded"
+    else:
+        said = f"sizes and SHA-256 of {shards_word}"
+    return said, passed
 
 
 def _features(dump: Dump, problems: list[str]) -> dict[str, dict[str, float]]:

@@ -55,6 +55,19 @@ def read_remote_manifest(
     return parse_manifest(remote.read(name, 0, size), str(where))
 
 
+def manifest_at(
+    root: Path | UrlPath,
+    name: str,
+    remote: Remote | None,
+    missing: Callable[[UrlPath], HookdumpError],
+) -> Manifest:
+    """Manifest `name` of a dump in a folder, or under a URL (`remote`: its client)."""
+    if remote is not None:
+        return read_remote_manifest(remote, missing, name)
+    assert isinstance(root, Path)
+    return read_manifest(root / name)
+
+
 def parse_manifest(data: bytes, path: str) -> Manifest:
     """A manifest's bytes (read from `path`), bounded before they are parsed, checked after."""
     values = data.count(b",") + 1

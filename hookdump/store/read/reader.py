@@ -21,6 +21,7 @@ from hookdump.errors import InvalidDump, did_you_mean
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.format.keys import KeyInfo
 from hookdump.format.manifest import STATS_FILE, Manifest, ShardEntry
+from hookdump.store.checksum import CHUNK, checksum_of
 from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, RemoteBlob, UrlPath
 from hookdump.store.read.manifest import resolved_inside
@@ -159,6 +160,39 @@ class ShardReader:
                 f"{shard.bytes} (cut short or replaced)"
             )
         return opened
+
+    def verify(self, shard: ShardEntry, progress: Callable[[int], None] | None = None) -> bool:
+        """Whether a listed shard's bytes have the SHA-256 its manifest records (read whole,
+        a CHUNK at a time; True where none is recorded). A size that differs, a header that
+        disagrees with the manifest or the file's size, or a file that is not there or not
+        a regular file, raises InvalidDump (`blob`, `open`)."""
+        blob = self.blob(shard)
+        try:
+            with self.open(shard, [], blob):
+                pass
+            buffer = bytearray(CHUNK)
+            view = memoryview(buffer)
+
+            def chunks() -> Iterator[memoryview]:
+                offset = 0
+                while offset < blob.size:
+                    got = blob.readinto(view[: min(CHUNK, blob.size - offset)], offset)
+                    if got <= 0:
+                        raise InvalidDump(
+                            f"shard {self.path / shard.file} ends at byte {offset} of {blob.size}"
+                        )
+                    yield view[:got]
+                    offset += got
+
+            try:
+                found = checksum_of(chunks(), progress)
+            except OSError as exc:
+                raise InvalidDump(
+                    f"cannot read shard {self.path / shard.file}: {exc.strerror or exc}"
+                ) from None
+        finally:
+            blob.close()
+        return shard.sha256 is None or found.sha256 == shard.sha256
 
     def feature_stats(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """Every key's per-feature statistics from the dump's `stats.safetensors` (None: the

@@ -11,7 +11,11 @@ finished shards at once. Over an old dump (`--overwrite`) the first shard is com
 once, as it is what moves the old dump aside: the disk holds both only until then.
 
 A dump at a URL has no syncs to spare: each shard is uploaded as soon as it is finished,
-and a new shard waits while SPOOL_SHARDS are in the spool (`store.write.upload`)."""
+and a new shard waits while SPOOL_SHARDS are in the spool (`store.write.upload`).
+
+Each shard's size and SHA-256 (`store.checksum`) are taken on a thread of their own as soon
+as it is finished: taken when its group commits, the last group's would all be read at the
+end of the run, one after the other."""
 
 from __future__ import annotations
 
@@ -20,7 +24,6 @@ import threading
 
 from hookdump.format.rows import Rows
 from hookdump.store.write.shards import PlannedShard, ShardFile
-from hookdump.store.write.upload import SPOOL_SHARDS
 from hookdump.store.write.writer import DumpWriter
 from hookdump.worker import Worker
 
@@ -39,16 +42,25 @@ class Committer:
 
     def __init__(self, writer: DumpWriter) -> None:
         self.writer = writer
-        uploads = writer.upload is not None
+        place = writer.place
         # the shards queued or being committed, at most (besides the one being written)
-        self._room = threading.Semaphore(SPOOL_SHARDS - 1 if uploads else 1 << 30)
+        self._room = threading.Semaphore(place.in_flight or 1 << 30)
         self._worker: Worker[_Job] = Worker(
             "hookdump-commit",
             group=self._commit,
-            hold=0.0 if uploads else COMMIT_EVERY,
+            hold=COMMIT_EVERY if place.groups_commits else 0.0,
             hold_first=not writer.replaces_old_dump(),
             drop=self._drop,
         )
+        self._hashing: Worker[_Job] = Worker("hookdump-checksum", self._hash, drop=self._drop)
+
+    def _hash(self, job: _Job) -> None:
+        try:
+            job[0].take_checksum()
+            self._worker.submit(job)
+        except BaseException:
+            self._drop(job)
+            raise
 
     def _commit(self, jobs: list[_Job]) -> None:
         try:
@@ -70,7 +82,7 @@ class Committer:
             self.writer.fix_keys()  # the first shard's keys are the dump's from now on
             self._room.acquire()
             try:
-                self._worker.submit((shard, rows))
+                self._hashing.submit((shard, rows))
             except BaseException:
                 self._room.release()
                 raise
@@ -80,14 +92,18 @@ class Committer:
 
     def wait(self) -> None:
         """Commit every queued shard now and wait for it; raises the first commit's error."""
+        self._hashing.wait()
         self._worker.wait()
 
     def close(self) -> None:
         """Commit what is queued (or drop it, after an error) and stop, raising nothing."""
+        with contextlib.suppress(BaseException):
+            self._hashing.close()
         with contextlib.suppress(BaseException):
             self._worker.close()
             self.writer.drop_room()
 
     def raise_if_failed(self) -> None:
         """Raise the error of a commit that failed, if one did."""
+        self._hashing.raise_if_failed()
         self._worker.raise_if_failed()

@@ -20,6 +20,7 @@ import torch
 
 from hookdump.errors import HookdumpError
 from hookdump.format.dtypes import SAFETENSORS_DTYPES, dtype_name
+from hookdump.store.checksum import Checksum, file_checksum
 from hookdump.store.folder import create_new, open_existing, remove_entry
 from hookdump.store.write.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
 
@@ -32,7 +33,21 @@ def header_room(keys: Iterable[str]) -> int:
     return round_up(4096 + sum(ENTRY_BYTES + len(json.dumps(key)) for key in keys))
 
 
-class ShardFile:
+class _Sealed:
+    """What a finished shard file (`sealed`) shares: its size and SHA-256, read once."""
+
+    sealed: Path | None
+    checksum: Checksum | None
+
+    def take_checksum(self) -> Checksum:
+        """The finished file's size and SHA-256 (`store.checksum`), read on first ask."""
+        if self.checksum is None:
+            assert self.sealed is not None, "a finished shard"
+            self.checksum = file_checksum(self.sealed)
+        return self.checksum
+
+
+class ShardFile(_Sealed):
     """One safetensors file, written tensor by tensor as values arrive, its header last.
 
     The data goes straight from each tensor's memory to the file (see `direct_io`), after
@@ -45,6 +60,7 @@ class ShardFile:
         self.path = path
         self.tmp = path.with_name(path.name + ".tmp")
         self.sealed: Path | None = None
+        self.checksum: Checksum | None = None
         self.reserve = round_up(reserve)  # data starts block-aligned (and so 8-byte aligned)
         self.entries: dict[str, dict[str, Any]] = {}
         self.size = 0
@@ -129,7 +145,7 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-class PlannedShard:
+class PlannedShard(_Sealed):
     """A shard of `rows` rows whose layout is fixed up front: each batch's rows are written
     straight to their place in the file, so gathering batches into a shard holds nothing
     in memory. A shard that ends short (the last one) is compacted key by key."""
@@ -138,6 +154,7 @@ class PlannedShard:
         self.path = path
         self.tmp = path.with_name(path.name + ".tmp2")
         self.sealed: Path | None = None  # the finished file, once closed (as ShardFile)
+        self.checksum: Checksum | None = None
         self.rows = rows
         self.filled = 0
         self.layout: dict[str, tuple[torch.dtype, list[int], int, int]] = {}

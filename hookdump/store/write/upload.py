@@ -15,7 +15,6 @@ the local layout, byte for byte, on a store that has no rename and no lock.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -23,12 +22,12 @@ from typing import Any, TypeVar
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import MANIFEST
+from hookdump.store.checksum import CHUNK, Checksum, stream_checksum
 from hookdump.store.folder import DUMP_FILE, check_entries
 from hookdump.store.location import Remote
 
 T = TypeVar("T")
 LOCK = "hookdump.lock"  # the one-writer lock object (see `store.write.url_lock`)
-CHUNK = 8 << 20  # bytes read at a time from an object hashed on `--resume`
 # shard files in the spool at most: one being written, two waiting, one going up
 SPOOL_SHARDS = 4
 
@@ -122,12 +121,10 @@ class Upload:
 
             self.attempt(f"remove {self.url / name}", gone)
 
-    def put_shard(self, local: Path, name: str) -> dict[str, Any]:
-        """Upload a finished shard file as object `name`, check it, and delete the local
-        file; its size and SHA-256, for the manifest."""
-        size = local.stat().st_size
-        with open(local, "rb") as file:
-            digest = hashlib.file_digest(file, "sha256").hexdigest()
+    def put_shard(self, local: Path, name: str, checksum: Checksum) -> dict[str, Any]:
+        """Upload a finished shard file (of that `checksum`) as object `name`, check it, and
+        delete the local file; its size and SHA-256, for the manifest."""
+        size = checksum.bytes
         path, fs = self.remote.object(name), self.remote.fs
         self.attempt(f"upload {self.url / name}", lambda: fs.put_file(str(local), path))
         info = self.attempt(f"check {self.url / name}", lambda: fs.info(path))
@@ -137,7 +134,7 @@ class Upload:
                 f"{size}; run the same command with {opt('resume', True)} to upload it again"
             )
         local.unlink()
-        entry: dict[str, Any] = {"bytes": size, "sha256": digest}
+        entry = checksum.entry()
         if _etag(info):  # what this version of the object is: `--resume` compares it
             entry["etag"] = _etag(info)
         return entry
@@ -171,7 +168,7 @@ class Upload:
             if sha256 is None or (entry.get("etag") and entry.get("etag") == _etag(info)):
                 return True
             with fs.open(path, "rb", block_size=CHUNK) as file:
-                return bool(hashlib.file_digest(file, "sha256").hexdigest() == sha256)
+                return stream_checksum(file.read).sha256 == sha256
 
         return self.attempt(f"read {self.url / name}", check)
 

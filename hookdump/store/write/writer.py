@@ -1,12 +1,9 @@
 """A dump's lifecycle: shards (`dump.shards`) listed in `manifest.json` as they are
-committed, each file replaced atomically, and an old dump moved aside under `--overwrite`."""
+committed, the manifest written last; where they go (a folder, a URL) is the `DumpPlace`'s."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,23 +17,10 @@ from hookdump.format.dtypes import dtype_name
 from hookdump.format.keys import KeyInfo
 from hookdump.format.manifest import FORMAT, MANIFEST, STATS_FILE, recipe, samples_fed
 from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
-from hookdump.format.values import format_bytes
-from hookdump.store.folder import (
-    DUMP_FILE,
-    check_out_dir,
-    create_new,
-    make_trash,
-    publish,
-    remove_entry,
-    write_durably,
-)
-from hookdump.store.write.direct_io import allocate
-from hookdump.store.write.shards import PlannedShard, ShardFile, fsync_file, header_room
-from hookdump.store.write.upload import SPOOL_SHARDS, Upload
-from hookdump.worker import Worker
+from hookdump.store.write.place import DumpPlace
+from hookdump.store.write.shards import PlannedShard, ShardFile, header_room
 
 DEFAULT_SHARD_BYTES = 1 << 30
-MANIFEST_ROOM = 64 << 10  # bytes kept for the next manifest beyond twice the last one's
 __all__ = ["FORMAT", "MANIFEST", "DumpWriter"]
 
 
@@ -70,14 +54,6 @@ class DumpOptions:
     part: Part | None = None
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> int:
-    """Write JSON durably through a fresh temporary file, so a reader never sees half of it;
-    returns the bytes written."""
-    raw = (json.dumps(data, indent=2) + "\n").encode()
-    write_durably(path, raw)
-    return len(raw)
-
-
 @dataclass(frozen=True)
 class FileNames:
     """How a writer names its files: a torchrun rank has its own shard prefix and manifest
@@ -104,92 +80,27 @@ class Part:
         return FileNames(f"shard-p{self.name}-", f"manifest-p{self.name}.json")
 
 
-class _OldDump:
-    """The files an old dump (`overwrite`) left in `out`: kept whole and readable until the
-    first commit moves them aside (`clear`), then deleted in the background."""
-
-    def __init__(self, out: Path, overwrite: bool, made: set[str]) -> None:
-        self.out = out
-        self.overwrite = overwrite
-        self.made = made  # this writer's own files (the set grows; it is read at each listing)
-        self.cleared = False
-        self._cleanup: Worker[Path] | None = None
-
-    def present(self) -> bool:
-        """Whether the folder still holds files of an old dump, which the first commit
-        moves aside."""
-        if not self.overwrite or self.cleared:
-            return False
-        try:
-            return bool(self._files())
-        except FileNotFoundError:  # made with the first shard
-            return False
-
-    def bytes_to_free(self) -> int:
-        """What clearing the old dump will give back."""
-        if not self.overwrite or self.cleared:
-            return 0
-        return sum(_size(p) for p in self.out.iterdir())
-
-    def _files(self) -> list[Path]:
-        """The folder's entries that are not this writer's own shards."""
-        entries = list(self.out.iterdir())
-        # the shards begun meanwhile stay (the set is read after the listing: a shard is
-        # named before its file is made)
-        kept = set(self.made)
-        return [p for p in entries if p.name not in kept]
-
-    def clear(self, keep: str | None = None) -> None:
-        if self.cleared:
-            return
-        if keep:
-            self.made.add(keep)
-        check_out_dir(self.out, self.overwrite, self.made)  # again: it may have changed
-        old = sorted(self._files(), key=lambda p: p.name != MANIFEST)
-        if old:
-            # the manifest goes first, so a half-removed dump never reads as complete; the
-            # rest is deleted in the background (unlinking gigabytes takes a while)
-            trash = make_trash(self.out)
-            for path in old:
-                os.replace(path, trash / path.name)  # moves links themselves, never targets
-            self._cleanup = Worker("hookdump-cleanup", _remove_tree)
-            self._cleanup.submit(trash)
-            self._cleanup.close(join=False)
-        self.cleared = True
-
-    def wait(self) -> None:
-        """Until the old dump's files are gone."""
-        if self._cleanup is not None:
-            self._cleanup.close()
-
-
-def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 class DumpWriter:
     """The dump folder: shards, each listed in the manifest once complete, the manifest last.
 
-    The caller holds the folder's lock (`dump_folder.locked`). An old dump (with
-    `overwrite`) stays whole and readable until the new dump's first shard is complete on
-    disk; only then is it moved aside and deleted in the background, so a run that fails
-    before that leaves `out` as it was. `fields`: the rest of the manifest (the model, the
-    command...); the sample ids and skipped inputs come with each shard's rows.
+    The caller holds the place (`DumpPlace.held`) and has checked it (`DumpPlace.check`).
+    An old dump (with `overwrite`) stays whole and readable until the new dump's first
+    shard is complete; only then is it removed, so a run that fails before that leaves the
+    place as it was. `fields`: the rest of the manifest (the model, the command...); the
+    sample ids and skipped inputs come with each shard's rows.
     """
 
     def __init__(
         self,
-        out: Path,
+        place: DumpPlace,
         *,
-        overwrite: bool = False,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         names: FileNames = FileNames(),
         fields: dict[str, Any] | None = None,
-        upload: Upload | None = None,
     ) -> None:
-        check_out_dir(out, overwrite)
-        self.out = out  # a dump at a URL: the spool its shards are finished in
-        self.upload = upload
+        assert place.work is not None, "the place is held"
+        self.place = place
+        self.out = place.work  # where shards are finished (a dump at a URL: its spool)
         self.names = names
         self.shard_bytes = shard_bytes
         self.fields = dict(fields or {})
@@ -199,10 +110,8 @@ class DumpWriter:
         self.fed: tuple[SampleIds, list[dict[str, str]]] = (SampleIds(), [])
         self._named = 0  # shard files named so far (listed ones may lag behind: `Committer`)
         self._keys_fixed = False  # the first shard is complete: its keys are the dump's
-        # `_old.made`: the temporary files of this writer's shards, in `out`
-        self._old = _OldDump(out, overwrite, set())
         # in the manifest and every shard: a reader can tell a shard of another run
-        self.run_id: str | None = (upload.run_id if upload else None) or uuid.uuid4().hex
+        self.run_id: str | None = place.run_id or uuid.uuid4().hex
 
     def open_shard(self, keys_expected: list[str]) -> ShardFile:
         """A new shard file; `keys_expected` (names) size the room kept for its header.
@@ -212,13 +121,13 @@ class DumpWriter:
         """
         reserve = header_room(dict.fromkeys([*self.tensors, *keys_expected]))
         name = self._next_name()
-        self._old.made.add(name + ".tmp")  # before it exists: see `_OldDump._files`
+        self.place.claim(name + ".tmp")  # before it exists: never taken for an old dump's
         return ShardFile(self.out / name, reserve)
 
     def plan_shard(self, rows: int) -> PlannedShard:
         """A shard of `rows` rows laid out from the keys seen so far (see PlannedShard)."""
         name = self._next_name()
-        self._old.made.add(name + ".tmp2")
+        self.place.claim(name + ".tmp2")
         layout = [
             (key, getattr(torch, meta["dtype"]), meta["shape"])
             for key, meta in self.tensors.items()
@@ -227,7 +136,7 @@ class DumpWriter:
 
     def _next_name(self) -> str:
         if not self._named:
-            self._keep_room(MANIFEST_ROOM)
+            self.place.keep_room(self.names.manifest, 0)
         self._named = max(self._named, len(self.shards)) + 1
         return f"{self.names.shard_prefix}{self._named - 1:05d}.safetensors"
 
@@ -271,11 +180,7 @@ class DumpWriter:
         try:
             self.write_manifest(complete=False)
         except BaseException:
-            unlisted = [entry["file"] for entry in self.shards[listed:]]
-            if self.upload is not None:
-                self.upload.remove(unlisted)
-            for name in unlisted:
-                remove_entry(self.out / name)
+            self.place.remove([entry["file"] for entry in self.shards[listed:]])
             del self.shards[listed:]
             ids, inputs = self.fed
             ids.truncate(self._samples_listed())
@@ -292,15 +197,10 @@ class DumpWriter:
         try:
             ids.extend(rows.ids)  # first: ids that the manifest could not hold refuse it
             assert shard.sealed is not None  # finished (`finish_shard`)
-            if self.upload is not None:
-                self.upload.clear_old()
-                stored = self.upload.put_shard(shard.sealed, shard.path.name)
-                # what `--resume` needs to drop this shard and those after it
-                stored["inputs_skipped"] = len(skipped) + len(rows.skipped)
-            else:
-                fsync_file(shard.sealed)
-                self._old.clear(keep=shard.sealed.name)
-                publish(shard.sealed, shard.path)
+            checksum = shard.take_checksum()
+            stored = self.place.commit_shard(shard.sealed, shard.path.name, checksum)
+            # what `--resume` needs to drop this shard and those after it
+            stored["inputs_skipped"] = len(skipped) + len(rows.skipped)
         except BaseException:
             ids.truncate(before)
             shard.abort()
@@ -329,22 +229,8 @@ class DumpWriter:
 
     def check_room(self, needed: int, written: int) -> None:
         """Refuse a dump of about `needed` bytes (`written` of them already in the first
-        shard's temporary file) that the disk under `out` cannot hold."""
-        free = shutil.disk_usage(self.out).free + written + self._old.bytes_to_free()
-        if self.upload is not None:  # the spool holds a few shards at a time
-            needed = min(needed, SPOOL_SHARDS * self.shard_bytes)
-            if needed > free:
-                raise HookdumpError(
-                    f"the spool needs about {_gb(needed)} but only {_gb(free)} is free under "
-                    f"{self.out.parent}; make room, lower {opt('shard_size')}, or give "
-                    f"{opt('spool')} a folder on another disk"
-                )
-        if needed > free:
-            raise HookdumpError(
-                f"the dump needs about {_gb(needed)} but only {_gb(free)} is free under "
-                f"{opt('out')} {self.out}; make room, lower {opt('num_samples')}, or choose "
-                "another folder"
-            )
+        shard's temporary file) that the local disk cannot hold."""
+        self.place.check_room(needed, written, self.shard_bytes)
 
     def note_key(self, key: str, info: KeyInfo, tensor: torch.Tensor, start: int) -> None:
         """Note a key's manifest entry (first batch), or check it did not change (later)."""
@@ -378,18 +264,14 @@ class DumpWriter:
         """Under torchrun, before any rank writes: rank 0 (`here`) moves an old dump aside
         now, the other ranks leave the folder alone."""
         if here:
-            self._old.clear()
-            if self.upload is not None:
-                self.upload.clear_old()
+            self.place.clear_old()
         else:
-            self._old.cleared = True
-            if self.upload is not None:
-                self.upload.forget_old()
+            self.place.forget_old()
 
     def replaces_old_dump(self) -> bool:
         """Whether the folder still holds files of an old dump (`overwrite`), which the
         first commit moves aside."""
-        return self._old.present()
+        return self.place.old_present()
 
     def manifest(self, complete: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The manifest for what has been written so far (`extra`: fields to add or replace)."""
@@ -419,51 +301,22 @@ class DumpWriter:
 
         Incomplete manifests (`complete: false`) list the shards finished so far.
         """
-        self._old.clear()
-        if self.upload is not None:
-            self.upload.clear_old()
+        self.place.clear_old()
         if stats is not None:
             extra = {**(extra or {}), "feature_stats": self._write_stats(stats)}
         manifest = self.manifest(complete, extra)
-        if self.upload is not None:
-            self.upload.put_json(self.names.manifest, manifest)
-            return manifest
-        written = write_json(self.out / self.names.manifest, manifest)  # in the room's place
-        if not complete:
-            self._keep_room(MANIFEST_ROOM + 2 * written)
+        self.place.put_manifest(self.names.manifest, manifest, complete)
         return manifest
 
     def _write_stats(self, raw: bytes) -> dict[str, Any]:
         """Write the per-feature statistics' file; its manifest entry."""
-        if self.upload is not None:
-            self.upload.put_bytes(STATS_FILE, raw)
-        else:
-            self._old.made.add(STATS_FILE)
-            write_durably(self.out / STATS_FILE, raw)
+        self.place.put_file(STATS_FILE, raw)
         return {"file": STATS_FILE, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-
-    def _keep_room(self, nbytes: int) -> None:
-        """Keep the manifest's next temporary file allocated, `nbytes` big: on a disk that
-        fills, the manifest listing the finished shards is written where it was (removed
-        just before), never refused for want of space. Best effort: a disk already full
-        gets none. (A dump at a URL writes no manifest on the local disk.)"""
-        if self.upload is not None:
-            return
-        room = self.out / (self.names.manifest + ".tmp")
-        self._old.made.add(room.name)
-        try:
-            fd = create_new(room)
-            try:
-                allocate(fd, 0, nbytes)
-            finally:
-                os.close(fd)
-        except OSError:
-            remove_entry(room)
 
     def drop_room(self) -> None:
         """The run is over: no more manifests to write room for."""
         if self._named:
-            remove_entry(self.out / (self.names.manifest + ".tmp"))
+            self.place.drop_room(self.names.manifest)
 
     def take_over(
         self,
@@ -481,20 +334,16 @@ class DumpWriter:
     @classmethod
     def resume(
         cls,
-        out: Path,
+        place: DumpPlace,
         manifest: dict[str, Any],
         *,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         names: FileNames = FileNames(),
         fields: dict[str, Any] | None = None,
-        upload: Upload | None = None,
     ) -> DumpWriter:
-        """Carry on an incomplete (validated) dump: keep its listed shards, drop half-written
-        files. A torchrun rank (its own shard prefix and manifest) touches only its own files.
-        (At a URL, the engine has checked what the prefix holds: `out` is a new spool.)"""
-        writer = cls(
-            out, overwrite=True, shard_bytes=shard_bytes, names=names, fields=fields, upload=upload
-        )
+        """Carry on an incomplete (validated) dump, keeping its listed shards (the engine
+        has removed what else a killed run left: `engine.resume.keep_verified`)."""
+        writer = cls(place, shard_bytes=shard_bytes, names=names, fields=fields)
         writer.tensors, writer.shards = dict(manifest["tensors"]), list(manifest["shards"])
         listed_ids = manifest.get("sample_ids")
         writer.fed = (
@@ -506,17 +355,6 @@ class DumpWriter:
             list(manifest.get("skipped_inputs", [])),
         )
         writer.run_id = manifest.get("run_id")  # one dump, one id: its shards carry it
-        writer._old.cleared = True
-        listed = {names.manifest} | {s["file"] for s in writer.shards}
-        # one process: every stray dump file; a torchrun rank: its own
-        mine = names.shard_prefix if names.own_manifest else ""
-        for path in out.iterdir():
-            if (
-                path.name.startswith(mine)
-                and path.name not in listed
-                and DUMP_FILE.match(path.name)
-            ):
-                remove_entry(path)
         return writer
 
     def finish(
@@ -524,19 +362,5 @@ class DumpWriter:
     ) -> dict[str, Any]:
         """Write the complete manifest (and `stats`, see `write_manifest`), once the old
         dump's files are gone."""
-        self._old.wait()
+        self.place.wait_old()
         return self.write_manifest(complete=True, extra=extra, stats=stats)
-
-
-def _size(path: Path) -> int:
-    """Bytes held by a file of an old dump (a folder of them: their sum), links not followed."""
-    try:
-        if path.is_symlink() or not path.is_dir():
-            return path.lstat().st_size
-        return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_dir())
-    except OSError:
-        return 0
-
-
-def _gb(n: int) -> str:
-    return format_bytes(n)  # the one unit system of tables and errors (MiB, GiB)
