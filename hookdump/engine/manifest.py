@@ -7,7 +7,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 
@@ -18,6 +17,7 @@ from hookdump.hooks.selection import select
 from hookdump.inputs.corpus import corpus_kind
 from hookdump.inputs.samples import Feed, SampleForm
 from hookdump.model.loading import LoadedModel
+from hookdump.store.location import secrets_of
 
 _COLUMNS = ("jsonl", "parquet", "datasets", "folder of parquet")  # read --text-field
 
@@ -133,10 +133,7 @@ def _version(package: str) -> str | None:
 def _scrubbed(options: RunOptions) -> list[str]:
     """The command line with every storage option's value, and a password in the URL,
     blanked: the manifest never holds a secret."""
-    secrets = [str(v) for v in options.dump.storage_options.values() if str(v)]
-    password = urlsplit(options.dump.url).password if options.dump.url else None
-    if password:
-        secrets.append(password)
+    secrets = secrets_of(options.dump.storage_options, options.dump.url)
     command, blank_next = [], False
     for arg in options.command:
         if arg.startswith("--storage-option="):
@@ -145,7 +142,7 @@ def _scrubbed(options: RunOptions) -> list[str]:
             key, equals, _ = arg.partition("=")
             arg = f"{key}=***" if equals else "***"
         blank_next = arg == "--storage-option"
-        for secret in sorted(secrets, key=len, reverse=True):
+        for secret in secrets:
             arg = arg.replace(secret, "***")
         command.append(arg)
     return command

@@ -12,6 +12,7 @@ keys have them (not token ids, positions or masks).
 from __future__ import annotations
 
 import json
+import math
 import struct
 import threading
 from collections.abc import Iterator, Mapping
@@ -115,8 +116,7 @@ class FeatureStats:
         x = as_rows(tensor)
         if not x.is_floating_point() or len(x) == 0:
             return
-        if x.dtype not in (torch.float32, F64):
-            x = x.float()
+        x = x.double()  # squares of values near float32's largest overflow it
         ok = torch.isfinite(x)
         count = ok.sum(0)
         x = torch.where(ok, x, 0.0)
@@ -159,13 +159,13 @@ class FeatureStats:
 
     def fields(self) -> dict[str, torch.Tensor]:
         """The tensors `stats.safetensors` holds for a key, by field (`FIELDS`)."""
-        var = self.m2 / self.count.clamp(min=1)
+        seen = self.count > 0  # a feature with no finite value has no mean, min or max
         return {
             "count": self.count,
-            "mean": self.mean,
-            "var": torch.where(self.count > 0, var, torch.nan),
-            "min": self.min,
-            "max": self.max,
+            "mean": torch.where(seen, self.mean, torch.nan),
+            "var": torch.where(seen, self.m2 / self.count.clamp(min=1), torch.nan),
+            "min": torch.where(seen, self.min, torch.nan),
+            "max": torch.where(seen, self.max, torch.nan),
             "norm_mean": torch.tensor(
                 self.norm_sum / self.rows if self.rows else torch.nan, dtype=F64
             ),
@@ -209,6 +209,8 @@ def batch_stats(tensor: torch.Tensor) -> FeatureStats | None:
     low, high = lows.amin(0).double(), highs.amax(0).double()
     if not (bool(low.isfinite().all()) and bool(high.isfinite().all())):
         return None
+    if dtype != F64 and not (bool(m2.isfinite().all()) and math.isfinite(float(norms.sum()))):
+        return batch_stats(tensor.double())  # squares past float32's largest: again, wider
     each = counts[:, None]
     means = sums / each
     exact = m2.double() - each * (means - means.to(dtype).double()) ** 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -64,15 +64,37 @@ def parse_storage_options(pairs: list[str] | None) -> dict[str, str]:
     return options
 
 
+def secrets_of(storage_options: Mapping[str, Any], url: str | None) -> list[str]:
+    """What is never printed or recorded: every storage option's value, at every depth, and
+    the user and password of a URL that has them (longest first, so that one inside another
+    is blanked whole)."""
+    secrets = [value for value in _leaves(storage_options) if len(value) >= 4]
+    parts = urlsplit(url or "")
+    if parts.password:
+        secrets.append(parts.password)
+        if parts.username and len(parts.username) >= 4:
+            secrets.append(parts.username)
+    return sorted(set(secrets), key=len, reverse=True)
+
+
+def _leaves(value: object) -> Iterator[str]:
+    """Every value inside storage options, at every depth (`client_kwargs={...}`), as text."""
+    if isinstance(value, Mapping):
+        for inner in value.values():
+            yield from _leaves(inner)
+    elif isinstance(value, list | tuple | set | frozenset):
+        for inner in value:
+            yield from _leaves(inner)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
 class Remote:
     """A prefix at a URL and the fsspec file system that reaches it."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self._given = url.rstrip("/")
-        self._secrets = [str(v) for v in (storage_options or {}).values() if len(str(v)) >= 4]
-        password = urlsplit(self._given).password
-        if password:  # user:password@ in the URL: the URL is shown without it
-            self._secrets.append(password)
+        self._secrets = secrets_of(storage_options or {}, self._given)
         self.url = UrlPath(self.scrub(self._given))
         # a fresh client that lists afresh: a dump may change between two opens
         fresh = {"skip_instance_cache": True, "use_listings_cache": False}
@@ -128,8 +150,10 @@ class Remote:
             raise InvalidDump(f"cannot read {what}: {self.reason(exc)}") from None
 
     def reason(self, exc: BaseException) -> str:
-        """A storage client's error as one short line, every option's value blanked out."""
-        return self.scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:200]
+        """A storage client's error as one short line (its lines joined: botocore's first is
+        often only "Parameter validation failed:"), every option's value blanked out."""
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return self.scrub(" ".join(lines) or type(exc).__name__)[:300]
 
     def info(self, name: str, missing: HookdumpError | None = None) -> dict[str, Any]:
         """The object's size and what identifies this version of it (ETag, time)."""

@@ -143,7 +143,11 @@ class Dump(Mapping[str, torch.Tensor]):
                 f"{key!r} of {self.path} has no per-feature statistics: only floating-point "
                 "keys read as whole rows have them"
             )
-        kept = {**found[key], "std": found[key]["var"].sqrt()}
+        kept = dict(found[key])
+        seen = kept["count"] > 0  # none finite: no mean, min or max (older dumps wrote 0, inf)
+        for field in ("mean", "var", "min", "max"):
+            kept[field] = torch.where(seen, kept[field].double(), torch.nan)
+        kept["std"] = kept["var"].sqrt()
         return {field: kept[field] for field in (*FIELDS[:3], "std", *FIELDS[3:])}
 
     def row(self, key: str, index: int) -> torch.Tensor:

@@ -111,7 +111,14 @@ class ShardReader:
         return key in self.manifest.tensors
 
     def check_key(self, key: str) -> None:
-        """KeyError naming `key`, the dump and the nearest key, if the dump lacks it."""
+        """KeyError naming `key`, the dump and the nearest key, if the dump lacks it (a key
+        that is not a str: TypeError saying what a key is)."""
+        if not isinstance(key, str):
+            first = next(iter(self.manifest.tensors), "layer1.0")
+            raise TypeError(
+                f"a key of {self.path} is its name, a str such as {first!r}, not "
+                f"{type(key).__name__} {str(key)[:40]!r}"
+            )
         if key not in self.manifest.tensors:
             raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.keys())}")
 

@@ -13,22 +13,27 @@ once, as it is what moves the old dump aside: the disk holds both only until the
 A dump at a URL has no syncs to spare: each shard is uploaded as soon as it is finished,
 and a new shard waits while SPOOL_SHARDS are in the spool (`store.write.upload`).
 
-Each shard's size and SHA-256 (`store.checksum`) are taken on a thread of their own as soon
-as it is finished: taken when its group commits, the last group's would all be read at the
-end of the run, one after the other."""
+Each shard's size and SHA-256 (`store.checksum`) are taken as soon as it is finished, on
+threads of their own: taken when its group commits, the last group's would all be read at
+the end of the run, one after the other."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from hookdump.format.rows import Rows
+from hookdump.store.checksum import Checksum
 from hookdump.store.write.shards import PlannedShard, ShardFile
 from hookdump.store.write.writer import DumpWriter
 from hookdump.worker import Worker
 
 COMMIT_EVERY = 30.0  # seconds between commits while shards come (see above)
-_Job = tuple[ShardFile | PlannedShard, Rows]
+# shards hashed at once: SHA-256 reads 1.9 GB/s a core at best, and a run that keeps the
+# cores busy leaves a backlog to its end (benchmarks/README.md, issue 44)
+HASHERS = 2
+_Job = tuple[ShardFile | PlannedShard, Rows, "Future[Checksum]"]
 
 
 def _drop(job: _Job) -> None:
@@ -37,14 +42,15 @@ def _drop(job: _Job) -> None:
 
 class Committer:
     """Commits the shards handed to it with `writer`, in order, a group at a time (see
-    COMMIT_EVERY), on a worker thread. The first error stops it: later shards are dropped,
-    as a gap in the dump would be."""
+    COMMIT_EVERY), on a worker thread, each once its checksum is taken (HASHERS threads).
+    The first error stops it: later shards are dropped, as a gap in the dump would be."""
 
     def __init__(self, writer: DumpWriter) -> None:
         self.writer = writer
         place = writer.place
         # the shards queued or being committed, at most (besides the one being written)
         self._room = threading.Semaphore(place.in_flight or 1 << 30)
+        self._hashing = ThreadPoolExecutor(HASHERS, thread_name_prefix="hookdump-checksum")
         self._worker: Worker[_Job] = Worker(
             "hookdump-commit",
             group=self._commit,
@@ -52,19 +58,18 @@ class Committer:
             hold_first=not writer.replaces_old_dump(),
             drop=self._drop,
         )
-        self._hashing: Worker[_Job] = Worker("hookdump-checksum", self._hash, drop=self._drop)
-
-    def _hash(self, job: _Job) -> None:
-        try:
-            job[0].take_checksum()
-            self._worker.submit(job)
-        except BaseException:
-            self._drop(job)
-            raise
 
     def _commit(self, jobs: list[_Job]) -> None:
         try:
-            self.writer.commit_shards(jobs)  # drops the shards of its group it did not list
+            try:
+                for job in jobs:
+                    job[2].result()
+            except BaseException:
+                for job in jobs:
+                    _drop(job)
+                raise
+            # drops the shards of its group it did not list
+            self.writer.commit_shards([(shard, rows) for shard, rows, _ in jobs])
         finally:
             self._room.release(len(jobs))
 
@@ -82,7 +87,7 @@ class Committer:
             self.writer.fix_keys()  # the first shard's keys are the dump's from now on
             self._room.acquire()
             try:
-                self._hashing.submit((shard, rows))
+                self._worker.submit((shard, rows, self._hashing.submit(shard.take_checksum)))
             except BaseException:
                 self._room.release()
                 raise
@@ -92,18 +97,15 @@ class Committer:
 
     def wait(self) -> None:
         """Commit every queued shard now and wait for it; raises the first commit's error."""
-        self._hashing.wait()
         self._worker.wait()
 
     def close(self) -> None:
         """Commit what is queued (or drop it, after an error) and stop, raising nothing."""
         with contextlib.suppress(BaseException):
-            self._hashing.close()
-        with contextlib.suppress(BaseException):
             self._worker.close()
             self.writer.drop_room()
+        self._hashing.shutdown(wait=True, cancel_futures=True)
 
     def raise_if_failed(self) -> None:
         """Raise the error of a commit that failed, if one did."""
-        self._hashing.raise_if_failed()
         self._worker.raise_if_failed()

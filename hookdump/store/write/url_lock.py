@@ -24,6 +24,7 @@ from hookdump.store.write.upload import LOCK, Upload
 
 LOCK_BEAT = 60.0  # seconds between rewrites of a live run's lock
 LOCK_STALE = 600.0  # a lock not rewritten for this long is a killed run's (other hosts)
+_LATEST = 1e11  # seconds since 1970 past any lock's time (the year 5138)
 
 
 def process_alive(pid: int) -> bool:
@@ -52,15 +53,19 @@ class Holder:
         """The holder a lock object names (None: unreadable, as a killed write leaves it)."""
         try:
             data = json.loads(raw)
-            return cls(
+            holder = cls(
                 str(data["run_id"])[:64],
                 str(data["host"])[:100],
                 int(data["pid"]),
                 float(data["started"]),
                 float(data["beat"]),
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             return None
+        # numbers no run writes (1e308, a pid past any system's) are a damaged lock
+        if not (0 < holder.pid < 1 << 32 and 0 <= holder.started < _LATEST):
+            return None
+        return holder if 0 <= holder.beat < _LATEST else None
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -1,0 +1,66 @@
+"""Round 4 of hostile testing (issue 44, part 3): each finding, by its mechanism. The
+flipped byte is in test_checksums.py, the Ray findings in test_ray.py."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import hookdump
+
+
+class _Fixed(nn.Module):
+    """A model whose output is its input, through a module to hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x)
+
+
+def test_a_feature_with_no_finite_value_has_no_mean_min_or_max(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    batches = [torch.randn(4, 3) for _ in range(3)]
+    for batch in batches:
+        batch[:, 1] = torch.nan  # feature 1 never finite
+    hookdump.dump(_Fixed(), batches, tmp_path / "d", layers=["out"])
+    stats = hookdump.load(tmp_path / "d").stats("out")
+    assert stats["count"].tolist() == [12, 0, 12]
+    for field in ("mean", "var", "std", "min", "max"):
+        assert math.isnan(float(stats[field][1])), field
+    every = torch.cat(batches).double()
+    for feature in (0, 2):
+        assert float(stats["mean"][feature]) == pytest.approx(float(every[:, feature].mean()))
+        assert float(stats["min"][feature]) == float(every[:, feature].min())
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["finite", "with_a_nan"])
+def test_norms_near_float32_largest_do_not_overflow(tmp_path: Path, masked: bool) -> None:
+    """Rows of 3e38 (float32's largest is 3.4e38): their squares overflow float32, the norms
+    (8.5e38) do not fit it either; the mean norm is float64, and SAELens' scaling factor
+    sqrt(d) / norm_mean is not 0."""
+    batch = torch.full((4, 8), 3e38)
+    if masked:
+        batch[0, 0] = torch.nan  # the masked way: that row has no norm
+    hookdump.dump(_Fixed(), [batch], tmp_path / "d", layers=["out"])
+    stats = hookdump.load(tmp_path / "d").stats("out")
+    want = math.sqrt(8) * 3e38  # by hand: each row is 8 values of 3e38
+    assert float(stats["norm_mean"]) == pytest.approx(want, rel=1e-6)
+    assert int(stats["rows"]) == (3 if masked else 4)
+    assert math.sqrt(8) / float(stats["norm_mean"]) > 0
+    assert float(stats["var"][1]) == pytest.approx(0.0, abs=1e30)  # no inf from the squares
+    assert math.isfinite(float(stats["var"][1]))
+
+
+def test_a_key_that_is_not_a_str_is_a_clear_type_error(tmp_path: Path) -> None:
+    hookdump.dump(_Fixed(), [torch.randn(2, 3)], tmp_path / "d", layers=["out"])
+    dump = hookdump.load(tmp_path / "d")
+    for call in (dump.stats, dump.__getitem__, dump.info):
+        with pytest.raises(TypeError, match=r"a key of .* is its name, a str such as 'out', not int"):
+            call(3)  # type: ignore[arg-type]
