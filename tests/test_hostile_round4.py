@@ -62,5 +62,72 @@ def test_a_key_that_is_not_a_str_is_a_clear_type_error(tmp_path: Path) -> None:
     hookdump.dump(_Fixed(), [torch.randn(2, 3)], tmp_path / "d", layers=["out"])
     dump = hookdump.load(tmp_path / "d")
     for call in (dump.stats, dump.__getitem__, dump.info):
-        with pytest.raises(TypeError, match=r"a key of .* is its name, a str such as 'out', not int"):
+        with pytest.raises(
+            TypeError, match=r"a key of .* is its name, a str such as 'out', not int"
+        ):
             call(3)  # type: ignore[arg-type]
+
+
+PLANTED = "PLANTED-SECRET-3c81d7"
+
+
+def test_a_secret_nested_in_storage_options_is_never_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`client_kwargs={"endpoint_url": ...}`: values at every depth are blanked in error
+    lines (the endpoint, on port 1 of the loopback, refuses at once)."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:1/{PLANTED}"}}
+    with pytest.raises(hookdump.HookdumpError) as raised:
+        hookdump.dump(_Fixed(), [torch.rand(2, 3)], "s3://bucket/p", layers=["out"],
+                      storage_options=options)  # fmt: skip
+    line = str(raised.value)
+    assert "cannot lock s3://bucket/p" in line and "Could not connect" in line
+    assert PLANTED not in line and "\n" not in line
+
+
+def test_credentials_in_a_bucket_url_are_one_line_saying_where_they_go(
+    in_tests_dir: Path,
+) -> None:
+    from clitools import assert_usage_error, invoke
+
+    url = f"s3://someuser:{PLANTED}@bucket/p"
+    result = invoke("run", "tiny_models:TwoLinear", "-n", "2", "-o", url)
+    line = assert_usage_error(result, "credentials in a s3:// URL", "--storage-option key=")
+    assert PLANTED not in result.stdout + result.stderr and "someuser" not in line
+
+
+def test_a_storage_error_of_several_lines_is_one_line_with_all_of_them() -> None:
+    from hookdump.store.location import Remote
+
+    remote = Remote("memory://bucket/p", {"key": PLANTED})
+    error = ValueError(f"Parameter validation failed:\nInvalid bucket name {PLANTED!r}: ...")
+    assert remote.reason(error) == "Parameter validation failed: Invalid bucket name '***': ..."
+
+
+def test_a_lock_object_with_numbers_out_of_range_is_a_damaged_lock(
+    bucket: str, in_tests_dir: Path
+) -> None:
+    """`run --overwrite` takes over a lock no run could have written (one line, never an
+    OverflowError), and refuses it without `--overwrite` in one line."""
+    import fsspec
+    from clitools import assert_usage_error, invoke
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fields = '"run_id": "r1", "host": "elsewhere"'
+    for n, numbers in enumerate(
+        [
+            '"pid": 1e400, "started": 1.0, "beat": 1.0',  # read as infinity: int() overflows
+            '"pid": 12, "started": 1e308, "beat": 1.0',  # time.gmtime() overflows
+            '"pid": 12, "started": 1.0, "beat": -5.0',
+            '"pid": 0, "started": 1.0, "beat": 1.0',
+        ]
+    ):
+        fs.pipe_file(f"{bucket[5:]}/d{n}/hookdump.lock", f"{{{fields}, {numbers}}}".encode())
+        run = ["run", "tiny_models:TwoLinear", "-n", "2", "-q", "-o", f"{bucket}/d{n}"]
+        assert_usage_error(invoke(*run), "a run whose lock cannot be read", "--overwrite")
+        result = invoke(*run, "--overwrite")
+        assert result.exit_code == 0, (numbers, result.stderr)
+        assert not fs.exists(f"{bucket[5:]}/d{n}/hookdump.lock")

@@ -64,6 +64,9 @@ def parse_storage_options(pairs: list[str] | None) -> dict[str, str]:
     return options
 
 
+_BUCKETS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}  # a URL's host is the bucket
+
+
 def secrets_of(storage_options: Mapping[str, Any], url: str | None) -> list[str]:
     """What is never printed or recorded: every storage option's value, at every depth, and
     the user and password of a URL that has them (longest first, so that one inside another
@@ -96,6 +99,14 @@ class Remote:
         self._given = url.rstrip("/")
         self._secrets = secrets_of(storage_options or {}, self._given)
         self.url = UrlPath(self.scrub(self._given))
+        protocol = self.url.split("://", 1)[0].lower()
+        if urlsplit(self._given).password and protocol in _BUCKETS:
+            raise HookdumpError(
+                f"{self.url}: credentials in a {protocol}:// URL would be taken for the "
+                "bucket's name; give them through the client's environment "
+                "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile) or as storage "
+                "options (--storage-option key=... --storage-option secret=...)"
+            )
         # a fresh client that lists afresh: a dump may change between two opens
         fresh = {"skip_instance_cache": True, "use_listings_cache": False}
         self._options = fresh | dict(storage_options or {})
