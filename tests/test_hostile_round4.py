@@ -131,3 +131,48 @@ def test_a_lock_object_with_numbers_out_of_range_is_a_damaged_lock(
         result = invoke(*run, "--overwrite")
         assert result.exit_code == 0, (numbers, result.stderr)
         assert not fs.exists(f"{bucket[5:]}/d{n}/hookdump.lock")
+
+
+def _lock_from_elsewhere(bucket: str, name: str, beat: float) -> None:
+    import json
+
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    lock = {"run_id": "r1", "host": "elsewhere", "pid": 12, "started": 1.0, "beat": beat}
+    fs.pipe_file(f"{bucket[5:]}/{name}/hookdump.lock", json.dumps(lock).encode())
+
+
+def test_a_lock_whose_time_lies_ahead_is_judged_by_what_this_run_sees(
+    bucket: str, in_tests_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another host's clock a day ahead: its lock's last rewrite lies in the future, so its
+    time tells nothing. Not rewritten while watched: taken over by `--overwrite`; rewritten
+    while watched (here as the watcher reads it the second time): refused."""
+    import time
+
+    from clitools import assert_usage_error, invoke
+
+    from hookdump.store.write import url_lock
+
+    monkeypatch.setattr(url_lock, "LOCK_BEAT", 0.2)  # watched for 2.5 beats: 0.5 s
+    ahead = time.time() + 86400
+    _lock_from_elsewhere(bucket, "dead", ahead)
+    run = ["run", "tiny_models:TwoLinear", "-n", "2", "-q", "-o"]
+    line = assert_usage_error(invoke(*run, f"{bucket}/dead"), "is being written by run r1")
+    assert "on elsewhere" in line
+    result = invoke(*run, f"{bucket}/dead", "--overwrite")
+    assert result.exit_code == 0, result.stderr
+
+    _lock_from_elsewhere(bucket, "live", ahead)
+    real_read, reads = url_lock.UrlLock._read, []
+
+    def read_as_it_beats(self: url_lock.UrlLock) -> url_lock.Holder | None:
+        reads.append(1)
+        if len(reads) == 2:  # the holder rewrites its lock while it is watched
+            _lock_from_elsewhere(bucket, "live", ahead + 60)
+        return real_read(self)
+
+    monkeypatch.setattr(url_lock.UrlLock, "_read", read_as_it_beats)
+    assert_usage_error(invoke(*run, f"{bucket}/live", "--overwrite"), "is being written by")
+    assert len(reads) == 2

@@ -6,7 +6,9 @@ ends, short of being killed.
 
 A lock left by a killed run is taken over only by `--resume` or `--overwrite`, and only
 once it is stale: its process is gone (same host), or it has not been rewritten for
-LOCK_STALE seconds (another host)."""
+LOCK_STALE seconds (another host). A lock whose last rewrite lies ahead of this host's
+clock (the hosts' clocks disagree) is judged by what this run sees instead: taken over
+if it is not rewritten while watched for LOCK_WATCH beats."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from hookdump.store.write.upload import LOCK, Upload
 
 LOCK_BEAT = 60.0  # seconds between rewrites of a live run's lock
 LOCK_STALE = 600.0  # a lock not rewritten for this long is a killed run's (other hosts)
+LOCK_WATCH = 2.5  # beats a lock from a host whose clock disagrees is watched for a rewrite
 _LATEST = 1e11  # seconds since 1970 past any lock's time (the year 5138)
 
 
@@ -70,11 +73,15 @@ class Holder:
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
 
-    def alive(self, now: float) -> bool:
+    def alive(self, now: float) -> bool | None:
         """Whether the run may still be writing: its process exists (this host), or its
-        lock was rewritten less than LOCK_STALE seconds ago (another host)."""
+        lock was rewritten less than LOCK_STALE seconds ago (another host). None: the lock
+        says it was rewritten later than now, so the two hosts' clocks disagree and its
+        time tells nothing (`UrlLock` then watches it)."""
         if self.host == socket.gethostname():
             return process_alive(self.pid)
+        if self.beat > now + LOCK_BEAT:
+            return None
         return now - self.beat < LOCK_STALE
 
     def describe(self) -> str:
@@ -102,7 +109,7 @@ class UrlLock:
         `take_over` (`--resume`, `--overwrite`), a stale lock is replaced."""
         if not self._create():
             found = self._read()
-            if found is not None and found.alive(time.time()):
+            if found is not None and self._alive(found, take_over):
                 raise HookdumpError(self._busy(found, take_over))
             if not take_over:
                 who = found.describe() if found else "a run whose lock cannot be read"
@@ -118,6 +125,24 @@ class UrlLock:
         self._held = True
         self._beat = threading.Thread(target=self._keep_alive, name="hookdump-lock", daemon=True)
         self._beat.start()
+
+    def _alive(self, found: Holder, take_over: bool) -> bool:
+        """Whether the lock's holder may still be writing. Where its time cannot tell (the
+        clocks disagree), and the lock would be taken over: whether the lock is rewritten
+        while this run watches it for LOCK_WATCH beats (a live holder rewrites it every
+        LOCK_BEAT seconds), its age as this run sees it."""
+        alive = found.alive(time.time())
+        if alive is not None or not take_over:
+            return alive is not False
+        until = time.monotonic() + LOCK_WATCH * LOCK_BEAT
+        while time.monotonic() < until:
+            time.sleep(LOCK_BEAT / 4)
+            again = self._read()
+            if again is None:
+                return False  # released: taking it is a race the conditional put decides
+            if again != found:
+                return True
+        return False
 
     def _busy(self, holder: Holder, take_over: bool) -> str:
         later = ""
@@ -158,7 +183,9 @@ class UrlLock:
             with contextlib.suppress(Exception):
                 found = self._read()
                 if found is None or found.run_id != self.holder.run_id:
-                    return  # taken over: never write over another run's lock
+                    return  # taken over: stop rewriting it
+                # (a read, then a write: a takeover between the two is written over once;
+                # the store offers no conditional overwrite through this client)
                 beat = Holder(**{**asdict(self.holder), "beat": time.time()})
                 self.upload.remote.fs.pipe_file(self._path, beat.encode())
 
