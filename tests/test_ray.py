@@ -215,6 +215,68 @@ def test_an_error_in_a_task_is_its_one_line(tmp_path: Path) -> None:
         _collected(Mapped())
 
 
+def test_a_pool_that_fills_every_cpu_still_runs(cluster: None, tmp_path: Path) -> None:
+    """Two actors on this cluster's two CPUs, and a dataset that needs Ray Data's own tasks
+    (a read and a map, a CPU each): the actors ask for less than a CPU each, so the tasks
+    run (with a CPU each, the job waited for ever: "pending: 1 CPU"). The dump is the
+    reference's, rows and ids. A GPU the cluster lacks is one line."""
+    import threading
+
+    x = inputs().numpy()
+    dataset = ray.data.range(ROWS).map(
+        lambda row: {"id": f"img-{row['id']:03d}", "x": x[row["id"]]}
+    )
+    done: dict[str, Any] = {}
+
+    def dump() -> None:
+        done["dump"] = hookdump.ray.dump(
+            dataset, model, tmp_path / "d", layers=LAYERS, batch_size=BATCH, part_size=PART,
+            concurrency=2,
+        )  # fmt: skip
+
+    thread = threading.Thread(target=dump, daemon=True)
+    thread.start()
+    thread.join(300)  # a bound on a hang, not a guess at the speed
+    assert not thread.is_alive(), "the job waits for a CPU"
+    dump = done["dump"]
+    assert dump.complete and dump.sample_ids == ids()
+    with torch.no_grad():  # the forward's own, whole (batches cut elsewhere: not bitwise)
+        torch.testing.assert_close(dump["2"], model()(inputs()), rtol=1e-5, atol=1e-6)
+    with pytest.raises(HookdumpError, match=r"^the Ray cluster has 0 GPUs: 2 actors of num_gpus"):
+        hookdump.ray.dump(dataset, model, tmp_path / "g", concurrency=2, num_gpus=1)
+
+
+def test_a_dead_runs_lock_offers_the_ray_paths_own_next_step(cluster: None, bucket: str) -> None:
+    """The Ray path has no `resume`: a lock a killed run left is refused with `overwrite`
+    as the way on, and taken over with it."""
+    import json
+
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    lock = {"run_id": "r1", "host": "elsewhere", "pid": 12, "started": 1.0, "beat": 1.0}
+    fs.pipe_file(f"{bucket[5:]}/d/hookdump.lock", json.dumps(lock).encode())
+    with pytest.raises(HookdumpError) as refused:
+        hookdump.ray.dump(dataset(), model, f"{bucket}/d", layers=LAYERS)
+    line = str(refused.value)
+    assert "which is gone; pass overwrite=True to replace it" in line, line
+    assert "resume" not in line
+    dump = hookdump.ray.dump(dataset(), model, f"{bucket}/d", layers=LAYERS, overwrite=True)
+    assert dump.complete and not fs.exists(f"{bucket[5:]}/d/hookdump.lock")
+
+
+def test_rows_without_an_id_are_refused_in_one_line(cluster: None, tmp_path: Path) -> None:
+    """An integer id column with a missing value arrives as floats and NaN (a string
+    column's as None): refused, never written as float ids and 'nan' in the manifest."""
+    x = inputs()
+    for kind, missing in ((int, None), (int, float("nan")), (str, None)):
+        rows: list[dict[str, Any]] = [{"id": kind(n), "x": x[n].numpy()} for n in range(6)]
+        rows[3]["id"] = missing
+        with pytest.raises(HookdumpError, match=r"^id_column 'id' has rows without an id"):
+            hookdump.ray.dump(ray.data.from_items(rows), model, tmp_path / "d")
+        assert not (tmp_path / "d" / "manifest.json").exists()
+
+
 def test_checked_before_ray_runs_anything(cluster: None, tmp_path: Path) -> None:
     """Wrong arguments are named in one line before any task starts, and `out` is left
     as it was."""
@@ -233,3 +295,63 @@ def test_without_ray_installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(HookdumpError, match=r"needs Ray Data: pip install 'hookdump\[ray\]'"):
         hookdump.ray.dump(object(), model, tmp_path / "a")
+
+
+_SIGTERM_SCRIPT = """
+import sys, time
+import ray, ray.data, torch
+from torch import nn
+import hookdump, hookdump.ray
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+         _node_ip_address="127.0.0.1")
+ready = sys.argv[2]
+
+class Waits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+
+    def forward(self, x):
+        open(ready, "w").write("in the forward")
+        time.sleep(600)
+        return self.linear(x)
+
+rows = [{"id": n, "x": torch.zeros(6).numpy()} for n in range(4)]
+try:
+    hookdump.ray.dump(ray.data.from_items(rows), Waits, sys.argv[1])
+except hookdump.Interrupted as exc:
+    print(f"{exc.exit_code} {exc}", flush=True)
+"""
+
+
+def test_sigterm_ends_the_ray_driver_with_its_line_and_gives_the_lock_back(
+    cluster: None, bucket: str, tmp_path: Path
+) -> None:
+    """ray.init's own SIGTERM handler left the driver with a bare SystemExit (or an abort)
+    and the URL's lock behind; now SIGTERM is the run's: `Interrupted` (143) saying how to
+    go on, and the lock given back."""
+    import subprocess
+    import time
+
+    import fsspec
+
+    ready = tmp_path / "ready"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_SCRIPT, f"{bucket}/d", str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
+    while not ready.exists():
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "no task reached its forward"
+        time.sleep(0.05)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False)
+    assert fs.exists(f"{bucket[5:]}/d/hookdump.lock")
+    driver.send_signal(signal.SIGTERM)
+    stdout, stderr = driver.communicate(timeout=300)
+    assert stdout.startswith("143 the Ray job stopped before its parts were joined"), stderr
+    assert "overwrite=True" in stdout
+    assert not fs.exists(f"{bucket[5:]}/d/hookdump.lock")

@@ -30,8 +30,8 @@ from hookdump.engine.options import RunOptions
 from hookdump.engine.parts import drop_parts, part_name, share_of
 from hookdump.engine.place import held
 from hookdump.engine.runner import run
-from hookdump.engine.signals import interrupts_once
-from hookdump.errors import HookdumpError, keywords_checked, opt
+from hookdump.engine.signals import exit_code, interrupts_once
+from hookdump.errors import HookdumpError, Interrupted, keywords_checked, opt
 from hookdump.inputs.python import PythonData
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.writer import Part
@@ -197,8 +197,12 @@ def _write(
 ) -> None:
     """Lock and check `out`, have the actors write the parts, join them (this process)."""
     part_size, concurrency, num_gpus = pool
+    actor_cpus = _actor_cpus(ray, concurrency, num_gpus)
     started = time.perf_counter()
-    with interrupts_once(), held(task.options, True) as (options, place):
+    with (
+        interrupts_once(force=True),
+        held(task.options, True, resumable=False) as (options, place),
+    ):
         assert place is not None  # `out` is checked first
         destination = Destination.open(options, None, place)
         destination.start(shard_bytes=options.dump.shard_bytes, fields={})
@@ -212,6 +216,7 @@ def _write(
             batch_format="numpy",
             zero_copy_batch=False,
             compute=ray.data.ActorPoolStrategy(size=concurrency),
+            num_cpus=actor_cpus,
             num_gpus=num_gpus or None,
         )
         mapped.context.execution_options.preserve_order = True  # parts in the dataset's order
@@ -221,11 +226,37 @@ def _write(
         except HookdumpError:  # every task has ended: what the others wrote is of no use
             drop_parts(place, set())
             raise
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the parts are not joined
+            raise Interrupted(
+                f"the Ray job stopped before its parts were joined: nothing in {place.label} "
+                f"is a dump yet; run it again with {opt('overwrite', True)}",
+                exit_code(exc),
+            ) from None
         fields = parts[0][1][1]
         fields["input"] = {**fields.get("input", {}), "source": "ray"}
         writer.take_over(whole.shards, whole.tensors, fields)
         destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
         drop_parts(place, {shard["file"] for shard in whole.shards})
+
+
+def _actor_cpus(ray: Any, concurrency: int, num_gpus: float) -> float | None:
+    """The CPUs each actor asks for: one, or less where the actors would take every CPU of
+    the cluster, for Ray Data's own tasks (the dataset's reads and maps) each need a whole
+    one beside them: without it the job waits for ever, "pending: 1 CPU". A pool whose GPUs
+    the cluster does not have is refused in one line. (None: Ray's default, where Ray is
+    not started yet.)"""
+    have = ray.cluster_resources() if ray.is_initialized() else {}
+    if not have:
+        return None
+    gpus = float(have.get("GPU", 0))
+    if gpus < concurrency * num_gpus:
+        raise HookdumpError(
+            f"the Ray cluster has {gpus:g} GPUs: {concurrency} actors of {opt('num_gpus')} "
+            f"{num_gpus:g} need {concurrency * num_gpus:g}; lower {opt('concurrency')} or "
+            f"{opt('num_gpus')}"
+        )
+    spare = float(have.get("CPU", 0)) - 1  # one for Ray Data's tasks
+    return max(0.0, min(1.0, spare / concurrency))
 
 
 def _collected(mapped: Any) -> list[tuple[str, tuple[RankShare, dict[str, Any]]]]:
@@ -268,19 +299,35 @@ class _PartWriter:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         task = self.task
-        ids = batch[task.id_column].tolist()
-        name = part_name(ids)
-        part = Part(name, task.run_id)
-        options = dataclasses.replace(
-            task.options, dump=dataclasses.replace(task.options.dump, part=part)
-        )
+        name = ""
         try:
+            ids = _ids(batch[task.id_column], task.id_column)
+            name = part_name(ids)
+            part = dataclasses.replace(task.options.dump, part=Part(name, task.run_id))
+            options = dataclasses.replace(task.options, dump=part)
             inputs = {column: _tensor(batch[column], column) for column in task.columns}
             data = PythonData(list(_pieces(inputs, task.batch_size)), task.forward, ids)
             done: Any = share_of(run(options, model=self.module, data=data))
         except HookdumpError as exc:  # Ray would keep only its traceback's text
             done = exc.args[0] if exc.args else str(exc)  # its options marked, for the CLI
         return {"part": np.array([name]), "done": np.array([pickle.dumps(done)], dtype=object)}
+
+
+def _ids(values: np.ndarray, column: str) -> list[Any]:
+    """A part's sample ids; a row without one (an integer column with a missing value
+    arrives as floats and NaN, a string column's as None) is refused in one line."""
+    if values.dtype.kind == "f":
+        missing = np.isnan(values)
+    elif values.dtype == object:
+        missing = np.array([v is None or (isinstance(v, float) and v != v) for v in values])
+    else:
+        missing = np.zeros(len(values), dtype=bool)
+    if missing.any():
+        raise HookdumpError(
+            f"{opt('id_column')} {column!r} has rows without an id ({int(missing.sum())} in "
+            "one part); give every row its id, or drop those rows first (Dataset.filter)"
+        )
+    return list(values.tolist())
 
 
 def _tensor(values: np.ndarray, column: str) -> torch.Tensor:

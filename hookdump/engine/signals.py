@@ -43,13 +43,14 @@ _active: _Handler | None = None
 
 
 @contextlib.contextmanager
-def interrupts_once(process_ends: bool = False) -> Iterator[None]:
+def interrupts_once(process_ends: bool = False, force: bool = False) -> Iterator[None]:
     """Inside, SIGINT and SIGTERM act as the module says; the handlers before are put back
     after (`process_ends`, once a signal came: both stay ignored instead, as the process is
     ending, so that none lands between this block and the exit). Each signal is taken over
     only from Python's default: one the caller handles or ignores (SIGINT in a background
-    job of a script, under nohup) is left as it is. A no-op outside the main thread and
-    inside another such block."""
+    job of a script, under nohup) is left as it is; with `force`, from any handler but
+    SIG_IGN (Ray's driver: `ray.init`'s handlers exit at once from wherever the main thread
+    waits). A no-op outside the main thread and inside another such block."""
     global _active
     if _active is not None or threading.current_thread() is not threading.main_thread():
         yield
@@ -57,7 +58,11 @@ def interrupts_once(process_ends: bool = False) -> Iterator[None]:
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     before = {sig: signal.getsignal(sig) for sig in defaults}
     handler = _Handler()
-    taken = [sig for sig, default in defaults.items() if before[sig] is default]
+    taken = [
+        sig
+        for sig, default in defaults.items()
+        if before[sig] is default or (force and before[sig] is not signal.SIG_IGN)
+    ]
     for sig in taken:
         signal.signal(sig, handler)
     _active = handler
@@ -66,7 +71,8 @@ def interrupts_once(process_ends: bool = False) -> Iterator[None]:
     finally:
         _active = None
         for sig in taken:
-            signal.signal(sig, signal.SIG_IGN if process_ends and handler.received else before[sig])
+            again = signal.SIG_IGN if process_ends and handler.received else before[sig]
+            signal.signal(sig, signal.SIG_DFL if again is None else again)
 
 
 def ignore_from_now() -> None:

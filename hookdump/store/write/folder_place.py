@@ -133,7 +133,7 @@ class FolderPlace(DumpPlace):
         return self.out
 
     @contextlib.contextmanager
-    def held(self, main: bool, take_over: bool) -> Iterator[Path]:
+    def held(self, main: bool, take_over: bool, resumable: bool = True) -> Iterator[Path]:
         with locked(self.out if main else None):
             yield self.out
 

@@ -75,10 +75,11 @@ class DumpPlace(ABC):
 
     @abstractmethod
     @contextlib.contextmanager
-    def held(self, main: bool, take_over: bool) -> Iterator[Path]:
+    def held(self, main: bool, take_over: bool, resumable: bool = True) -> Iterator[Path]:
         """Hold the place for the `with` block (`main`: the process that writes its
-        manifest; `take_over`: `--resume` or `--overwrite`, which may take a dead run's lock)
-        and give the local folder shards are finished in (`work`)."""
+        manifest; `take_over`: `--resume` or `--overwrite`, which may take a dead run's lock;
+        `resumable`: whether a refusal may offer `--resume`) and give the local folder
+        shards are finished in (`work`)."""
 
     # the destination and an old dump
 

@@ -104,19 +104,20 @@ class UrlLock:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
-    def take(self, take_over: bool) -> None:
+    def take(self, take_over: bool, resumable: bool = True) -> None:
         """Make the lock object, or refuse in one line naming the run that holds it; with
-        `take_over` (`--resume`, `--overwrite`), a stale lock is replaced."""
+        `take_over` (`--resume`, `--overwrite`), a stale lock is replaced (`resumable`:
+        whether the refusal may offer `--resume`: the Ray path has none)."""
         if not self._create():
             found = self._read()
             if found is not None and self._alive(found, take_over):
                 raise HookdumpError(self._busy(found, take_over))
             if not take_over:
                 who = found.describe() if found else "a run whose lock cannot be read"
+                finish = f"{opt('resume', True)} to finish its dump, or " if resumable else ""
                 raise HookdumpError(
                     f"{opt('out')} {self.upload.url} is locked by {who}, which is gone; pass "
-                    f"{opt('resume', True)} to finish its dump, or {opt('overwrite', True)} to "
-                    "replace it"
+                    f"{finish}{opt('overwrite', True)} to replace it"
                 )
             self.upload.remove([LOCK])
             if not self._create():  # another run took it over meanwhile

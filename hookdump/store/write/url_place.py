@@ -68,14 +68,14 @@ class UrlPlace(DumpPlace):
         return self.upload.run_id
 
     @contextlib.contextmanager
-    def held(self, main: bool, take_over: bool) -> Iterator[Path]:
+    def held(self, main: bool, take_over: bool, resumable: bool = True) -> Iterator[Path]:
         spool = _new_spool(self.spool_parent)
         lock = UrlLock(self.upload) if main else None
         try:
             with locked(spool):
                 if lock is not None:
                     self.upload.make_prefix()
-                    lock.take(take_over=take_over)
+                    lock.take(take_over, resumable)
                 self.work = spool
                 yield spool
         finally:
