@@ -189,6 +189,9 @@ def test_attention_kinds_without_attention_modules_are_one_line(tmp_path: Path) 
         hookdump.capture(nn.Sequential(nn.Linear(2, 2)), capture="pattern")
     with pytest.raises(HookdumpError, match=r"the selection holds none; the nearest: .*attn"):
         hookdump.capture(_gpt2(), layers=["transformer.h.0.mlp"], capture="pattern")
+    # every leaf (no layers given) holds no attention module: the first are named
+    with pytest.raises(HookdumpError, match=r"the nearest: model\.layers\.0\.self_attn, "):
+        hookdump.capture(_llama(), capture="pattern")
     line = assert_usage_error(invoke("run", "resnet18", "-c", "pattern"), "--capture pattern")
     assert "needs the attention modules of a transformers model" in line
 

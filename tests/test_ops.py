@@ -179,6 +179,22 @@ def test_views_are_left_out_under_inference_mode_as_a_dump_runs(tmp_path: Path) 
         torch.testing.assert_close(d[key], value, rtol=0, atol=0)
 
 
+def test_contiguous_is_left_out_as_views_are() -> None:
+    """`contiguous` of a transposed tensor copies the values it is given: nothing new
+    (GPT-2's attention kept two such keys per call)."""
+
+    class Copies(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.transpose(0, 1).contiguous() * 2
+
+    x = torch.randn(3, 4)
+    model = Copies()
+    with hookdump.capture(model, layers=["__root__"], capture="ops") as cap, torch.no_grad():
+        model(x)
+    assert list(cap.tensors) == ["__root__:op.mul"]  # no op.contiguous
+    torch.testing.assert_close(cap.tensors["__root__:op.mul"], x.T * 2, rtol=0, atol=0)
+
+
 def test_no_key_value_cache_is_built_for_a_dump(gpt2: Path, tmp_path: Path, corpus: Path) -> None:
     """Issue 36: the forward built a key-value cache it never read; its updates showed up as
     the attention module's own ops (`op.cat`) and cost time. The attention's values are the

@@ -252,7 +252,8 @@ def _none_selected(model: nn.Module, selected: list[str], kinds: Sequence[str]) 
             "whose attention goes through transformers' attention functions); this model has "
             "none"
         )
+    near = (nearest(selected[0], found, 3) if selected else []) or found[:3]
     return HookdumpError(
         f"{what} applies to attention modules, and the selection holds none; the nearest: "
-        f"{', '.join(nearest(selected[0], found, 3) if selected else [] or found[:3])}"
+        f"{', '.join(near)} (select them with {opt('layers')})"
     )

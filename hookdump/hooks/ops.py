@@ -22,8 +22,11 @@ from torch.utils.hooks import RemovableHandle
 
 from hookdump.errors import HookdumpError, did_you_mean, opt
 
-# ops that only look at a tensor or view it (always excluded: they copy nothing new)
-SKIPPED_OPS = frozenset({"__get__", "__getitem__", "__setitem__", "__format__", "__repr__"})
+# ops that only look at a tensor, view it or lay it out anew (always excluded: nothing new;
+# a `contiguous` of a transposed tensor is a copy, two keys more per GPT-2 attention call)
+SKIPPED_OPS = frozenset(
+    {"__get__", "__getitem__", "__setitem__", "__format__", "__repr__", "contiguous"}
+)
 
 OpSeen = Callable[[str, str, torch.Tensor], None]  # (module, op name, result)
 
