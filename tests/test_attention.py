@@ -328,3 +328,27 @@ def test_repeating_key_value_heads_needs_k_or_v(tmp_path: Path) -> None:
                       capture="pattern", repeat_kv_heads=True)  # fmt: skip
     result = invoke("run", "resnet18", "--repeat-kv-heads", "-n", "1", "-o", str(tmp_path / "x"))
     assert_usage_error(result, "--repeat-kv-heads repeats the key-value heads of k, v")
+
+
+@pytest.mark.parametrize("make", [_gpt2, _gemma2], ids=["sdpa", "eager"])
+def test_output_and_pattern_write_the_weights_once(make: Any, tmp_path: Path) -> None:
+    """`--capture output,pattern`: the weights are `M:pattern` alone. An sdpa model's
+    module hands on no weights (the tap's `M:output.1` was a copy of `M:pattern`); an
+    eager one's does, and they are the pattern's memory: not kept twice. The module's
+    output is the model's own."""
+    model = make()
+    name = "transformer.h.0.attn" if make is _gpt2 else "model.layers.0.self_attn"
+    module = model.get_submodule(name)
+    seen: list[Any] = []
+    module.register_forward_hook(lambda _m, _a, out: seen.append(out))
+    with torch.no_grad():
+        model(**_batch())
+    with (
+        hookdump.capture(model, layers=[name], capture="output,pattern") as cap,
+        torch.no_grad(),
+    ):
+        model(**_batch())
+    keys = [k for k in cap.tensors if k.startswith(name)]
+    assert keys == [f"{name}:pattern", f"{name}:output.0"]  # in the order they came
+    assert (seen[1][1] is None) == (seen[0][1] is None)  # what the module hands on, as before
+    torch.testing.assert_close(cap.tensors[f"{name}:output.0"], seen[0][0])

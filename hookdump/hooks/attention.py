@@ -173,6 +173,7 @@ def _attention(
         function = _eager(module) if before == "eager" else ALL_ATTENTION_FUNCTIONS[before]
         return function(module, query, key, value, attention_mask, **kwargs)
     name, tap = selected
+    weighs = _ORIGINAL.get(id(getattr(module, "config", None))) == "eager"
     mask = _additive(module, query, key, attention_mask)
     output, pattern = _eager(module)(module, query, key, value, mask, **kwargs)
     unturned = functools.cache(lambda: unrotated(name, module, query, key, tap.rotary(module)))
@@ -192,7 +193,9 @@ def _attention(
             "k_pre_rope": lambda: _repeated(unturned()[1], heads).transpose(1, 2),
         },
     )
-    return output, pattern
+    # the weights go on only where the model's own implementation hands them on (eager;
+    # sdpa and flash give None): its output is what it would be without the tap
+    return output, pattern if weighs else None
 
 
 def _scores(

@@ -182,6 +182,7 @@ class _Attached:
         self.handles: list[RemovableHandle] = []
         self.recorder: OpRecorder | None = None
         self.tap: AttentionTap | None = None
+        self.patterns: dict[str, int] = {}  # module -> the memory of its pattern, kept
         self.stack: contextlib.ExitStack | None = None
 
     def quiet(self) -> contextlib.AbstractContextManager[None]:
@@ -475,8 +476,9 @@ class Capture:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             call = self._calls.leave(name)
             with self._attached.quiet():
-                if "output" in kinds:
-                    self._record(name, module_type, "output", None, output, call)
+                if "output" in kinds:  # an eager module's weights, kept as `pattern` already
+                    kept = self._attached.patterns.pop(name, None)
+                    self._record(name, module_type, "output", None, output, call, kept)
                 if "grad" in kinds:
                     self._hook_grads(name, module_type, "grad_output", None, output, call)
                 if sites:
@@ -499,12 +501,23 @@ class Capture:
             self._keep(key, site.module, module_type, site.side, call, part, value, site.name)
 
     def _record(
-        self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int
+        self,
+        name: str,
+        module_type: str,
+        kind: str,
+        prefix: str | None,
+        value: Any,
+        call: int,
+        kept: int | None = None,
     ) -> None:
+        """Keep each tensor of `value` (`kept`: the memory of one kept under another key
+        already, left out)."""
         for part, leaf in flatten(value, prefix):
             key = tensor_key(name, kind, part, call)
             if not isinstance(leaf, torch.Tensor):
                 self.skipped.setdefault(key, Skipped(key, type(leaf).__name__))
+                continue
+            if kept is not None and leaf.untyped_storage().data_ptr() == kept:
                 continue
             self._keep(key, name, module_type, kind, call, part, leaf)
 
@@ -590,6 +603,8 @@ class Capture:
             if name in self.named and kind in self.kinds:
                 key = tensor_key(name, kind, None, call)
                 self._keep(key, name, module_type, kind, call, None, value)
+                if kind == "pattern":
+                    self._attached.patterns[name] = value.untyped_storage().data_ptr()
             for site in self.sites.get(name, ()):
                 if site.side == kind:
                     key = called(site.name, call)
