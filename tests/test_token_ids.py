@@ -174,6 +174,36 @@ def test_left_padding_gives_the_same_token_rows(gpt2: Path, tmp_path: Path) -> N
     assert found[1]["__token_ids__"].tolist() == [6, 7, 9]
 
 
+def test_a_left_padded_token_file_gets_positions_from_its_mask(gpt2: Path, tmp_path: Path) -> None:
+    """Issue 44: `run --input ids.safetensors --per-token` with rows padded on the left gave
+    GPT-2 no position_ids (off by up to 1.41); the CLI now takes the Python door's path.
+    The rows equal the same rows padded on the right, block by block, and each document
+    alone (its own batch, no padding), as transformers computes it."""
+    right = {"input_ids": torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])}  # fmt: skip
+    left = {"input_ids": torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]),
+            "attention_mask": torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])}  # fmt: skip
+    found = {}
+    for side, batch in (("right", right), ("left", left)):
+        ids = tmp_path / f"{side}.safetensors"
+        save_file(batch, ids)
+        result = invoke("run", f"hf:{gpt2}", "--per-token", "-l", "h.*", "-b", "2", "-q",
+                        "-i", str(ids), "-o", str(tmp_path / side))  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        found[side] = hookdump.load(tmp_path / side)
+    model = transformers.AutoModel.from_pretrained(gpt2).eval()
+    with torch.no_grad():
+        alone = [model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+                 for ids in ([5, 6, 7, 8], [9, 10])]  # fmt: skip
+    for block in range(2):
+        key = f"h.{block}"
+        torch.testing.assert_close(found["left"][key], found["right"][key], rtol=1e-5, atol=1e-5)
+        own = torch.cat([states[block + 1][0] for states in alone])  # hidden_states[0]: wte+wpe
+        if block == 1:  # the last block's hidden state is after ln_f in transformers'
+            continue
+        torch.testing.assert_close(found["left"][key], own, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("column", "said"),
     [([[1.5, 2.0]], ("column input_ids is list<", "double>, not lists of integers")),

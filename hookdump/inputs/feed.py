@@ -15,10 +15,17 @@ from typing import Any
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.inputs.files import open_input
-from hookdump.inputs.python import PythonData, python_feed, takes_position_ids
-from hookdump.inputs.samples import Feed, InputOptions, SampleForm, random_batches, share_of
+from hookdump.inputs.python import PythonData, python_feed
+from hookdump.inputs.samples import (
+    Feed,
+    InputOptions,
+    SampleForm,
+    random_batches,
+    share_of,
+    takes_position_ids,
+)
 from hookdump.inputs.text import TextOptions, text_feed
-from hookdump.inputs.token_ids import token_input
+from hookdump.inputs.token_ids import TokenModel, token_input
 from hookdump.model.loading import LoadedModel
 from hookdump.model.zoo import has_tokenizer, load_tokenizer
 
@@ -132,13 +139,13 @@ def _token_feed(source: Source, model: LoadedModel, place: Place) -> Feed:
             )
         tokenizer, files = load_tokenizer(folder, model.spec, given=False)
         special = list(tokenizer.all_special_ids)
+    takes = TokenModel(model.vocab, model.positions, takes_position_ids(model.module))
     return token_input(
         source.input.source,
-        vocab=model.vocab,
+        takes,
         limit=source.input.num_samples,
         done=place.done,
         share=place.share,
         special_ids=special,
         tokenizer_files=files,
-        positions=model.positions,
     )

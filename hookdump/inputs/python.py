@@ -10,7 +10,6 @@ too), whose real tokens become rows as `--text ... --per-token` makes them.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,7 +21,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS
 from hookdump.format.rows import SampleIds
-from hookdump.inputs.samples import Batch, Feed
+from hookdump.inputs.samples import Batch, Feed, left_padded_positions
 
 
 @dataclass(frozen=True)
@@ -113,27 +112,6 @@ def _estimate(data: Iterable[Any]) -> int | None:
     return None
 
 
-def takes_position_ids(module: Any) -> bool:
-    """Whether `module`'s forward takes `position_ids` (transformers' models do)."""
-    try:
-        return "position_ids" in inspect.signature(module.forward).parameters
-    except (TypeError, ValueError, AttributeError):
-        return False
-
-
-def _positions_of(item: Mapping[str, Any], mask: torch.Tensor, given: PythonData) -> dict[str, Any]:
-    """A left-padded batch's `position_ids`, counted from the mask as `generate` counts them,
-    where the model takes them and the batch brings none: without them the model counts the
-    padding as positions, and every activation shifts while `__position__` counts the real
-    tokens."""
-    if not given.position_ids or "position_ids" in item or mask.shape[1] < 2:
-        return {}
-    starts_late = (mask[:, :-1] == 0) & (mask[:, 1:] != 0)  # a real token after padding
-    if not bool(starts_late.any()):
-        return {}
-    return {"position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
-
-
 def _batch(item: Any, given: PythonData, start: int) -> Batch:
     """One of the caller's batches as a `Batch` of rows `start:...`."""
     rows = _rows(item)
@@ -153,7 +131,8 @@ def _batch(item: Any, given: PythonData, start: int) -> Batch:
             )
         stored = {INPUT_IDS: ids.cpu(), ATTENTION_MASK: mask.cpu()}
         payload = item if given.forward is not None else None
-        kwargs = {**item, **_positions_of(item, mask, given)}
+        positions = left_padded_positions(item, mask) if given.position_ids else {}
+        kwargs = {**item, **positions}
         return Batch((), kwargs, start, stop, stored, given.forward, payload)
     if given.forward is not None:
         return Batch((), {}, start, stop, forward=given.forward, payload=item)

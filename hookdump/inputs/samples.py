@@ -7,8 +7,9 @@ different `--batch-size` (or split over processes) hold the same rows.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,27 @@ class Padding:
     def fraction(self) -> float | None:
         """Real tokens per position computed (None before any)."""
         return self.real / self.positions if self.positions else None
+
+
+def takes_position_ids(module: Any) -> bool:
+    """Whether `module`'s forward takes `position_ids` (transformers' models do)."""
+    try:
+        return "position_ids" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def left_padded_positions(inputs: Mapping[str, Any], mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A left-padded batch's `position_ids`, counted from the mask as `generate` counts
+    them, where the batch brings none: without them the model counts the padding as
+    positions, and every activation shifts while `__position__` counts the real tokens.
+    The one way both doors (a Python caller's batches, `--input` token files) get them."""
+    if "position_ids" in inputs or mask.dim() != 2 or mask.shape[1] < 2:
+        return {}
+    starts_late = (mask[:, :-1] == 0) & (mask[:, 1:] != 0)  # a real token after padding
+    if not bool(starts_late.any()):
+        return {}
+    return {"position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
 
 
 def share_of(total: int, share: tuple[int, int] | None) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.rows import SampleIds
 from hookdump.inputs.files import TENSOR_SUFFIXES, open_tensor_file
-from hookdump.inputs.samples import Batch, Feed, Padding, share_of
+from hookdump.inputs.samples import Batch, Feed, Padding, left_padded_positions, share_of
 from hookdump.inputs.tables import is_table, record_batches, table_files
 
 IDS, MASK = "input_ids", "attention_mask"
@@ -41,22 +42,31 @@ def is_token_file(source: str) -> bool:
     return path.suffix in TENSOR_SUFFIXES or is_table(path)
 
 
+@dataclass(frozen=True)
+class TokenModel:
+    """What a model takes of token ids: ids below `vocab`, at most `positions` tokens a
+    sample (a longer row is refused, naming it), and whether its forward takes
+    `position_ids` (a left-padded batch then brings its own, `left_padded_positions`)."""
+
+    vocab: int
+    positions: int | None = None
+    position_ids: bool = False
+
+
 def token_input(
     source: str,
+    model: TokenModel,
     *,
-    vocab: int,
     limit: int | None = None,
     done: Sequence[int] | None = None,
     share: tuple[int, int] | None = None,
     special_ids: list[int] | None = None,
     tokenizer_files: list[Path] | None = None,
-    positions: int | None = None,
 ) -> Feed:
-    """The rows of `source` (see the module's docstring) as a `Feed` of token batches;
-    `vocab`: ids must be below it; `done`: rows already dumped (resuming: the feed goes on
-    after them); `share` (rank, world): a torchrun rank's contiguous slice; `special_ids`
-    and `tokenizer_files`: of the model folder's tokenizer, where one was read; `positions`:
-    the most tokens the model takes in a sample (a longer row is refused, naming it)."""
+    """The rows of `source` (see the module's docstring) as a `Feed` of token batches for
+    `model`; `done`: rows already dumped (resuming: the feed goes on after them); `share`
+    (rank, world): a torchrun rank's contiguous slice; `special_ids` and `tokenizer_files`:
+    of the model folder's tokenizer, where one was read."""
     path = Path(source)
     if not path.exists():
         raise HookdumpError(f"{opt('input')} {source}: no such file or folder")
@@ -76,8 +86,8 @@ def token_input(
         made = itertools.islice(rows(start), stop - start)
         row = len(ids)
         while chunk := list(itertools.islice(made, batch_size)):
-            _check_lengths(chunk, first + row, positions, source)
-            batch = _batch(chunk, row, vocab, source, first)
+            _check_lengths(chunk, first + row, model.positions, source)
+            batch = _batch(chunk, row, model, source, first)
             ids.extend(range(first + row, first + row + len(chunk)))
             padding.count(sum(int(m.sum()) for _, m in chunk), batch.kwargs[IDS].numel())
             yield batch
@@ -203,7 +213,7 @@ def _integers(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
     return tensor.long()
 
 
-def _batch(chunk: list[Row], start: int, vocab: int, source: str, first: int) -> Batch:
+def _batch(chunk: list[Row], start: int, model: TokenModel, source: str, first: int) -> Batch:
     """Rows right-padded to the longest (masked-out ids set to 0), checked: a mask of 0s and
     1s, a real token in every row, real ids below `vocab`."""
     width = max(len(ids) for ids, _ in chunk)
@@ -223,6 +233,7 @@ def _batch(chunk: list[Row], start: int, vocab: int, source: str, first: int) ->
             "no real token (its mask is all 0 or it is empty)"
         )
     tokens = tokens.where(mask.bool(), 0)
+    vocab = model.vocab
     outside = (tokens < 0) | (tokens >= vocab)
     if bool(outside.any()):
         row = _first_row(outside)
@@ -230,7 +241,10 @@ def _batch(chunk: list[Row], start: int, vocab: int, source: str, first: int) ->
             f"{where} {first + start + row}: token id {int(tokens[outside][0])} is outside the "
             f"model's vocabulary (0 to {vocab - 1}); was the file tokenized for this model?"
         )
-    return Batch((), {IDS: tokens, MASK: mask}, start, start + len(chunk))
+    inputs = {IDS: tokens, MASK: mask}
+    if model.position_ids:
+        inputs |= left_padded_positions(inputs, mask)
+    return Batch((), inputs, start, start + len(chunk))
 
 
 def _first_row(where: torch.Tensor) -> int:
