@@ -6,10 +6,15 @@ import torch
 
 import hookdump
 
+PER_HEAD = {"q", "k", "v", "z", "q_pre_rope", "k_pre_rope"}
 
-def feature_rows(values: torch.Tensor) -> torch.Tensor:
-    """[N, *shape] as rows of features, float64: the last dim, or the channel of [C, H, W]."""
-    if values.dim() == 4:
+
+def feature_rows(values: torch.Tensor, per_head: bool = False) -> torch.Tensor:
+    """[N, *shape] as rows of features, float64: the last dim, or the channel of [C, H, W];
+    a per-head key's heads times their dimensions (`per_head`)."""
+    if per_head:
+        values = values.flatten(-2)
+    elif values.dim() == 4:
         values = values.movedim(1, -1)
     return values.reshape(-1, values.shape[-1] if values.dim() > 1 else 1).double()
 
@@ -18,7 +23,7 @@ def assert_stats_match(dump: hookdump.Dump, key: str) -> None:
     """`dump.stats(key)` equals torch's mean, variance, min, max and row norms over every
     row of the key (finite values only), relative 1e-6."""
     stats = dump.stats(key)
-    rows = feature_rows(dump[key])
+    rows = feature_rows(dump[key], dump.info(key).kind in PER_HEAD)
     finite = rows.isfinite()
     count = finite.sum(0)
     zeroed = torch.where(finite, rows, 0.0)

@@ -165,3 +165,26 @@ def test_a_dump_without_them_says_so(tmp_path: Path) -> None:
         hookdump.load(out).stats("out")
     with pytest.raises(KeyError, match="'outs' is not in"):
         hookdump.load(out).stats("outs")
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["samples", "token_rows"])
+def test_per_head_keys_have_a_feature_per_head_and_dimension(
+    gpt2: Path, tmp_path: Path, per_token: bool
+) -> None:
+    """Issue 44: `z` ([T, heads, head_dim], or [heads, head_dim] a token row) had its heads
+    pooled (16 features, not 2 x 16) or, without token rows, its positions taken for the
+    channels. Now heads x head_dim features, head-major, each equal to torch's reductions."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\nthe dog sat\n")
+    out = tmp_path / "d"
+    args = ["--per-token"] if per_token else ["--max-length", "6"]
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "-l", "h.0.attn", "-c", "z",
+                    "-b", "2", "-q", "-o", str(out), *args)  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    key = "h.0.attn:z"
+    assert dump.info(key).shape[-2:] == (2, 16)  # the fixture's 2 heads of 16
+    assert dump.stats(key)["mean"].shape == (32,)
+    assert_stats_match(dump, key)
+    head_1 = dump[key][..., 1, :].reshape(-1, 16).double().mean(0)  # by hand: head 1 alone
+    torch.testing.assert_close(dump.stats(key)["mean"].view(2, 16)[1], head_1)

@@ -171,6 +171,11 @@ class TensorStats:
         }
 
 
+# attention values of `[..., heads, head_dim]`: their features are each head's dimensions,
+# not the dimensions pooled over the heads (nor, without token rows, the positions)
+PER_HEAD = frozenset({"q", "k", "v", "z", "q_pre_rope", "k_pre_rope"})
+
+
 @dataclass
 class KeySummary:
     """One captured key: where it came from, its per-sample shape and its statistics."""
@@ -209,9 +214,9 @@ class KeySummary:
             self.lose_features()
             return
         if self.features is None:
-            self.features = FeatureStats.empty(features_of(self.shape))
+            self.features = FeatureStats.empty(features_of(self._feature_shape()))
         if batch is None:
-            self.features.update(tensor)
+            self.features.update(self._as_rows(tensor))
         else:
             self.features.merge(batch)
 
@@ -230,12 +235,25 @@ class KeySummary:
         """Fold a batch of rows into the statistics (their bytes are counted apart): a
         floating batch without NaN or infinities in one read of its memory, whose
         per-feature statistics make the whole key's."""
-        batch = batch_stats(tensor)
+        batch = batch_stats(self._as_rows(tensor))
         if batch is None:
             self.stats.update(tensor)
         else:
             self.stats.fold(batch.whole(), tensor)
         self.add_features(tensor, batch)
+
+    def _per_head(self) -> bool:
+        return self.info.kind in PER_HEAD and len(self.shape) >= 2
+
+    def _feature_shape(self) -> tuple[int, ...]:
+        """The per-sample shape the features are read from: a per-head key's heads and
+        their dimensions as one (a feature per head and dimension, head-major)."""
+        if not self._per_head():
+            return self.shape
+        return (*self.shape[:-2], self.shape[-2] * self.shape[-1])
+
+    def _as_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.flatten(-2) if self._per_head() else tensor
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -122,7 +122,9 @@ class Dump(Mapping[str, torch.Tensor]):
     def stats(self, key: str) -> dict[str, torch.Tensor]:
         """Per-feature statistics of `key`, made while it was written (merged across
         batches, torchrun's ranks and resumed runs): one value per feature (the last
-        dimension, or the channel of a `[C, H, W]` sample) of `count` (finite values),
+        dimension, or the channel of a `[C, H, W]` sample; a per-head attention key's
+        (`q`, `k`, `v`, `z`, `q_pre_rope`, `k_pre_rope`) heads times their dimensions,
+        head-major: `.view(heads, head_dim)` gives them per head) of `count` (finite values),
         `mean`, `var` (over the count, not count - 1), `std`, `min` and `max`, and the
         mean L2 norm of a row, `norm_mean`, over `rows` rows. Token rows: real tokens only.
 
