@@ -57,13 +57,15 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
 
-def bench(job: str, scratch: Path, reps: int) -> dict[str, Any]:
+def bench(job: str, scratch: Path, reps: int, without: str = WITHOUT) -> dict[str, Any]:
+    """`job` in fresh processes as it is and with `without` (a script that patches the CLI
+    before it runs), paired and alternating."""
     args, _ = job_args(JOBS[job], scratch)
     out = scratch / "out"
     run = ["run", *args, "--out", str(out), "--quiet"]
     commands = {
         "with": [sys.executable, "-m", "hookdump", *run],
-        "without": [sys.executable, "-c", WITHOUT, *run],
+        "without": [sys.executable, "-c", without, *run],
     }
     seconds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
     for _ in range(reps):

@@ -95,8 +95,14 @@ def test_an_mlps_input_and_output_from_one_dump(pair: tuple) -> None:
 
 def test_dumps_of_other_rows_are_refused_in_one_line(pair: tuple) -> None:
     base, tuned, again = pair
-    with pytest.raises(hookdump.HookdumpError, match="disagree at a token row: __token_ids__"):
+    with pytest.raises(
+        hookdump.HookdumpError, match="disagree at a token row: __token_ids__"
+    ) as raised:
         list(hookdump.aligned({"a": (base, "h.1"), "b": (again, "h.1")}).batches(8))
+    ours, theirs = base["__token_ids__"], hookdump.load(again.path)["__token_ids__"]
+    row = int((ours[: len(theirs)] != theirs[: len(ours)]).nonzero()[0])
+    sample = int(base["__sample__"][row])  # the sample of the first row that differs
+    assert f"(a token of sample {sample})" in str(raised.value)
     small = hookdump.load(base.path)
     with pytest.raises(hookdump.HookdumpError, match="must map a name to"):
         hookdump.aligned([(small, "h.1")])  # type: ignore[arg-type]

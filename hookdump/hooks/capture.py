@@ -173,6 +173,10 @@ class _Calls:
         self._to_come = sum(self.stop_after.values()) if self.stop_after else 0
 
 
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
 class _Attached:
     """What a `Capture` attaches to the model inside its block: the hooks, with `ops` the
     recorder of the modules' own ops, with attention kinds the tap, and the stack that
@@ -182,7 +186,9 @@ class _Attached:
         self.handles: list[RemovableHandle] = []
         self.recorder: OpRecorder | None = None
         self.tap: AttentionTap | None = None
-        self.patterns: dict[str, int] = {}  # module -> the memory of its pattern, kept
+        # module -> its pattern, kept (held until its output is seen: a freed pattern's
+        # memory may hold the output by then)
+        self.patterns: dict[str, torch.Tensor] = {}
         self.stack: contextlib.ExitStack | None = None
 
     def quiet(self) -> contextlib.AbstractContextManager[None]:
@@ -508,16 +514,16 @@ class Capture:
         prefix: str | None,
         value: Any,
         call: int,
-        kept: int | None = None,
+        kept: torch.Tensor | None = None,
     ) -> None:
-        """Keep each tensor of `value` (`kept`: the memory of one kept under another key
-        already, left out)."""
+        """Keep each tensor of `value` (`kept`: one kept under another key already; a
+        tensor in its memory is left out)."""
         for part, leaf in flatten(value, prefix):
             key = tensor_key(name, kind, part, call)
             if not isinstance(leaf, torch.Tensor):
                 self.skipped.setdefault(key, Skipped(key, type(leaf).__name__))
                 continue
-            if kept is not None and leaf.untyped_storage().data_ptr() == kept:
+            if kept is not None and _same_memory(leaf, kept):
                 continue
             self._keep(key, name, module_type, kind, call, part, leaf)
 
@@ -604,7 +610,7 @@ class Capture:
                 key = tensor_key(name, kind, None, call)
                 self._keep(key, name, module_type, kind, call, None, value)
                 if kind == "pattern":
-                    self._attached.patterns[name] = value.untyped_storage().data_ptr()
+                    self._attached.patterns[name] = value
             for site in self.sites.get(name, ()):
                 if site.side == kind:
                     key = called(site.name, call)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.keys import TOKEN_KEYS
+from hookdump.format.keys import SAMPLE, TOKEN_KEYS
 from hookdump.store.read.batches import (
     BUFFER_BYTES,
     ROW,
@@ -244,9 +244,10 @@ def _checked(
                 for column, a, b in zip(TOKEN_KEYS, first, theirs, strict=True):
                     if not torch.equal(a, b):
                         at = int((a != b).nonzero()[0])
+                        sample = int(first[TOKEN_KEYS.index(SAMPLE)][at])
                         raise HookdumpError(
                             f"{readers[0].path} and {readers[index].path} disagree at a "
-                            f"token row: {column} {int(a[at])} against {int(b[at])} (sample "
-                            f"{int(first[0][at])}); aligned reading needs the same tokens"
+                            f"token row: {column} {int(a[at])} against {int(b[at])} (a token "
+                            f"of sample {sample}); aligned reading needs the same tokens"
                         )
         yield batch

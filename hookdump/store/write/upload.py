@@ -90,10 +90,9 @@ class Upload:
         a folder; with `overwrite`, note the old dump's objects, removed before the first
         upload (`clear_old`)."""
         present = [name for name in self.entries() if name not in set(ignore)]
-        if overwrite:
-            self._old = []  # a killed run's unfinished uploads may be there all the same
         check_entries(str(self.url), present, overwrite, "prefix")
-        # the manifest first: a half-removed dump never reads as complete
+        # the manifest first: a half-removed dump never reads as complete (an empty list
+        # all the same: a killed run's unfinished uploads may be there)
         self._old = sorted(present, key=lambda name: name != MANIFEST)
 
     def clear_old(self) -> None:
