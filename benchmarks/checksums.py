@@ -19,14 +19,15 @@ from process import settle
 
 # the CLI with no shard read back for its checksum, nothing else changed
 WITHOUT = (
-    "import sys\n"
+    "import os, sys\n"
+    "from hookdump.cli import main, wait_passively\n"
+    "wait_passively(os.environ)  # as main() does, before torch loads\n"
     "from hookdump.store.checksum import Checksum\n"
     "from hookdump.store.write import shards\n"
     "def made_up(shard):\n"
     "    shard.checksum = Checksum(shard.sealed.stat().st_size, '0' * 64)\n"
     "    return shard.checksum\n"
     "shards._Sealed.take_checksum = made_up\n"
-    "from hookdump.cli import main\n"
     "sys.argv[0] = 'hookdump'\n"
     "main()\n"
 )

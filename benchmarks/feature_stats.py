@@ -30,11 +30,12 @@ from process import job_args, settle
 
 # the CLI with the per-feature statistics switched off, nothing else changed
 WITHOUT = (
-    "import sys\n"
+    "import os, sys\n"
+    "from hookdump.cli import main, wait_passively\n"
+    "wait_passively(os.environ)  # as main() does, before torch loads\n"
     "from hookdump.store import stats\n"
     "stats.batch_stats = lambda tensor: None\n"
     "stats.KeySummary.add_features = lambda *args, **kwargs: None\n"
-    "from hookdump.cli import main\n"
     "sys.argv[0] = 'hookdump'\n"
     "main()\n"
 )
