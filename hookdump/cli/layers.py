@@ -66,7 +66,7 @@ def layers(
 ) -> None:
     """List the modules that --layers/--exclude/--type select, as one forward sees them."""
     from hookdump.cli.render import layers_table, tree_footer
-    from hookdump.hooks.capture import parse_capture
+    from hookdump.hooks.values import parse_capture
     from hookdump.inputs.samples import parse_shape, sample_form
     from hookdump.model.prepare import prepare
     from hookdump.tools.layers import down_to, list_layers, parameter_totals

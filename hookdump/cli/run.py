@@ -403,9 +403,9 @@ def _capture_options(
 ) -> CaptureOptions:
     """--layers ... --no-early-stop as the capture's option group."""
     from hookdump.choices import parse_reduction
-    from hookdump.hooks.capture import parse_capture
     from hookdump.hooks.gradients import parse_grad_target
     from hookdump.hooks.options import CaptureOptions
+    from hookdump.hooks.values import parse_capture
 
     return CaptureOptions(
         layers=tuple(as_list(layers)),

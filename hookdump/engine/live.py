@@ -22,10 +22,10 @@ from hookdump.engine.progress import Progress
 from hookdump.engine.runner import run
 from hookdump.errors import ArgumentTypeError, HookdumpError, keywords_checked, opt
 from hookdump.format.values import is_integer
-from hookdump.hooks.capture import parse_capture
 from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.tokens import TokenOptions, parse_positions
+from hookdump.hooks.values import parse_capture
 from hookdump.inputs.python import PythonData
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.loading import class_path

@@ -35,11 +35,11 @@ from hookdump.engine.progress import Notice, ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.values import format_bytes
-from hookdump.hooks.capture import Capture, Receiver
+from hookdump.hooks.capture import Capture
 from hookdump.hooks.forward import out_of_memory
 from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.tokens import TokenOptions, TokenRows, positions_text
+from hookdump.hooks.values import Receiver
 from hookdump.inputs.feed import Place, Source, open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
 from hookdump.inputs.python import PythonData
@@ -127,12 +127,14 @@ def run(
 
 
 def _announcing(
-    shown: tuple[ProgressCallback | None, Notice | None], sink: BatchSink, url: str | None
+    shown: tuple[ProgressCallback | None, Notice | None],
+    sink: BatchSink,
+    place: DumpPlace | None,
 ) -> ProgressCallback | None:
-    """`on_batch`, which at a URL first says, once the first batch has made the estimate,
-    how many bytes the dump will upload (a folder's estimate is checked against its disk)."""
+    """`on_batch`, which first says what the place has to say of the dump's size once the
+    first batch has made the estimate (at a URL: how many bytes it will upload)."""
     on_batch, on_notice = shown
-    if on_notice is None or url is None:
+    if on_notice is None or place is None:
         return on_batch
     said = False
 
@@ -140,8 +142,9 @@ def _announcing(
         nonlocal said
         if not said and sink.estimated_bytes is not None:
             said = True
-            every = format_bytes(sink.estimated_bytes)
-            on_notice(f"uploading about {every} to {url}, a few shards at a time")
+            notice = place.estimate_notice(sink.estimated_bytes)
+            if notice is not None:
+                on_notice(notice)
         if on_batch is not None:
             on_batch(done, total, nbytes)
 
@@ -320,7 +323,7 @@ def _run(
     def nothing() -> HookdumpError:
         return _nothing_read(options, bool(loop.fed.ids))
 
-    on_batch = _announcing(shown, sink, options.dump.url)
+    on_batch = _announcing(shown, sink, place)
     rows = loop.run(batches, destination, feed, on_batch, nothing if alone else None)
     looped_at = time.perf_counter()
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))

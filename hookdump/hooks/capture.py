@@ -13,10 +13,9 @@ Correctness rules (where hand-written hooks usually go wrong):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +23,6 @@ from torch.utils.hooks import RemovableHandle
 
 from hookdump.choices import (
     ATTENTION_KINDS,
-    CAPTURE_KINDS,
     CaptureKind,
     Reduction,
     parse_reduction,
@@ -32,145 +30,12 @@ from hookdump.choices import (
 from hookdump.errors import HookdumpError, keywords_checked, opt
 from hookdump.format.keys import RESERVED_KEYS, KeyInfo, called, tensor_key
 from hookdump.hooks.attention import AttentionTap, check_selection
+from hookdump.hooks.calls import Calls, StopForward
 from hookdump.hooks.names import Side, Site, first_names, name_of
 from hookdump.hooks.ops import OpRecorder, check_patterns
 from hookdump.hooks.reduce import channels_first, reduce_attention, reduce_tensor
 from hookdump.hooks.selection import Selection, module_type_name, select
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A non-tensor leaf met where a tensor could have been (e.g. `None`, an int)."""
-
-    key: str
-    type: str
-
-
-class StopForward(BaseException):
-    """Raised by a hook once every selected module has made all its calls (early stop).
-
-    A BaseException, so that a model's own `except Exception` cannot swallow it.
-    """
-
-
-def flatten(value: Any, prefix: str | None = None) -> Iterator[tuple[str | None, Any]]:
-    """The leaves of a structured value, each with its dotted path (None for a bare tensor)."""
-    parts = None if isinstance(value, torch.Tensor) else _parts(value)
-    if parts is None:
-        yield prefix, value
-        return
-    for name, part in parts:
-        yield from flatten(part, str(name) if prefix is None else f"{prefix}.{name}")
-
-
-def _parts(value: Any) -> Iterator[tuple[object, Any]] | None:
-    """The named parts of a structured value (None for a leaf)."""
-    if isinstance(value, Mapping):  # dict, OrderedDict, HF-style ModelOutput
-        return iter(value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
-        return ((name, getattr(value, name)) for name in value._fields)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-    if isinstance(value, list | tuple):
-        return enumerate(value)
-    return None
-
-
-def parse_capture(capture: str | Sequence[str]) -> tuple[CaptureKind, ...]:
-    """Validate `--capture` (a comma-separated string or a list) into a tuple of kinds."""
-    items = capture.split(",") if isinstance(capture, str) else list(capture)
-    named = dict.fromkeys(item.strip() for item in items if item.strip())
-    kinds = tuple(_kind(name) for name in named)
-    if not kinds:
-        raise HookdumpError(f"{opt('capture')} is empty; use any of {','.join(CAPTURE_KINDS)}")
-    return kinds
-
-
-def _kind(name: str) -> CaptureKind:
-    for kind in CAPTURE_KINDS:
-        if name == kind:
-            return kind
-    raise HookdumpError(
-        f"{opt('capture')} {name!r} is not a capture kind; use any of {','.join(CAPTURE_KINDS)}"
-    )
-
-
-class Receiver(Protocol):
-    """Where captured values go: `Capture.tensors` by default, the runner's writer thread in a
-    run (`dump.sink.BatchSink`)."""
-
-    def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
-        """One captured value. Unless `fresh` (a new tensor nothing else holds), it may still
-        be changed by a later in-place op: copy it before returning."""
-
-
-class _Tensors:
-    """The default receiver: copies kept in a dict, in the order the hooks fired."""
-
-    def __init__(self) -> None:
-        self.tensors: dict[str, torch.Tensor] = {}
-
-    def keep(self, key: str, tensor: torch.Tensor, info: KeyInfo, fresh: bool) -> None:
-        self.tensors[key] = tensor if fresh else tensor.clone()
-
-
-class _Calls:
-    """The calls of one forward: how many each module made, which are running (innermost
-    last) and which finished, in order; and with early stop, how many are still to come."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.running: list[str] = []
-        self.finished: list[str] = []
-        self.stop_after: dict[str, int] | None = None
-        self._open: dict[str, list[int]] = {}  # each module's calls not yet returned
-        self._to_come = 0
-        self.storing = True  # off while only counting calls (see `Capture.counting_only`)
-        self._ops: dict[tuple[str, str], int] = {}  # (module, op) -> calls in this forward
-
-    def op_call(self, module: str, op: str) -> int:
-        """`module`'s own code called `op`: the call's number in this forward (0 first)."""
-        call = self._ops.get((module, op), 0)
-        self._ops[(module, op)] = call + 1
-        return call
-
-    def enter(self, name: str) -> int:
-        """`name` is called: the call's number (0 for its first)."""
-        call = self.counts.get(name, 0)
-        self.counts[name] = call + 1
-        self._open.setdefault(name, []).append(call)
-        self.running.append(name)
-        return call
-
-    def leave(self, name: str) -> int:
-        """`name` returns: the number of the call returning."""
-        stack = self._open.get(name)
-        call = stack.pop() if stack else self.counts.get(name, 1) - 1
-        if name in self.running:
-            # remove the innermost entry of this module (recursion-safe)
-            del self.running[len(self.running) - 1 - self.running[::-1].index(name)]
-        self.finished.append(name)
-        return call
-
-    def current(self, name: str) -> int:
-        """The number of `name`'s call now running (its innermost)."""
-        stack = self._open.get(name)
-        return stack[-1] if stack else 0
-
-    def last_needed(self, name: str, call: int) -> bool:
-        """Early stop: whether this call was the last one the selection waits for."""
-        if not self.stop_after or call >= self.stop_after.get(name, 0):
-            return False
-        self._to_come -= 1
-        return self._to_come == 0
-
-    def clear(self) -> None:
-        self.counts.clear()
-        self.finished.clear()
-        self.running.clear()
-        self._open.clear()
-        self._ops.clear()
-        self._to_come = sum(self.stop_after.values()) if self.stop_after else 0
+from hookdump.hooks.values import Receiver, Skipped, Tensors, flatten, parse_capture
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -292,7 +157,7 @@ class Capture:
         _check_kinds(self.kinds, self.named, selection.sites)
         check_selection(model, self.named, self.kinds)
         self.train = train
-        self._receiver: Receiver = receiver or _Tensors()
+        self._receiver: Receiver = receiver or Tensors()
         # the current batch's attention mask ([B, T]): token reductions skip the padding
         self.token_mask: torch.Tensor | None = None
         self.info: dict[str, KeyInfo] = {}
@@ -300,7 +165,7 @@ class Capture:
         self._inside = _Inside(tuple(ops), repeat_kv_heads)
         sides = [site.side for sites in self.sites.values() for site in sites]
         _check_inside(self._inside, [*self.kinds, *sides])
-        self._calls = _Calls()
+        self._calls = Calls()
         self._attached = _Attached()
 
     @property
@@ -346,7 +211,7 @@ class Capture:
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
         """key -> captured copy, in the order the hooks fired (empty with a `receiver`)."""
-        return self._receiver.tensors if isinstance(self._receiver, _Tensors) else {}
+        return self._receiver.tensors if isinstance(self._receiver, Tensors) else {}
 
     def __repr__(self) -> str:
         names = list(self.modules)
@@ -382,11 +247,8 @@ class Capture:
     @contextlib.contextmanager
     def counting_only(self) -> Iterator[None]:
         """Inside: hooks count calls and note keys, but keep no values."""
-        self._calls.storing = False
-        try:
+        with self._calls.counting_only():
             yield
-        finally:
-            self._calls.storing = True
 
     def __enter__(self) -> Capture:
         attached = self._attached
@@ -439,15 +301,15 @@ class Capture:
 
     def clear(self) -> None:
         """Forget what was captured and start counting calls afresh."""
-        if isinstance(self._receiver, _Tensors):
-            self._receiver.tensors = {}
+        if isinstance(self._receiver, Tensors):
+            self._receiver.clear()
         self._calls.clear()
         if self._attached.recorder is not None:
             self._attached.recorder.clear()
 
     def stop_early(self, calls: dict[str, int]) -> None:
         """From now on, end each forward once every module has made `calls[module]` calls."""
-        self._calls.stop_after = {name: n for name, n in calls.items() if n}
+        self._calls.stop_early(calls)
         self.clear()
 
     def take(self) -> dict[str, torch.Tensor]:

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.hooks.capture import Capture, StopForward
+from hookdump.hooks.calls import StopForward
+from hookdump.hooks.capture import Capture
 from hookdump.inputs.samples import Batch
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.hooks.capture import flatten
+from hookdump.hooks.values import flatten
 
 
 def parse_grad_target(text: str) -> str | int:

@@ -17,7 +17,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.keys import POSITION, SAMPLE, TOKEN_IDS, KeyInfo
 from hookdump.format.manifest import recipe
-from hookdump.hooks.capture import Receiver
+from hookdump.hooks.values import Receiver
 from hookdump.inputs.samples import Batch
 
 

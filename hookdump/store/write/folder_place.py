@@ -156,6 +156,9 @@ class FolderPlace(DumpPlace):
     def wait_old(self) -> None:
         self._old.wait()
 
+    def estimate_notice(self, nbytes: int) -> str | None:
+        return None
+
     def check_room(self, needed: int, written: int, shard_bytes: int) -> None:
         free = shutil.disk_usage(self.out).free + written + self._old.bytes_to_free()
         if needed > free:

@@ -110,6 +110,11 @@ class DumpPlace(ABC):
         """Until the old dump's files are gone."""
 
     @abstractmethod
+    def estimate_notice(self, nbytes: int) -> str | None:
+        """What a run says once the first batch has estimated the dump's `nbytes` (None:
+        nothing; a folder's estimate is checked against its disk instead)."""
+
+    @abstractmethod
     def check_room(self, needed: int, written: int, shard_bytes: int) -> None:
         """Refuse a dump of about `needed` bytes (`written` already in its first shard)
         that the local disk cannot hold."""

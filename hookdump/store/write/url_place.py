@@ -111,6 +111,9 @@ class UrlPlace(DumpPlace):
     def drop_room(self, name: str) -> None:
         pass
 
+    def estimate_notice(self, nbytes: int) -> str | None:
+        return f"uploading about {format_bytes(nbytes)} to {self.label}, a few shards at a time"
+
     def check_room(self, needed: int, written: int, shard_bytes: int) -> None:
         assert self.work is not None, "held"
         free = shutil.disk_usage(self.work).free + written
