@@ -248,3 +248,18 @@ def test_a_shard_never_takes_one_key_twice(tmp_path: Path) -> None:
     with pytest.raises(HookdumpError, match="'x' is in this shard already"):
         shard.write("x", torch.ones(2, 2))
     shard.abort()
+
+
+def test_the_engines_controls_are_not_on_the_users_capture() -> None:
+    """Issue 44: `hookdump.capture` gave the batch loop's controls (`next_batch`,
+    `stop_early`, `counting_only`, ...) to the user's object; they stay on the engine's
+    `Hooks`. The user's object has what a `with` block needs and what it kept."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    cap = hookdump.capture(model, layers=["0"])
+    engine_only = ("next_batch", "stop_early", "counting_only", "check_ops", "keys_expected",
+                   "stop_after", "named", "sites", "token_mask", "ops")  # fmt: skip
+    assert [name for name in engine_only if hasattr(cap, name)] == []
+    with cap, torch.no_grad():
+        model(torch.ones(1, 2))
+    assert list(cap.tensors) == ["0"] and cap.calls == {"0": 1} and cap.finished == ["0"]
+    assert cap.take()["0"].shape == (1, 2) and cap.tensors == {}

@@ -18,7 +18,7 @@ from hookdump.engine.signals import exit_code
 from hookdump.errors import HookdumpError, Interrupted
 from hookdump.format.keys import KeyInfo
 from hookdump.format.rows import Rows, SampleIds
-from hookdump.hooks.capture import Capture
+from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import calibrate, ends_late, forward
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
 from hookdump.hooks.tokens import TokenRows
@@ -42,7 +42,7 @@ class BatchLoop:
 
     def __init__(
         self,
-        cap: Capture,
+        cap: Hooks,
         loaded: LoadedModel,
         sink: BatchSink,
         *,

@@ -35,7 +35,7 @@ from hookdump.engine.progress import Notice, ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
 from hookdump.errors import HookdumpError, opt
-from hookdump.hooks.capture import Capture
+from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import out_of_memory
 from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.tokens import TokenOptions, TokenRows, positions_text
@@ -365,9 +365,9 @@ def _result(
     )
 
 
-def _hooks(capture: CaptureOptions, loaded: LoadedModel, receiver: Receiver) -> Capture:
+def _hooks(capture: CaptureOptions, loaded: LoadedModel, receiver: Receiver) -> Hooks:
     """The selected modules' hooks, handing what they capture to `receiver`."""
-    return Capture(
+    return Hooks(
         loaded.module,
         capture.layers,
         capture.exclude,
@@ -410,7 +410,7 @@ def _token_rows(options: TokenOptions, sink: BatchSink, feed: Feed) -> TokenRows
 
 
 def _part(
-    cap: Capture,
+    cap: Hooks,
     sink: BatchSink,
     feed: Feed,
     destination: Destination,

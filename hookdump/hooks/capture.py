@@ -43,7 +43,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class _Attached:
-    """What a `Capture` attaches to the model inside its block: the hooks, with `ops` the
+    """What `Hooks` attach to the model inside their block: the hooks, with `ops` the
     recorder of the modules' own ops, with attention kinds the tap, and the stack that
     takes them off again (and puts the modules' modes back)."""
 
@@ -115,8 +115,9 @@ def _restore_modes(modes: list[tuple[nn.Module, bool]]) -> None:
         module.training = training
 
 
-class Capture:
-    """Hooks on the selected modules of `model`, active inside a `with` block.
+class Hooks:
+    """Hooks on the selected modules of `model`, active inside a `with` block: the engine's
+    (a run's batch loop drives them with the controls below); a user gets a `Capture`.
 
     `tensors` maps each key to a copy of the captured tensor, in the order the hooks fired.
     Calls are counted from entering the block or the last `clear()`/`take()`: call the model
@@ -250,7 +251,7 @@ class Capture:
         with self._calls.counting_only():
             yield
 
-    def __enter__(self) -> Capture:
+    def __enter__(self) -> Hooks:
         attached = self._attached
         with contextlib.ExitStack() as stack:  # what is entered here is undone in reverse
             if self.train is not None:
@@ -509,6 +510,72 @@ def _origin(info: KeyInfo) -> str:
 
 
 @keywords_checked
+class Capture:
+    """What `hookdump.capture` gives: hooks on the selected modules for a `with` block, and
+    what they kept (the engine's controls stay on its `Hooks`)."""
+
+    def __init__(self, hooks: Hooks) -> None:
+        self._hooks = hooks
+
+    def __enter__(self) -> Capture:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def model(self) -> nn.Module:
+        return self._hooks.model
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """key -> captured copy, in the order the hooks fired."""
+        return self._hooks.tensors
+
+    @property
+    def info(self) -> dict[str, KeyInfo]:
+        """key -> where its value came from (module, class, kind, call, part, shape)."""
+        return self._hooks.info
+
+    @property
+    def skipped(self) -> dict[str, Skipped]:
+        """key -> a non-tensor value met where a tensor could have been (not stored)."""
+        return self._hooks.skipped
+
+    @property
+    def modules(self) -> dict[str, nn.Module]:
+        """Every hooked module by name, in registration order."""
+        return self._hooks.modules
+
+    @property
+    def calls(self) -> dict[str, int]:
+        """module -> calls it made in this forward (since `clear`)."""
+        return self._hooks.calls
+
+    @property
+    def running(self) -> list[str]:
+        """The hooked modules whose forward has begun and not returned, innermost last (a
+        forward that raised: where it was)."""
+        return self._hooks.running
+
+    @property
+    def finished(self) -> list[str]:
+        """The hooked modules that returned, in order."""
+        return self._hooks.finished
+
+    def clear(self) -> None:
+        """Forget what was captured and start counting calls afresh."""
+        self._hooks.clear()
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """What was captured since the last `take` or `clear`, and forget it."""
+        return self._hooks.take()
+
+    def __repr__(self) -> str:
+        return repr(self._hooks)
+
+
 def capture(
     model: nn.Module,
     layers: str | Sequence[str] | None = None,
@@ -557,15 +624,17 @@ def capture(
         torch.Size([2, 64, 56, 56])
     """
     return Capture(
-        model,
-        _as_list(layers),
-        _as_list(exclude),
-        _as_list(types),
-        capture,
-        train=train,
-        reduce=reduce,
-        ops=_as_list(ops),
-        repeat_kv_heads=repeat_kv_heads,
+        Hooks(
+            model,
+            _as_list(layers),
+            _as_list(exclude),
+            _as_list(types),
+            capture,
+            train=train,
+            reduce=reduce,
+            ops=_as_list(ops),
+            repeat_kv_heads=repeat_kv_heads,
+        )
     )
 
 

@@ -9,11 +9,11 @@ import torch
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.calls import StopForward
-from hookdump.hooks.capture import Capture
+from hookdump.hooks.capture import Hooks
 from hookdump.inputs.samples import Batch
 
 
-def forward(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> Any:
+def forward(cap: Hooks, module: torch.nn.Module, batch: Batch, label: str) -> Any:
     """Run `module` on `batch` under `cap`'s hooks; None when early stop ended it.
 
     A model's own exception becomes a HookdumpError naming the module it was raised in and
@@ -61,7 +61,7 @@ def _advice(batch: Batch) -> str:
 LATE = 0.1  # a selection followed by less than this share of the parameters ends late
 
 
-def ends_late(cap: Capture, module: torch.nn.Module) -> bool:
+def ends_late(cap: Hooks, module: torch.nn.Module) -> bool:
     """Whether the selected modules come last, followed (in registration order, a proxy for
     the order they run in) by less than LATE of the model's parameters. Early stop would
     then save little: the first batch runs whole and its calls are counted there, instead
@@ -82,7 +82,7 @@ def ends_late(cap: Capture, module: torch.nn.Module) -> bool:
     return total > 0 and after < LATE * total
 
 
-def calibrate(cap: Capture, module: torch.nn.Module, batch: Batch, label: str) -> bool:
+def calibrate(cap: Hooks, module: torch.nn.Module, batch: Batch, label: str) -> bool:
     """Count each selected module's calls in a forward of one sample, and stop every later
     forward once they are all made (early stop).
 

@@ -9,7 +9,7 @@ import torch
 
 from hookdump.format.keys import called
 from hookdump.hooks.attention import is_attention
-from hookdump.hooks.capture import Capture
+from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import forward
 from hookdump.hooks.names import Site
 from hookdump.hooks.selection import ROOT, module_type_name
@@ -83,7 +83,7 @@ def list_layers(
     batch = next(random_batches(form, 2, 2, seed))
     if loaded.device.type != "cpu":
         batch = batch.to(loaded.device)
-    cap = Capture(model, layers, exclude, types, ("output", "ops") if ops else ("output",))
+    cap = Hooks(model, layers, exclude, types, ("output", "ops") if ops else ("output",))
     with cap, torch.inference_mode(), cap.counting_only():
         forward(cap, model, batch, loaded.spec)
     rows = {
@@ -114,7 +114,7 @@ def list_layers(
     return list(rows.values())
 
 
-def _row(name: str, module: str, cap: Capture, **extra: Any) -> LayerRow:
+def _row(name: str, module: str, cap: Hooks, **extra: Any) -> LayerRow:
     """Row `name` of hooked module `module` (itself, or a standard name's value of it)."""
     found = cap.modules[module]
     params = sum(p.numel() for p in found.parameters())
