@@ -76,6 +76,7 @@ def test_a_secret_nested_in_storage_options_is_never_printed(
 ) -> None:
     """`client_kwargs={"endpoint_url": ...}`: values at every depth are blanked in error
     lines (the endpoint, on port 1 of the loopback, refuses at once)."""
+    pytest.importorskip("s3fs")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -274,7 +274,7 @@ def test_shards_are_committed_together_every_interval(
     def spy(
         self: DumpWriter, complete: bool, extra: Any = None, stats: Any = None
     ) -> dict[str, Any]:
-        files = [s["file"] for s in self.shards]
+        files = [s.file for s in self.shards]
         assert all((self.out / f).is_file() for f in files)
         listings.append((complete, files))
         written = real_write_manifest(self, complete, extra, stats)

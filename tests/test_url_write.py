@@ -349,8 +349,12 @@ def test_the_spool_holds_a_few_shards_at_most() -> None:
 
     release, committed = threading.Event(), []
 
+    class Place:  # as a URL's: each shard goes up at once, a few in the spool at most
+        groups_commits = UrlPlace.groups_commits
+        in_flight = UrlPlace.in_flight
+
     class Writer:  # a DumpWriter whose uploads wait for `release`
-        place = UrlPlace("s3://b/p", {})
+        place = Place()
 
         def replaces_old_dump(self) -> bool:
             return False

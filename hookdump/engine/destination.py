@@ -134,7 +134,7 @@ class Destination:
     def interrupted(self) -> str:
         """What Ctrl-C leaves behind, and how to go on."""
         if self.writer is not None and self.writer.shards:
-            rows = self.writer.shards[-1]["stop"]
+            rows = self.writer.shards[-1].stop
             return (
                 f"{rows} samples are safe in {self.where}; run the same command with "
                 f"{opt('resume', True)} to finish the dump"

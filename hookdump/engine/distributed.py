@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.manifest import ShardEntry
 from hookdump.format.rows import SampleIds
 from hookdump.store.stats import KeySummary
 from hookdump.store.write.place import DumpPlace
@@ -112,7 +113,7 @@ class RankShare:
     """What one rank dumped, as it is sent to rank 0 at the end."""
 
     rows: int
-    shards: list[dict[str, Any]]
+    shards: list[ShardEntry]
     tensors: dict[str, dict[str, Any]]
     summaries: dict[str, KeySummary]
     ids: Sequence[Any]
@@ -137,7 +138,7 @@ def join_shares(everyone: list[RankShare]) -> RankShare:
     shards, offset, samples, inputs_skipped = [], 0, 0, 0
     summaries: dict[str, KeySummary] = {}
     for part in everyone:
-        shards += [_moved(shard, offset, samples, inputs_skipped) for shard in part.shards]
+        shards += [shard.after(offset, samples, inputs_skipped) for shard in part.shards]
         offset += part.rows
         samples += len(part.ids)
         inputs_skipped += len(part.skipped_inputs)
@@ -173,17 +174,6 @@ def _check_same_keys(first: dict[str, dict[str, Any]], other: dict[str, dict[str
                     f"{meta[what]} in another's; give every sample the same shape, or "
                     f"{opt('exclude')} that module"
                 )
-
-
-def _moved(shard: dict[str, Any], rows: int, samples: int, skipped: int) -> dict[str, Any]:
-    """A rank's shard entry placed after `rows` rows of `samples` samples (and `skipped`
-    skipped inputs) of earlier ranks."""
-    moved = {**shard, "start": shard["start"] + rows, "stop": shard["stop"] + rows}
-    if "sequences" in shard:  # token rows: the samples fed up to the shard's end
-        moved["sequences"] = shard["sequences"] + samples
-    if "inputs_skipped" in shard:  # a dump at a URL: the inputs skipped up to its end
-        moved["inputs_skipped"] = shard["inputs_skipped"] + skipped
-    return moved
 
 
 def drop_rank_manifests(place: DumpPlace, world: int) -> None:

@@ -236,7 +236,7 @@ def _write(
         fields["input"] = {**fields.get("input", {}), "source": "ray"}
         writer.take_over(whole.shards, whole.tensors, fields)
         destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
-        drop_parts(place, {shard["file"] for shard in whole.shards})
+        drop_parts(place, {shard.file for shard in whole.shards})
 
 
 def _actor_cpus(ray: Any, concurrency: int, num_gpus: float) -> float | None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from hookdump.engine.distributed import RankShare
 from hookdump.engine.options import RunResult
+from hookdump.format.manifest import ShardEntry
 from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.writer import FileNames
 
@@ -59,7 +60,7 @@ def share_of(result: RunResult) -> tuple[RankShare, dict[str, Any]]:
     fed = result.num_sequences if result.num_sequences is not None else result.num_samples
     share = RankShare(
         rows=result.num_samples,
-        shards=list(manifest.get("shards", [])),
+        shards=[ShardEntry.of_json(entry) for entry in manifest.get("shards", [])],
         tensors=dict(manifest.get("tensors", {})),
         summaries={summary.info.key: summary for summary in result.keys},
         ids=range(fed) if ids is None else list(ids),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import samples_fed
+from hookdump.format.manifest import ShardEntry, samples_fed
 from hookdump.model.weights import sha256, state_sha256
 from hookdump.store.read.manifest import manifest_at
 from hookdump.store.write.place import DumpPlace
@@ -245,31 +245,31 @@ def keep_verified(
     the manifest cut to match (None: nothing kept, start anew). The files of this run's
     names that are not kept (a torchrun rank: its own; one process: any dump file) are
     removed, with the unfinished uploads of a URL's."""
-    shards = previous["shards"]
+    shards = [ShardEntry.of_json(entry) for entry in previous["shards"]]
     kept = 0
     for entry in shards:
-        if not place.matches(entry["file"], entry):
+        if not place.matches(entry):
             break
         kept += 1
-    listed = {names.manifest} | {entry["file"] for entry in shards[:kept]}
+    listed = {names.manifest} | {entry.file for entry in shards[:kept]}
     mine = names.shard_prefix if names.own_manifest else ""
     place.remove_strays(lambda name: name.startswith(mine) and name not in listed)
     if kept == len(shards):
         return previous
     if kept == 0:
         return None
-    return _cut(previous, kept)
+    return _cut(previous, shards[kept - 1], kept)
 
 
-def _cut(manifest: dict[str, Any], kept: int) -> dict[str, Any]:
-    """`manifest` as if only its first `kept` shards had been listed."""
-    last = manifest["shards"][kept - 1]
-    fed = int(last.get("sequences", last["stop"]))
-    cut = {**manifest, "shards": manifest["shards"][:kept], "num_samples": last["stop"]}
+def _cut(manifest: dict[str, Any], last: ShardEntry, kept: int) -> dict[str, Any]:
+    """`manifest` as if only its first `kept` shards, up to `last`, had been listed."""
+    fed = last.samples_fed
+    cut = {**manifest, "shards": manifest["shards"][:kept], "num_samples": last.stop}
     if "num_sequences" in manifest:
         cut["num_sequences"] = fed
     if manifest.get("sample_ids") is not None:
         cut["sample_ids"] = manifest["sample_ids"][:fed]
     skipped = manifest.get("skipped_inputs", [])
-    cut["skipped_inputs"] = skipped[: last.get("inputs_skipped", len(skipped))]
+    upto = last.inputs_skipped
+    cut["skipped_inputs"] = skipped[: len(skipped) if upto is None else upto]
     return cut

@@ -7,6 +7,7 @@ what it checked. A problem is an `InvalidDump` naming the field and what is wron
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -39,19 +40,59 @@ def samples_fed(manifest: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """A listed shard: its file and the dump rows `start:stop` it holds (token rows: the
-    sequences whose tokens end in it end at `sequences`)."""
+    """A listed shard, as the writer lists it and the readers take it: its file and the
+    dump rows `start:stop` it holds (token rows: the sequences whose tokens end in it end
+    at `sequences`), its size and SHA-256 (none in a dump from before them), the ETag of
+    its object at a URL, and the inputs skipped up to its end (what `--resume` needs to
+    drop it and those after it)."""
 
     file: str
     start: int
     stop: int
     sequences: int | None = None
-    bytes: int | None = None  # a dump written to a URL records each shard's size
-    sha256: str | None = None  # and checksum
+    bytes: int | None = None
+    sha256: str | None = None
+    etag: str | None = None
+    inputs_skipped: int | None = None
 
     @property
     def rows(self) -> int:
         return self.stop - self.start
+
+    @property
+    def samples_fed(self) -> int:
+        """The samples (sequences, for token rows) fed up to this shard's end."""
+        return self.stop if self.sequences is None else self.sequences
+
+    @classmethod
+    def of_json(cls, entry: Mapping[str, Any]) -> ShardEntry:
+        """A (validated) manifest's entry."""
+        return cls(
+            entry["file"],
+            entry["start"],
+            entry["stop"],
+            *(entry.get(name) for name in _SHARD_FIELDS[3:]),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as a manifest lists it (fields not known left out)."""
+        return {
+            name: getattr(self, name) for name in _SHARD_FIELDS if getattr(self, name) is not None
+        }
+
+    def after(self, rows: int, samples: int, skipped: int) -> ShardEntry:
+        """This entry placed after `rows` rows of `samples` samples (and `skipped` skipped
+        inputs) of other processes' (a torchrun rank's, a Ray part's)."""
+        return dataclasses.replace(
+            self,
+            start=self.start + rows,
+            stop=self.stop + rows,
+            sequences=None if self.sequences is None else self.sequences + samples,
+            inputs_skipped=None if self.inputs_skipped is None else self.inputs_skipped + skipped,
+        )
+
+
+_SHARD_FIELDS = ("file", "start", "stop", "sequences", "bytes", "sha256", "etag", "inputs_skipped")
 
 
 @dataclass(frozen=True)
@@ -79,12 +120,7 @@ class Manifest(Mapping[str, Any]):
     @classmethod
     def of_checked(cls, data: dict[str, Any]) -> Manifest:
         """The record of a manifest already checked (or made here, as a writer makes one)."""
-        shards = tuple(
-            ShardEntry(
-                s["file"], s["start"], s["stop"], *map(s.get, ("sequences", "bytes", "sha256"))
-            )
-            for s in data["shards"]
-        )
+        shards = tuple(ShardEntry.of_json(s) for s in data["shards"])
         return cls(
             fields=MappingProxyType(data),
             complete=bool(data["complete"]),

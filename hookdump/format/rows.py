@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from hookdump.errors import HookdumpError
+from hookdump.format.manifest import ShardEntry
 from hookdump.format.values import format_bytes
 
 
@@ -64,13 +65,10 @@ class Rows:
             tuple(s for span in spans for s in span.skipped),
         )
 
-    def shard_entry(self, file: str) -> dict[str, Any]:
+    def shard_entry(self, file: str) -> ShardEntry:
         """The manifest's entry for a shard of these rows (token rows: the samples whose
         tokens the shards hold end at `sequences`)."""
-        entry: dict[str, Any] = {"file": file, "start": self.start, "stop": self.stop}
-        if self.tokens:
-            entry["sequences"] = self.end_sample
-        return entry
+        return ShardEntry(file, self.start, self.stop, self.end_sample if self.tokens else None)
 
 
 # what a manifest may list of sample ids, so that what a run writes its readers read

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import MANIFEST
+from hookdump.format.manifest import MANIFEST, ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum, file_checksum
 from hookdump.store.folder import (
@@ -221,14 +221,14 @@ class FolderPlace(DumpPlace):
             return sorted(path.name for path in self.out.iterdir())
         return []
 
-    def matches(self, name: str, entry: Mapping[str, Any]) -> bool:
-        path = self.out / name
+    def matches(self, entry: ShardEntry) -> bool:
+        path = self.out / entry.file
         try:
             if not path.is_file() or path.is_symlink():
                 return False
-            if entry.get("bytes") is not None and path.stat().st_size != entry["bytes"]:
+            if entry.bytes is not None and path.stat().st_size != entry.bytes:
                 return False
-            return entry.get("sha256") is None or file_checksum(path).sha256 == entry["sha256"]
+            return entry.sha256 is None or file_checksum(path).sha256 == entry.sha256
         except OSError:
             return False
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hookdump.format.manifest import ShardEntry
 from hookdump.store.checksum import Checksum
 from hookdump.store.location import Remote, UrlPath
 
@@ -161,8 +162,8 @@ class DumpPlace(ABC):
         """The names directly in the place."""
 
     @abstractmethod
-    def matches(self, name: str, entry: Mapping[str, Any]) -> bool:
-        """Whether file `name` is there with the size and SHA-256 its manifest `entry`
+    def matches(self, entry: ShardEntry) -> bool:
+        """Whether the listed shard's file is there with the size and SHA-256 its entry
         records (what is not recorded is not compared)."""
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import MANIFEST
+from hookdump.format.manifest import MANIFEST, ShardEntry
 from hookdump.store.checksum import CHUNK, Checksum, stream_checksum
 from hookdump.store.folder import DUMP_FILE, check_entries
 from hookdump.store.location import Remote
@@ -149,13 +149,14 @@ class Upload:
         path, fs = self.remote.object(name), self.remote.fs
         self.attempt(f"write {self.url / name}", lambda: fs.pipe_file(path, raw))
 
-    def matches(self, name: str, entry: Mapping[str, Any]) -> bool:
-        """Whether object `name` is there with the size and SHA-256 its manifest `entry`
+    def matches(self, entry: ShardEntry) -> bool:
+        """Whether the listed shard's object is there with the size and SHA-256 its entry
         records: the object uploaded then (the ETag recorded, where the store gives one)
         is taken as checked; another is read back whole. What is not recorded is not
         compared."""
+        name = entry.file
         fs, path = self.remote.fs, self.remote.object(name)
-        size, sha256 = entry.get("bytes"), entry.get("sha256")
+        size, sha256 = entry.bytes, entry.sha256
 
         def check() -> bool:
             try:
@@ -164,7 +165,7 @@ class Upload:
                 return False
             if size is not None and int(info.get("size") or 0) != size:
                 return False
-            if sha256 is None or (entry.get("etag") and entry.get("etag") == _etag(info)):
+            if sha256 is None or (entry.etag and entry.etag == _etag(info)):
                 return True
             with fs.open(path, "rb", block_size=CHUNK) as file:
                 return stream_checksum(file.read).sha256 == sha256

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.manifest import ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum
 from hookdump.store.folder import DUMP_FILE, check_entries, describe_os_error, locked, remove_entry
@@ -156,8 +157,8 @@ class UrlPlace(DumpPlace):
     def entries(self) -> list[str]:
         return self.upload.entries()
 
-    def matches(self, name: str, entry: Mapping[str, Any]) -> bool:
-        return self.upload.matches(name, entry)
+    def matches(self, entry: ShardEntry) -> bool:
+        return self.upload.matches(entry)
 
 
 def _new_spool(parent: Path | None) -> Path:

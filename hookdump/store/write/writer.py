@@ -3,6 +3,7 @@ committed, the manifest written last; where they go (a folder, a URL) is the `Du
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 from collections.abc import Mapping
@@ -15,7 +16,14 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.dtypes import dtype_name
 from hookdump.format.keys import KeyInfo
-from hookdump.format.manifest import FORMAT, MANIFEST, STATS_FILE, recipe, samples_fed
+from hookdump.format.manifest import (
+    FORMAT,
+    MANIFEST,
+    STATS_FILE,
+    ShardEntry,
+    recipe,
+    samples_fed,
+)
 from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
 from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.shards import PlannedShard, ShardFile, header_room
@@ -105,7 +113,7 @@ class DumpWriter:
         self.shard_bytes = shard_bytes
         self.fields = dict(fields or {})
         self.tensors: dict[str, dict[str, Any]] = {}
-        self.shards: list[dict[str, Any]] = []
+        self.shards: list[ShardEntry] = []
         # the ids of the samples listed, and the inputs skipped before them (see `Rows`)
         self.fed: tuple[SampleIds, list[dict[str, str]]] = (SampleIds(), [])
         self._named = 0  # shard files named so far (listed ones may lag behind: `Committer`)
@@ -180,7 +188,7 @@ class DumpWriter:
         try:
             self.write_manifest(complete=False)
         except BaseException:
-            self.place.remove([entry["file"] for entry in self.shards[listed:]])
+            self.place.remove([entry.file for entry in self.shards[listed:]])
             del self.shards[listed:]
             ids, inputs = self.fed
             ids.truncate(self._samples_listed())
@@ -188,32 +196,29 @@ class DumpWriter:
             raise
 
     def _move_in(self, shard: ShardFile | PlannedShard, rows: Rows) -> None:
-        if rows.start != (self.shards[-1]["stop"] if self.shards else 0):
+        if rows.start != (self.shards[-1].stop if self.shards else 0):
             shard.abort()
             raise ValueError(f"shards out of order: a shard starting at row {rows.start}")
         ids, skipped = self.fed
         before = len(ids)
-        stored: dict[str, Any] = {}
         try:
             ids.extend(rows.ids)  # first: ids that the manifest could not hold refuse it
             assert shard.sealed is not None  # finished (`finish_shard`)
             checksum = shard.take_checksum()
             stored = self.place.commit_shard(shard.sealed, shard.path.name, checksum)
-            # what `--resume` needs to drop this shard and those after it
-            stored["inputs_skipped"] = len(skipped) + len(rows.skipped)
         except BaseException:
             ids.truncate(before)
             shard.abort()
             raise
-        self.shards.append({**rows.shard_entry(shard.path.name), **stored})
+        entry = rows.shard_entry(shard.path.name)
+        # and what `--resume` needs to drop this shard and those after it
+        done = len(skipped) + len(rows.skipped)
+        self.shards.append(dataclasses.replace(entry, **stored, inputs_skipped=done))
         skipped.extend(rows.skipped)
 
     def _samples_listed(self) -> int:
         """The samples whose rows the listed shards hold."""
-        if not self.shards:
-            return 0
-        last = self.shards[-1]
-        return int(last.get("sequences", last["stop"]))
+        return self.shards[-1].samples_fed if self.shards else 0
 
     def finish_shard(self, shard: ShardFile | PlannedShard, start: int, stop: int) -> None:
         """Write the rest of a complete shard of rows `start:stop`, header included, so that
@@ -281,16 +286,16 @@ class DumpWriter:
         fields["sample_ids"] = ids_for_manifest(fields["sample_ids"])
         if fields["sample_ids"] is None:  # row numbers: no list, which every reader reads so
             del fields["sample_ids"]
-        if self.shards and "sequences" in self.shards[-1]:  # rows are tokens
-            fields["num_sequences"] = self.shards[-1]["sequences"]
+        if self.shards and self.shards[-1].sequences is not None:  # rows are tokens
+            fields["num_sequences"] = self.shards[-1].sequences
         return {
             "format": FORMAT,
             **({"run_id": self.run_id} if self.run_id is not None else {}),
             "complete": complete,
-            "num_samples": self.shards[-1]["stop"] if self.shards else 0,
+            "num_samples": self.shards[-1].stop if self.shards else 0,
             **fields,
             "tensors": self.tensors,
-            "shards": self.shards,
+            "shards": [shard.to_json() for shard in self.shards],
         }
 
     def write_manifest(
@@ -320,7 +325,7 @@ class DumpWriter:
 
     def take_over(
         self,
-        shards: list[dict[str, Any]],
+        shards: list[ShardEntry],
         tensors: dict[str, dict[str, Any]],
         fields: dict[str, Any] | None = None,
     ) -> None:
@@ -344,7 +349,8 @@ class DumpWriter:
         """Carry on an incomplete (validated) dump, keeping its listed shards (the engine
         has removed what else a killed run left: `engine.resume.keep_verified`)."""
         writer = cls(place, shard_bytes=shard_bytes, names=names, fields=fields)
-        writer.tensors, writer.shards = dict(manifest["tensors"]), list(manifest["shards"])
+        writer.tensors = dict(manifest["tensors"])
+        writer.shards = [ShardEntry.of_json(entry) for entry in manifest["shards"]]
         listed_ids = manifest.get("sample_ids")
         writer.fed = (
             SampleIds(
