@@ -153,7 +153,8 @@ class _Looked:
 
     def manifest(self, name: str) -> dict[str, Any]:
         place = self.place
-        return manifest_at(place.root, name, place.remote, _gone(place.label)).to_json()
+        missing = _gone(f"{place.label}/{name}")
+        return manifest_at(place.root, name, place.remote, missing).to_json()
 
     def rank_manifests(self) -> list[str]:
         return sorted(n for n in self.listed if fnmatch.fnmatchcase(n, RANK_MANIFESTS))

@@ -5,7 +5,6 @@ place, the manifest replaced atomically with room kept for it on a disk that fil
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,7 +27,7 @@ from hookdump.store.folder import (
 )
 from hookdump.store.location import is_url
 from hookdump.store.write.direct_io import allocate
-from hookdump.store.write.place import DumpPlace, Stray
+from hookdump.store.write.place import DumpPlace, Stray, manifest_bytes
 from hookdump.store.write.shards import fsync_file
 from hookdump.worker import Worker
 
@@ -36,7 +35,7 @@ from hookdump.worker import Worker
 def write_json(path: Path, data: Mapping[str, Any]) -> int:
     """Write JSON durably through a fresh temporary file, so a reader never sees half of it;
     returns the bytes written."""
-    raw = (json.dumps(data, indent=2) + "\n").encode()
+    raw = manifest_bytes(data)
     write_durably(path, raw)
     return len(raw)
 

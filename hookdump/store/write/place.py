@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -28,6 +29,12 @@ KINDS = (
     "hookdump.store.write.url_place:UrlPlace",
     "hookdump.store.write.folder_place:FolderPlace",
 )
+
+
+def manifest_bytes(data: Mapping[str, Any]) -> bytes:
+    """A manifest's bytes, as every kind of place writes them (the same file in a folder
+    and at a URL, byte for byte)."""
+    return (json.dumps(data, indent=2) + "\n").encode()
 
 
 class DumpPlace(ABC):

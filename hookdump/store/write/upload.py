@@ -15,7 +15,6 @@ the local layout, byte for byte, on a store that has no rename and no lock.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ from hookdump.format.manifest import MANIFEST, ShardEntry
 from hookdump.store.checksum import CHUNK, Checksum, stream_checksum
 from hookdump.store.folder import DUMP_FILE, check_entries
 from hookdump.store.location import Remote
+from hookdump.store.write.place import manifest_bytes
 
 T = TypeVar("T")
 LOCK = "hookdump.lock"  # the one-writer lock object (see `store.write.url_lock`)
@@ -140,7 +140,7 @@ class Upload:
 
     def put_json(self, name: str, data: Mapping[str, Any]) -> int:
         """One PUT of a JSON object (a manifest); the bytes written."""
-        raw = (json.dumps(data, indent=2) + "\n").encode()
+        raw = manifest_bytes(data)
         self.put_bytes(name, raw)
         return len(raw)
 

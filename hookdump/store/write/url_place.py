@@ -21,10 +21,10 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum
-from hookdump.store.folder import DUMP_FILE, check_entries, describe_os_error, locked, remove_entry
+from hookdump.store.folder import DUMP_FILE, describe_os_error, locked, remove_entry
 from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.write.place import DumpPlace, Stray
-from hookdump.store.write.upload import LOCK, SPOOL_SHARDS, Upload
+from hookdump.store.write.upload import SPOOL_SHARDS, Upload
 from hookdump.store.write.url_lock import UrlLock, process_alive
 
 
@@ -85,11 +85,9 @@ class UrlPlace(DumpPlace):
             shutil.rmtree(spool, ignore_errors=True)
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
-        if keep_old:
-            present = [name for name in self.upload.entries() if name != LOCK]
-            check_entries(self.label, present, True, "prefix")
-            return
-        self.upload.check_prefix(overwrite)
+        self.upload.check_prefix(overwrite or keep_old)
+        if keep_old:  # resuming: what is there is this dump's
+            self.upload.forget_old()
 
     def claim(self, name: str) -> None:
         pass  # the spool is this run's alone

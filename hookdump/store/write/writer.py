@@ -4,7 +4,6 @@ committed, the manifest written last; where they go (a folder, a URL) is the `Du
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from hookdump.format.manifest import (
     samples_fed,
 )
 from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
+from hookdump.store.checksum import checksum_of
 from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.shards import PlannedShard, ShardFile, header_room
 
@@ -316,7 +316,7 @@ class DumpWriter:
     def _write_stats(self, raw: bytes) -> dict[str, Any]:
         """Write the per-feature statistics' file; its manifest entry."""
         self.place.put_file(STATS_FILE, raw)
-        return {"file": STATS_FILE, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+        return {"file": STATS_FILE, **checksum_of([raw]).entry()}
 
     def drop_room(self) -> None:
         """The run is over: no more manifests to write room for."""
