@@ -28,16 +28,25 @@ from typing import Any
 
 from process import job_args, settle
 
+
+def patched_cli(patch: str) -> str:
+    """A script that runs the CLI as `hookdump` runs it, after `patch` (Python source):
+    OpenMP's passive wait is set first, as `main()` does, since a patch imports torch."""
+    return (
+        "import os, sys\n"
+        "from hookdump.cli import main, wait_passively\n"
+        "wait_passively(os.environ)\n"
+        f"{patch}"
+        "sys.argv[0] = 'hookdump'\n"
+        "main()\n"
+    )
+
+
 # the CLI with the per-feature statistics switched off, nothing else changed
-WITHOUT = (
-    "import os, sys\n"
-    "from hookdump.cli import main, wait_passively\n"
-    "wait_passively(os.environ)  # as main() does, before torch loads\n"
+WITHOUT = patched_cli(
     "from hookdump.store import stats\n"
     "stats.batch_stats = lambda tensor: None\n"
     "stats.KeySummary.add_features = lambda *args, **kwargs: None\n"
-    "sys.argv[0] = 'hookdump'\n"
-    "main()\n"
 )
 JOBS = {"vision": "multi", "tokens": "tokens"}
 
@@ -85,15 +94,16 @@ def bench(job: str, scratch: Path, reps: int, without: str = WITHOUT) -> dict[st
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(without: str = WITHOUT, doc: str = __doc__) -> None:
+    """Each job of `--only` as it is and with `without` (see `bench`); `doc`: the script's."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", default=",".join(JOBS), help="of " + ",".join(JOBS))
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="hookdump-bench-", dir=os.environ.get("BENCH_DIR")))
     try:
         for job in args.only.split(","):
-            print(job, json.dumps(bench(job, scratch, args.reps), indent=2), flush=True)
+            print(job, json.dumps(bench(job, scratch, args.reps, without), indent=2), flush=True)
     finally:
         settle(scratch)
 
