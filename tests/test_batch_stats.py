@@ -118,6 +118,68 @@ def test_the_whole_key_from_its_features() -> None:
     assert sum(stats.hist or []) == every.numel()
 
 
+def _whole_matches(summary: KeySummary, batches: list[torch.Tensor], rel: float = 1e-12) -> None:
+    """The whole key's statistics are those of every finite value (kept per feature: float64
+    sums, 1e-12; kept whole: float32 within a chunk, `rel` 1e-6)."""
+    every = torch.cat([b.reshape(-1) for b in batches]).double()
+    finite = every[every.isfinite()]
+    stats = summary.stats
+    assert stats.count == finite.numel()
+    assert stats.mean == pytest.approx(float(finite.mean()), rel=rel)
+    assert stats.std == pytest.approx(float(finite.std(correction=0)), rel=1e-6)
+    assert (stats.min, stats.max) == (float(finite.min()), float(finite.max()))
+    assert (stats.nan, stats.inf) == (int(every.isnan().sum()), int(every.isinf().sum()))
+
+
+def test_a_key_keeps_its_statistics_once() -> None:
+    """Per feature where its values are rows of floats (the whole key's made from them, only
+    the NaN/Inf counts and sketch beside), whole once features are lost, whole for integers."""
+    torch.manual_seed(5)
+    info = KeyInfo("k", "m", "Linear", "output", 0, None, (4,), torch.float32)
+    batches = [torch.randn(6, 4) * 3 + 2, torch.randn(3, 4) - 1]
+    batches[1][1, 2] = torch.nan
+    batches[1][2, 0] = -torch.inf
+    summary = KeySummary(info, (4,), "float32")
+    for batch in batches:
+        summary.add(batch)
+    assert summary.features is not None and summary.whole.count == 0
+    assert int(summary.features.count.sum()) == 9 * 4 - 2
+    _whole_matches(summary, batches)
+    mean = torch.cat(batches).double().nan_to_num(0.0, 0.0, 0.0).sum(0) / summary.features.count
+    torch.testing.assert_close(summary.features.mean, mean, rtol=1e-12, atol=0.0)
+
+    summary.lose_features()  # a row read in parts, say: the moments move, nothing is lost
+    more = torch.randn(2, 4) * 5
+    summary.add(more)
+    assert summary.features is None and summary.whole.count == 9 * 4 - 2 + 8
+    _whole_matches(summary, [*batches, more], rel=1e-6)
+
+    ids = KeySummary(KeyInfo("i", "m", "Embedding", "input", 0, None, (3,), torch.int64),
+                     (3,), "int64")  # fmt: skip
+    ids.add(torch.arange(12).view(4, 3))
+    assert ids.features is None and not ids.features_lost and ids.stats.count == 12
+
+
+def test_merged_summaries_keep_one_accumulator() -> None:
+    """Two ranks' per-feature summaries merge per feature; with a rank whose features were
+    lost, the whole key's statistics (still exact) are kept and the features dropped."""
+    torch.manual_seed(6)
+    info = KeyInfo("k", "m", "Linear", "output", 0, None, (3,), torch.float32)
+    parts = [torch.randn(5, 3) + 100, torch.randn(4, 3) * 0.1, torch.randn(7, 3)]
+    ranks = [KeySummary(info, (3,), "float32") for _ in parts]
+    for rank, part in zip(ranks, parts, strict=True):
+        rank.add(part)
+    joined = KeySummary(info, (3,), "float32")
+    joined.merge(ranks[0])
+    joined.merge(ranks[1])
+    assert joined.features is not None and joined.whole.count == 0
+    _whole_matches(joined, parts[:2])
+    ranks[2].lose_features()
+    joined.merge(ranks[2])
+    assert joined.features is None and joined.features_lost
+    _whole_matches(joined, parts)
+
+
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="torch runs on one thread here")
 def test_worker_threads_run_torch_on_one_thread() -> None:
     seen: list[int] = []

@@ -147,7 +147,7 @@ class FeatureStats:
     def merge(self, other: FeatureStats) -> None:
         """Fold in statistics gathered elsewhere (a batch, another rank's, a resumed run's)."""
         total = self.count + other.count
-        share = other.count / total.clamp(min=1)
+        share = other.count.double() / total.clamp(min=1)  # int / int is float32
         delta = other.mean - self.mean
         self.m2 = self.m2 + other.m2 + delta * delta * self.count * share
         self.mean = self.mean + delta * share

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -47,6 +47,16 @@ def _sample(flat: torch.Tensor) -> torch.Tensor:
     return flat[: runs * stride].reshape(runs, stride)[:, :HIST_RUN]
 
 
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A batch's values, flat, as float32 or float64 (a complex value's magnitude)."""
+    x = tensor.detach()
+    if x.is_complex():
+        x = x.abs()
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    return x.reshape(-1)
+
+
 @dataclass
 class TensorStats:
     """Mean, std, min and max over the finite elements seen so far, and NaN/Inf counts."""
@@ -69,21 +79,12 @@ class TensorStats:
 
     def update(self, tensor: torch.Tensor) -> None:
         """Fold one batch of values in (a few fast passes: this runs on every byte dumped)."""
-        x = tensor.detach()
-        if x.is_complex():
-            x = x.abs()
-        if x.dtype not in (torch.float32, torch.float64):
-            x = x.float()
-        if x.numel() == 0:
+        flat = _flat(tensor)
+        if flat.numel() == 0:
             return
-        flat = x.reshape(-1)
         lo, hi, summed, squares = _one_pass(flat)  # NaN and Inf propagate to these
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            finite = torch.isfinite(flat)
-            nan = int(torch.isnan(flat).sum())
-            self.nan += nan
-            self.inf += int((~finite).sum()) - nan
-            flat = flat[finite]
+            flat = self._drop_bad(flat)
             if flat.numel() == 0:
                 return
             lo, hi, summed, squares = _one_pass(flat)
@@ -94,23 +95,28 @@ class TensorStats:
             # the mean dwarfs the spread: E[x^2] - E[x]^2 cancels, so take the slow exact way
             var, mean = torch.var_mean(flat, correction=0)
             batch_mean, batch_m2 = float(mean), float(var) * n
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self.m2 += max(batch_m2, 0.0) + delta * delta * self.count * n / total
-        self.mean += delta * n / total
-        self.count = total
-        self.min = min(self.min, lo)
-        self.max = max(self.max, hi)
+        self.merge(TensorStats(n, batch_mean, max(batch_m2, 0.0), lo, hi))
         self._histogram(flat, lo, hi)
 
-    def fold(self, whole: tuple[int, float, float, float, float], values: torch.Tensor) -> None:
-        """Fold in one batch's statistics made already (count, mean, sum of squared
-        deviations, min, max: `FeatureStats.whole`, all finite) and its `values`' sketch."""
-        count, mean, m2, lo, hi = whole
-        if not count:
+    def sketch(self, tensor: torch.Tensor, finite: tuple[float, float] | None = None) -> None:
+        """Count a batch's NaN and infinities and sketch its finite values, its moments
+        kept elsewhere (per feature: `KeySummary`); `finite`: its min and max, where it is
+        known to hold only finite values."""
+        if finite is not None:  # the sample is made float, not the batch
+            self._histogram(tensor.reshape(-1), *finite)
             return
-        self.merge(TensorStats(count, mean, m2, lo, hi))
-        self._histogram(values.reshape(-1), lo, hi)
+        flat = self._drop_bad(_flat(tensor))
+        if flat.numel():
+            lo, hi = torch.aminmax(flat)
+            self._histogram(flat, float(lo), float(hi))
+
+    def _drop_bad(self, flat: torch.Tensor) -> torch.Tensor:
+        """`flat`'s finite values, its NaN and infinities counted."""
+        finite = torch.isfinite(flat)
+        nan = int(torch.isnan(flat).sum())
+        self.nan += nan
+        self.inf += int((~finite).sum()) - nan
+        return flat[finite]
 
     def add_zeros(self, count: int) -> None:
         """Fold in `count` zeros without reading them (a hole in a sparse shard)."""
@@ -178,47 +184,48 @@ PER_HEAD = frozenset({"q", "k", "v", "z", "q_pre_rope", "k_pre_rope"})
 
 @dataclass
 class KeySummary:
-    """One captured key: where it came from, its per-sample shape and its statistics."""
+    """One captured key: where it came from, its per-sample shape and its statistics, kept
+    once: per feature where its values are seen as rows of floats (`features`), else for
+    the key as a whole (`whole`: an integer key, or one whose features were lost)."""
 
     info: KeyInfo
     shape: tuple[int, ...]
     dtype: str
     nbytes: int = 0
-    stats: TensorStats = field(default_factory=TensorStats)
+    # the whole key's statistics where it has no `features`; beside them, its NaN and
+    # infinity counts and its sketch only
+    whole: TensorStats = field(default_factory=TensorStats)
     # per feature (floating keys): None until a value is seen, or once some values could
     # not be read as rows (`lose_features`: a hole of a sparse shard, a row read in parts)
     features: FeatureStats | None = None
     features_lost: bool = False
 
+    @property
+    def stats(self) -> TensorStats:
+        """The whole key's statistics (made from its features' where it has them)."""
+        if self.features is None:
+            return self.whole
+        count, mean, m2, lo, hi = self.features.whole()
+        return replace(self.whole, count=count, mean=mean, m2=m2, min=lo, max=hi)
+
     def merge(self, other: KeySummary) -> None:
         """Fold in the same key's summary from elsewhere (another rank's)."""
         self.nbytes += other.nbytes
-        self.stats.merge(other.stats)
-        if other.features_lost:
-            self.lose_features()
-        elif other.features is not None and not self.features_lost:
+        if other.features is not None and self._can_take_features():
             if self.features is None:
                 self.features = FeatureStats.empty(other.features.count.numel())
             self.features.merge(other.features)
+            self.whole.merge(other.whole)  # NaN and infinity counts, and the sketch
+            return
+        if other.features_lost or (self.features is not None and other.whole.count):
+            self.lose_features()
+        self.whole.merge(other.stats)
 
     def lose_features(self) -> None:
-        """Some values were not seen as rows: no per-feature statistics for this key."""
+        """Some values are not seen as rows: the key's statistics are kept whole from now."""
+        if self.features is not None:
+            self.whole.merge(TensorStats(*self.features.whole()))
         self.features, self.features_lost = None, True
-
-    def add_features(self, tensor: torch.Tensor, batch: FeatureStats | None = None) -> None:
-        """Fold a batch of rows into the per-feature statistics (floating keys only), or
-        its statistics made already (`batch`)."""
-        if self.features_lost or not tensor.is_floating_point():
-            return
-        if tuple(tensor.shape[1:]) != self.shape:  # refused by the writer; else not rows alike
-            self.lose_features()
-            return
-        if self.features is None:
-            self.features = FeatureStats.empty(features_of(self._feature_shape()))
-        if batch is None:
-            self.features.update(self._as_rows(tensor))
-        else:
-            self.features.merge(batch)
 
     def count_bytes(self, nbytes: int) -> None:
         """Rows of `nbytes` are on disk (read back: their values are added apart)."""
@@ -232,15 +239,40 @@ class KeySummary:
         return nbytes
 
     def add_values(self, tensor: torch.Tensor) -> None:
-        """Fold a batch of rows into the statistics (their bytes are counted apart): a
-        floating batch without NaN or infinities in one read of its memory, whose
-        per-feature statistics make the whole key's."""
-        batch = batch_stats(self._as_rows(tensor))
-        if batch is None:
-            self.stats.update(tensor)
+        """Fold a batch of rows into the statistics (their bytes are counted apart): per
+        feature where they are rows of floats (a batch without NaN or infinities in one read
+        of its memory), else whole."""
+        if not self._as_features(tensor):
+            self.whole.update(tensor)
+            return
+        assert self.features is not None
+        rows = self._as_rows(tensor)
+        batch = batch_stats(rows)
+        if batch is None:  # NaN or infinities: masked per feature
+            self.features.update(rows)
+            self.whole.sketch(tensor)
         else:
-            self.stats.fold(batch.whole(), tensor)
-        self.add_features(tensor, batch)
+            self.features.merge(batch)
+            self.whole.sketch(tensor, (float(batch.min.min()), float(batch.max.max())))
+
+    def add_zeros(self, count: int) -> None:
+        """Fold in `count` zeros without reading them (a hole of a sparse shard): not rows."""
+        self.lose_features()
+        self.whole.add_zeros(count)
+
+    def _can_take_features(self) -> bool:
+        return not self.features_lost and (self.features is not None or not self.whole.count)
+
+    def _as_features(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s values go into the per-feature statistics (made if need be)."""
+        if not tensor.is_floating_point() or not self._can_take_features():
+            return False
+        if tuple(tensor.shape[1:]) != self.shape:  # refused by the writer; else not rows alike
+            self.lose_features()
+            return False
+        if self.features is None:
+            self.features = FeatureStats.empty(features_of(self._feature_shape()))
+        return True
 
     def _per_head(self) -> bool:
         return self.info.kind in PER_HEAD and len(self.shape) >= 2

@@ -41,8 +41,7 @@ def summarize(
                     summaries[key].lose_features()  # read in parts of a row: not as rows
                 for part in _parts(dump, opened, own, key):
                     if isinstance(part, int):
-                        summaries[key].stats.add_zeros(part)
-                        summaries[key].lose_features()  # a hole: zeros never read
+                        summaries[key].add_zeros(part)  # a hole: zeros never read
                     else:
                         summaries[key].add_values(part)
     return summaries
