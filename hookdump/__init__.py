@@ -36,6 +36,7 @@ __all__ = [
     "Capture",
     "Dump",
     "ExportResult",
+    "Generation",
     "HookdumpError",
     "Interrupted",
     "InvalidDump",
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from hookdump.hooks.capture import Capture, capture
     from hookdump.hooks.options import CaptureOptions as CaptureOptions
     from hookdump.hooks.tokens import TokenOptions as TokenOptions
+    from hookdump.inputs.generation import Generation
     from hookdump.inputs.samples import InputOptions as InputOptions
     from hookdump.inputs.text import TextOptions as TextOptions
     from hookdump.model.prepare import ModelOptions as ModelOptions
@@ -77,6 +79,7 @@ _LAZY = {
     "export": "hookdump.tools.export",
     "run": "hookdump.engine.runner",
     "Capture": "hookdump.hooks.capture",
+    "Generation": "hookdump.inputs.generation",
     "Dump": "hookdump.store.read.dump",
     "ExportResult": "hookdump.tools.export",
     "KeyInfo": "hookdump.format.keys",

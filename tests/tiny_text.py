@@ -101,3 +101,38 @@ def tiny_bpe_gpt2(folder: Path, corpus: list[str], vocab_size: int, seed: int = 
                                      vocab_size=vocab_size + 20)  # fmt: skip
     transformers.GPT2Model(config).save_pretrained(folder)
     return folder
+
+
+# a chat template of the usual shape (each turn: role, content, end of turn), in words the
+# CORPUS tokenizer knows; `add_generation_prompt` opens the assistant's turn
+CHAT_TEMPLATE = (
+    "{% for m in messages %}[CLS] {{ m['role'] }} {{ m['content'] }} [SEP] {% endfor %}"
+    "{% if add_generation_prompt %}[CLS] assistant {% endif %}"
+)
+
+
+def tiny_causal_lm(folder: Path, family: str = "gpt2", seed: int = 0, chat: bool = False) -> Path:
+    """A 2-layer causal language model with random weights (GPT-2, or a Llama with
+    grouped-query attention) and the CORPUS tokenizer (EOS, no pad token), saved as a model
+    folder; `chat`: the tokenizer has `CHAT_TEMPLATE`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    if family == "gpt2":
+        config: object = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=32,
+                                                 n_positions=64)  # fmt: skip
+        model: object = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        )  # fmt: skip
+        model = transformers.LlamaForCausalLM(config)
+    model.eval().save_pretrained(folder)  # type: ignore[attr-defined]
+    save_tokenizer(folder, cls_sep=False)
+    if chat:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        tokenizer.chat_template = CHAT_TEMPLATE
+        tokenizer.save_pretrained(folder)
+    return folder

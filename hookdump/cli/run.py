@@ -35,13 +35,14 @@ from hookdump.cli._options import (
     storage_options,
 )
 from hookdump.cli._progress import GCPause, progress_bar
-from hookdump.errors import CheckFailed
+from hookdump.errors import CheckFailed, HookdumpError, opt
 from hookdump.store.location import out_place
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
     from hookdump.hooks.options import CaptureOptions
     from hookdump.hooks.tokens import TokenOptions
+    from hookdump.inputs.generation import Generation
     from hookdump.inputs.text import TextOptions
     from hookdump.store.write.writer import DumpOptions
 
@@ -230,6 +231,55 @@ def run(
             help="With --per-token: drop the tokenizer's special tokens (BOS, EOS, PAD, ...).",
         ),
     ] = False,
+    generate: Annotated[
+        int | None,
+        typer.Option(
+            "--generate",
+            metavar="N",
+            help="With --text: each document is a prompt; generate up to N new tokens (greedy "
+            "unless --do-sample) and dump prompt + response as token rows, with __response__ "
+            "(1 for the response's tokens) beside.",
+            show_default=False,
+        ),
+    ] = None,
+    generate_capture: Annotated[
+        str,
+        typer.Option(
+            "--generate-capture",
+            metavar="WHEN",
+            help="prefill: generate, then one forward over prompt + response; decode: the "
+            "values of the passes that generated the tokens.",
+        ),
+    ] = "prefill",
+    do_sample: Annotated[
+        bool,
+        typer.Option(
+            "--do-sample",
+            help="With --generate: sample the tokens, each prompt seeded by --seed and its index.",
+        ),
+    ] = False,
+    temperature: Annotated[
+        float | None,
+        typer.Option("--temperature", metavar="T", help="With --do-sample.", show_default=False),
+    ] = None,
+    top_p: Annotated[
+        float | None,
+        typer.Option("--top-p", metavar="P", help="With --do-sample.", show_default=False),
+    ] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option("--top-k", metavar="K", help="With --do-sample.", show_default=False),
+    ] = None,
+    chat: Annotated[
+        bool,
+        typer.Option(
+            "--chat",
+            help="With a .jsonl --text: each line's messages ([{role, content}], the field "
+            "--text-field names, default messages) rendered with the tokenizer's chat "
+            "template; __response__ marks the assistant's tokens (with --generate: the "
+            "generated ones).",
+        ),
+    ] = False,
     input_shape: InputShapeOpt = None,
     image_size: Annotated[
         int | None,
@@ -314,6 +364,7 @@ def run(
 
         # the strings of the command line become typed options here, and nowhere else
         corpus = (text_field, tokenizer, context_size, bos, max_length, max_tokens, sort_by_length)
+        sampling = (do_sample, temperature, top_p, top_k, generate_capture)
         options = RunOptions(
             model=model_options(
                 model, weights, model_arg, seed, device, train, not no_strict, unsafe_pickle
@@ -338,8 +389,11 @@ def run(
                 skip_bad_inputs=skip_bad_inputs,
                 workers=workers,
             ),
-            text=_text_options(text, *corpus),
-            tokens=_token_options(per_token, positions, skip_special_tokens),
+            text=_text_options(text, *corpus, chat),
+            tokens=_token_options(
+                per_token or generate is not None, positions, skip_special_tokens
+            ),
+            generate=_generation(generate, *sampling),
             dump=_dump_options(
                 out, spool, storage_option, overwrite, resume, shard_size, save_dtype
             ),
@@ -368,15 +422,46 @@ def _text_options(
     max_length: int | None,
     max_tokens: int | None,
     sort_by_length: bool,
+    chat: bool,
 ) -> TextOptions | None:
     """--text and the options of its corpus (None: no text)."""
     from hookdump.inputs.text import TextOptions
 
     if text is None:
+        if chat:
+            raise HookdumpError(
+                f"{opt('chat', True)} reads conversations: give {opt('text')} FILE.jsonl"
+            )
         return None
+    if chat and field == "text":
+        field = "messages"
     return TextOptions(
-        text, field, tokenizer, context_size, bos, max_length, max_tokens, sort_by_length
+        text, field, tokenizer, context_size, bos, max_length, max_tokens, sort_by_length, chat
     )
+
+
+def _generation(
+    generate: int | None,
+    do_sample: bool,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    capture: str,
+) -> Generation | None:
+    """--generate and its sampling settings (None: no generation)."""
+    from hookdump.inputs.generation import Generation
+
+    if generate is None:
+        sampling = {"do_sample": do_sample, "temperature": temperature, "top_p": top_p,
+                    "top_k": top_k}  # fmt: skip
+        given = next((name for name, value in sampling.items() if value not in (None, False)), None)
+        if given is not None or capture != "prefill":
+            name = given or "generate_capture"
+            raise HookdumpError(
+                f"{opt(name)} sets how tokens are generated; add {opt('generate')} N"
+            )
+        return None
+    return Generation(generate, do_sample, temperature, top_p, top_k, capture)  # type: ignore[arg-type]
 
 
 def _token_options(

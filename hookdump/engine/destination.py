@@ -87,6 +87,13 @@ class Destination:
         return range(fed) if listed is None else listed[:fed]  # row numbers: a range
 
     @property
+    def done_generated(self) -> list[list[Any]]:
+        """--generate: each sample's [tokens generated, why it stopped] already dumped."""
+        if self.previous is None:
+            return []
+        return list(self.previous.get("generated", []))[: samples_fed(self.previous)]
+
+    @property
     def done_rows(self) -> int:
         """The rows already in the dump (samples, or tokens when rows are tokens)."""
         return self.previous["num_samples"] if self.previous is not None else 0
@@ -163,6 +170,7 @@ class Destination:
             manifest = self.writer.finish(
                 {
                     "sample_ids": whole.ids,
+                    **({"generated": whole.generated} if whole.generated else {}),
                     "skipped_inputs": whole.skipped_inputs,
                     "skipped": whole.skipped,
                     **extra,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -119,6 +119,7 @@ class RankShare:
     ids: Sequence[Any]
     skipped: list[dict[str, str]]
     skipped_inputs: list[dict[str, str]]
+    generated: list[list[Any]] = field(default_factory=list)  # --generate: per sample
 
 
 def merge_ranks(ranks: Ranks, mine: RankShare) -> RankShare | None:
@@ -156,6 +157,7 @@ def join_shares(everyone: list[RankShare]) -> RankShare:
         ids=_joined_ids([p.ids for p in everyone]),
         skipped=mine.skipped + [s for p in everyone[1:] for s in p.skipped if s["key"] not in seen],
         skipped_inputs=[s for p in everyone for s in p.skipped_inputs],
+        generated=[g for p in everyone for g in p.generated],
     )
 
 

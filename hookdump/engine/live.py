@@ -26,6 +26,7 @@ from hookdump.hooks.gradients import parse_grad_target
 from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.tokens import TokenOptions, parse_positions
 from hookdump.hooks.values import parse_capture
+from hookdump.inputs.generation import Generation, as_generation
 from hookdump.inputs.python import PythonData
 from hookdump.inputs.samples import InputOptions
 from hookdump.model.loading import class_path
@@ -54,6 +55,7 @@ def dump(
     per_token: bool = False,
     positions: str | slice | None = None,
     skip_special_tokens: bool = False,
+    generate: int | Generation | None = None,
     tokenizer: Any = None,
     num_samples: int | None = None,
     save_dtype: torch.dtype | str | None = None,
@@ -102,6 +104,11 @@ def dump(
         positions: with `per_token`, `START:STOP` of each sample's real tokens.
         skip_special_tokens: with `per_token`, drop the rows of `tokenizer`'s special
             tokens (`tokenizer`: a tokenizer object or a folder holding one).
+        generate: each batch's rows are prompts (dicts of `input_ids` and `attention_mask`,
+            padded on either side): generate up to this many new tokens for each (or as
+            `hookdump.Generation(...)` says: sampling, `capture="decode"`) and dump prompt +
+            response as token rows, `__response__` beside (`per_token` is implied; the EOS
+            and pad tokens are `tokenizer`'s, else the model's generation config's).
         num_samples: stop after this many rows of data (samples).
         save_dtype: the dtype written (default: as captured). dtype: the forward's
             precision (autocast for float16 or bfloat16).
@@ -149,6 +156,7 @@ def dump(
         per_token=per_token,
         positions=positions,
         skip_special_tokens=skip_special_tokens,
+        generate=generate,
         num_samples=num_samples,
         save_dtype=save_dtype,
         dtype=dtype,
@@ -165,11 +173,15 @@ def dump(
         storage_options=storage_options,
         spool=spool,
     )
-    special = _special_ids(tokenizer, skip_special_tokens, str(model) if live is None else "")
+    label = str(model) if live is None else ""
+    special = _special_ids(tokenizer, skip_special_tokens, label)
+    pad, eos = _pad_and_eos(tokenizer, label) if options.generate else (None, ())
     with _as_asked(live, device, train) as (where, mode):
         chosen = dataclasses.replace(options.model, device=where, train=mode)
         options = dataclasses.replace(options, model=chosen)
-        given = PythonData(data, forward, ids, per_token, tuple(special))
+        given = PythonData(
+            data, forward, ids, options.tokens is not None, special, pad_id=pad, eos_ids=eos
+        )
         shown = Progress(progress, _stderr_console() if progress else None)
         with shown as on_batch:
             run(options, on_batch, model=live, data=given, on_notice=shown.notice)
@@ -193,6 +205,7 @@ def run_options(
     per_token: bool = False,
     positions: str | slice | None = None,
     skip_special_tokens: bool = False,
+    generate: int | Generation | None = None,
     num_samples: int | None = None,
     save_dtype: torch.dtype | str | None = None,
     dtype: torch.dtype | str = torch.float32,
@@ -248,7 +261,10 @@ def run_options(
             repeat_kv_heads,
         ),
         input=InputOptions(num_samples=num_samples),
-        tokens=TokenOptions(_positions(positions), skip_special_tokens) if per_token else None,
+        tokens=TokenOptions(_positions(positions), skip_special_tokens)
+        if per_token or generate is not None
+        else None,
+        generate=as_generation(generate),
         dump=_dump_options(out, storage_options, spool, overwrite, resume, shard_size, save_dtype),
         dtype=_dtype(dtype, "dtype") or torch.float32,
     )
@@ -342,6 +358,18 @@ def _as_asked(
             sub.training = training
         if device is not None:
             module.to(before)
+
+
+def _pad_and_eos(tokenizer: Any, model: str) -> tuple[int | None, tuple[int, ...]]:
+    """Generation: the pad and EOS tokens of `tokenizer` (a tokenizer or its folder), if
+    given (else the model's generation config's are used)."""
+    if tokenizer is None:
+        return None, ()
+    if isinstance(tokenizer, str | Path):
+        tokenizer, _ = load_tokenizer(tokenizer, model or str(tokenizer), given=True)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return (pad if pad is not None else eos), (() if eos is None else (int(eos),))
 
 
 def _special_ids(tokenizer: Any, skip: bool, model: str) -> tuple[int, ...]:

@@ -13,13 +13,14 @@ from typing import Any
 import torch
 
 from hookdump.engine.destination import Destination
+from hookdump.engine.generate import Generated, Generator
 from hookdump.engine.progress import ProgressCallback
 from hookdump.engine.signals import exit_code
 from hookdump.errors import HookdumpError, Interrupted
 from hookdump.format.keys import KeyInfo
 from hookdump.format.rows import Rows, SampleIds
 from hookdump.hooks.capture import Hooks
-from hookdump.hooks.forward import calibrate, ends_late, forward
+from hookdump.hooks.forward import calibrate, ends_late, forward, out_of_memory
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
 from hookdump.hooks.tokens import TokenRows
 from hookdump.inputs.samples import Batch, Feed
@@ -34,6 +35,7 @@ class Fed:
 
     ids: SampleIds = field(default_factory=SampleIds)
     skipped: list[dict[str, str]] = field(default_factory=list)
+    generated: list[list[Any]] = field(default_factory=list)  # --generate: per sample
 
 
 class BatchLoop:
@@ -53,6 +55,9 @@ class BatchLoop:
         tokens: TokenRows | None = None,
     ) -> None:
         self.cap, self.model, self.sink, self.tokens = cap, loaded.module, sink, tokens
+        # --generate: makes each batch's sequences (set by the runner; early stop is off)
+        self.generator: Generator | None = None
+        self._generated: tuple[tuple[int, str], ...] = ()  # the batch's, with --generate
         self.fed = Fed()
         self.device, self.label = loaded.device, label  # the MODEL spec, for errors
         self.forward_dtype, self.grad_target = forward_dtype, grad_target
@@ -77,7 +82,8 @@ class BatchLoop:
         """Feed every batch (of `feed`); the number of rows dumped (this run's last row,
         resuming); `nothing`: the error to raise, before anything is written, when no row
         was made."""
-        rows, self.fed = destination.done_rows, Fed(SampleIds(destination.done_ids))
+        rows = destination.done_rows
+        self.fed = Fed(SampleIds(destination.done_ids), [], list(destination.done_generated))
         # gradients need autograd; everything else runs without it
         mode = torch.enable_grad() if self.grads else torch.inference_mode()
         try:
@@ -86,6 +92,7 @@ class BatchLoop:
                     # what the manifest records of these samples, carried by the batch
                     rows = self._one(batch, rows)
                     self.fed.ids.extend(batch.ids)
+                    self.fed.generated.extend(list(g) for g in self._generated)
                     self.fed.skipped.extend(batch.skipped)
                     if on_batch:
                         on_batch(self.sequences, feed.total, self.sink.bytes_done)
@@ -106,9 +113,12 @@ class BatchLoop:
         cap = self.cap
         if self.early and cap.stop_after is None and not self.count_in_first:
             self.early = calibrate(cap, self.model, batch, self.label)
+        generated = self._generate(batch)
+        if generated is not None:
+            batch = generated.batch
         cap.next_batch(batch.kwargs.get("attention_mask") if batch.stored else None)
         stored = batch.stored
-        fed = (batch.ids, batch.skipped)
+        fed = (batch.ids, batch.skipped, self._generated)
         rows = Rows(first_row, batch.stop, batch.start, batch.stop, False, *fed)
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)
@@ -119,7 +129,11 @@ class BatchLoop:
             info = KeyInfo(key, key, "-", "tokens", 0, None, shape, tensor.dtype, first)
             self.sink.keep(key, tensor, info, fresh=True)
         inputs = inputs_requiring_grad(batch.args, batch.kwargs) if self.grads else []
-        output = forward(cap, self.model, batch, self.label)
+        if generated is not None and self.generator is not None and self.generator.decodes:
+            self.generator.flush(generated)  # the passes that generated, joined
+            output = None
+        else:
+            output = forward(cap, self.model, batch, self.label)
         if self.grads:
             backward(self.model, output, self.grad_target, inputs)
         del output
@@ -132,6 +146,28 @@ class BatchLoop:
         cap.clear()
         self.sink.end()
         return rows.stop
+
+    def _generate(self, prompts: Batch) -> Generated | None:
+        """With `--generate`: the batch's sequences made (its rows' per-sample record kept
+        for the manifest); else None."""
+        self._generated = ()
+        if self.generator is None:
+            return None
+        try:
+            generated = self.generator.run(prompts)
+        except (KeyboardInterrupt, HookdumpError):
+            raise
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise
+            message = " ".join(str(exc).split())[:300] or "(no message)"
+            raise HookdumpError(
+                f"generating with {self.label} raised {type(exc).__name__}: {message}"
+            ) from exc
+        self._generated = tuple(
+            (int(n), str(stop)) for n, stop in generated.sequences.per_sequence()
+        )
+        return generated
 
 
 def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:

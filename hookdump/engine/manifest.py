@@ -70,6 +70,8 @@ def manifest_fields(
         fields["processes"] = processes
     if options.tokens is not None:
         fields["rows"] = "tokens"
+    if options.generate is not None:  # each sequence's count and stop go in `generated`
+        fields["generation"] = options.generate.as_json(options.model.seed)
     return fields
 
 

@@ -18,6 +18,7 @@ from hookdump.format.manifest import recipe
 from hookdump.format.values import format_bytes
 from hookdump.hooks.options import CaptureOptions
 from hookdump.hooks.tokens import TokenOptions, positions_text
+from hookdump.inputs.generation import Generation
 from hookdump.inputs.samples import InputOptions
 from hookdump.inputs.text import TextOptions
 from hookdump.model.prepare import ModelOptions
@@ -40,6 +41,8 @@ class RunOptions:
         input: how many samples, in what batches, from where (`inputs.samples.InputOptions`).
         text: text instead of `input.source` (`inputs.text.TextOptions`; None: no text).
         tokens: a row per token (`hooks.tokens.TokenOptions`; None: a row per sample).
+        generate: the text's documents are prompts, and the rows are prompt + response
+            (`inputs.generation.Generation`; token rows; None: the text is read as it is).
         dump: where the dump goes (`store.write.writer.DumpOptions`).
         dtype: the forward's precision (autocast for float16 and bfloat16).
         command: the command line, recorded in the manifest.
@@ -58,6 +61,7 @@ class RunOptions:
     input: InputOptions = field(default_factory=InputOptions)
     text: TextOptions | None = None
     tokens: TokenOptions | None = None
+    generate: Generation | None = None
     dump: DumpOptions = field(default_factory=DumpOptions)
     dtype: torch.dtype = field(default=torch.float32, metadata=recipe())
     command: tuple[str, ...] = field(default_factory=lambda: tuple(sys.argv))
@@ -66,8 +70,21 @@ class RunOptions:
     def recipe(self) -> dict[str, Any]:
         """The options that shape the dump's contents, by name, as JSON values: `resume`
         needs the same. Text and token rows count by their presence too."""
-        found: dict[str, Any] = {"text": None, "per_token": self.tokens is not None}
-        groups = (self, self.model, self.capture, self.input, self.text, self.tokens, self.dump)
+        found: dict[str, Any] = {
+            "text": None,
+            "per_token": self.tokens is not None,
+            "generate": None,
+        }
+        groups = (
+            self,
+            self.model,
+            self.capture,
+            self.input,
+            self.text,
+            self.tokens,
+            self.generate,
+            self.dump,
+        )
         for group in groups:
             if group is None:
                 continue

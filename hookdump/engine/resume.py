@@ -270,6 +270,8 @@ def _cut(manifest: dict[str, Any], last: ShardEntry, kept: int) -> dict[str, Any
         cut["num_sequences"] = fed
     if manifest.get("sample_ids") is not None:
         cut["sample_ids"] = manifest["sample_ids"][:fed]
+    if manifest.get("generated") is not None:
+        cut["generated"] = manifest["generated"][:fed]
     skipped = manifest.get("skipped_inputs", [])
     upto = last.inputs_skipped
     cut["skipped_inputs"] = skipped[: len(skipped) if upto is None else upto]

@@ -27,6 +27,7 @@ from torch import nn
 
 from hookdump.engine.destination import Destination
 from hookdump.engine.distributed import Ranks, RankShare, from_environment, rank_device
+from hookdump.engine.generate import Generator, check_generates
 from hookdump.engine.loop import BatchLoop
 from hookdump.engine.manifest import manifest_fields
 from hookdump.engine.options import RunOptions, RunResult
@@ -38,7 +39,8 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import out_of_memory
 from hookdump.hooks.options import CaptureOptions
-from hookdump.hooks.tokens import TokenOptions, TokenRows, positions_text
+from hookdump.hooks.steps import DecodeSteps
+from hookdump.hooks.tokens import TokenRows, positions_text
 from hookdump.hooks.values import Receiver
 from hookdump.inputs.feed import Place, Source, open_feed
 from hookdump.inputs.files import MAX_IMAGE_SIZE
@@ -158,6 +160,8 @@ def _check(options: RunOptions, python: bool = False) -> None:
         raise HookdumpError(f"{opt('batch_size')} {feed.batch_size} must be at least 1")
     if feed.num_samples is not None and feed.num_samples < 1:
         raise HookdumpError(f"{opt('num_samples')} {feed.num_samples} must be at least 1")
+    if options.generate is not None:  # first: it implies token rows, which need text
+        _check_generate(options, python)
     if not python:
         _check_text(options)
     elif options.tokens is not None:  # Python data: token rows come from dicts of ids and masks
@@ -209,6 +213,29 @@ def _check_text(options: RunOptions) -> None:
     ):
         if value is not None and value < least:
             raise HookdumpError(f"{opt(name)} {value} must be at least {least}")
+
+
+def _check_generate(options: RunOptions, python: bool) -> None:
+    """`--generate`: prompts of text (or a Python caller's token batches), token rows, and
+    values a forward gives (not gradients)."""
+    text, generate = options.text, opt("generate")
+    if text is None and not python:
+        raise HookdumpError(
+            f"{generate} writes a response to each document of {opt('text')}; give the "
+            f"prompts as {opt('text')} FILE (one prompt per line, or a .jsonl field)"
+        )
+    if text is not None and text.context_size is not None:
+        raise HookdumpError(
+            f"{generate} takes each document as one prompt, and {opt('context_size')} packs "
+            f"documents into windows; leave {opt('context_size')} out"
+        )
+    if options.tokens is None:
+        raise HookdumpError(f"{generate} writes token rows; add {opt('per_token', True)}")
+    if "grad" in options.capture.kinds:
+        raise HookdumpError(
+            f"{generate} runs the model without autograd, so {opt('capture')} grad has "
+            "nothing to take; leave grad out"
+        )
 
 
 def _check_token_rows(options: RunOptions) -> None:
@@ -304,18 +331,22 @@ def _run(
         copies=ranks.world if ranks else 1,
         summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
     )
-    tokens = _token_rows(options.tokens, sink, feed) if options.tokens else None
-    cap = _hooks(capture, loaded, tokens or sink)
+    tokens = _token_rows(options, sink, feed) if options.tokens else None
+    steps = None
+    if options.generate is not None and options.generate.capture == "decode" and tokens:
+        steps = DecodeSteps(tokens)
+    cap = _hooks(capture, loaded, steps or tokens or sink)
     loop = BatchLoop(
         cap,
         loaded,
         sink,
         forward_dtype=options.dtype,
         grad_target=capture.grad_target,
-        early_stop=capture.early_stop and not loaded.module.training,
+        early_stop=capture.early_stop and not loaded.module.training and not options.generate,
         label=options.model.model,
         tokens=tokens,
     )
+    loop.generator = _generator(options, loaded, cap, feed, steps)
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
     alone = ranks is None and options.dump.part is None
@@ -395,6 +426,7 @@ def _feed(
         per_token=tokens is not None,
         skip_special_tokens=tokens is not None and tokens.skip_special_tokens,
         data=data,
+        generate=options.generate.max_new_tokens if options.generate else 0,
     )
     place = Place(options.model.seed, destination.done_ids, ranks.share if ranks else None)
     feed = open_feed(source, loaded, form, place)
@@ -404,9 +436,44 @@ def _feed(
     return feed
 
 
-def _token_rows(options: TokenOptions, sink: BatchSink, feed: Feed) -> TokenRows:
-    special = feed.special_ids if options.skip_special_tokens else []
-    return TokenRows(sink, options.positions, list(special), feed.first, key_width=feed.width)
+def _token_rows(options: RunOptions, sink: BatchSink, feed: Feed) -> TokenRows:
+    tokens = options.tokens
+    assert tokens is not None
+    special = feed.special_ids if tokens.skip_special_tokens else []
+    width = feed.width
+    if width is not None and options.generate is not None:
+        width += options.generate.max_new_tokens  # a prompt's tokens, then the response's
+    return TokenRows(sink, tokens.positions, list(special), feed.first, key_width=width)
+
+
+def _generator(
+    options: RunOptions, loaded: LoadedModel, cap: Hooks, feed: Feed, steps: DecodeSteps | None
+) -> Generator | None:
+    """With `--generate`: what makes each batch's sequences, with the tokenizer's pad and
+    EOS tokens, else the model's generation config's."""
+    if options.generate is None:
+        return None
+    check_generates(loaded.module, options.model.model)
+    config = getattr(loaded.module, "generation_config", None)
+    eos = set(feed.eos_ids)
+    if not eos and config is not None and config.eos_token_id is not None:
+        given = config.eos_token_id
+        eos = set(given) if isinstance(given, list) else {int(given)}
+    pad = feed.pad_id
+    if pad is None and config is not None:
+        pad = config.pad_token_id
+    if pad is None:
+        pad = min(eos) if eos else 0  # never read: the mask leaves it out
+    return Generator(
+        options.generate,
+        loaded.module,
+        cap,
+        pad=int(pad),
+        eos=eos,
+        seed=options.model.seed,
+        first_sample=feed.first,
+        steps=steps,
+    )
 
 
 def _part(
@@ -436,6 +503,7 @@ def _part(
         ids=loop.fed.ids[:fed],  # a range where they are row numbers
         skipped=skipped,
         skipped_inputs=destination.skipped_inputs_before + loop.fed.skipped,
+        generated=loop.fed.generated[:fed],
     )
 
 

@@ -15,7 +15,9 @@ INPUT_IDS, ATTENTION_MASK = "__input_ids__", "__attention_mask__"  # a text dump
 # the columns of token rows: each row's token, its sequence, its position in the sequence
 TOKEN_IDS, SAMPLE, POSITION = "__token_ids__", "__sample__", "__position__"
 TOKEN_KEYS = (TOKEN_IDS, SAMPLE, POSITION)
-RESERVED_KEYS = (INPUT_IDS, ATTENTION_MASK, *TOKEN_KEYS)
+# beside them, with --generate or --chat: 1 for a token of the model's response, 0 else
+RESPONSE = "__response__"
+RESERVED_KEYS = (INPUT_IDS, ATTENTION_MASK, *TOKEN_KEYS, RESPONSE)
 # set on a module to show this class name instead of its own (unflattened export modules)
 TYPE_ATTRIBUTE = "_hookdump_type"
 ROOT = "__root__"  # the model itself, in module names and keys

@@ -171,7 +171,10 @@ _OPTIONAL = {
     "rows": str,
     "num_sequences": int,
     "run_id": str,
+    "generation": dict,
+    "generated": list,
 }
+STOPS = ("eos", "length")  # why a generated sequence stopped
 
 
 def validate_manifest(data: Any, where: str) -> dict[str, Any]:
@@ -223,6 +226,16 @@ def _check_optional(data: dict[str, Any], bad: Any) -> None:
     for name in ("skipped", "skipped_inputs"):
         if not all(isinstance(item, dict) for item in data.get(name, [])):
             raise bad(f"{name!r} holds something other than objects")
+    for item in data.get("generated", []):
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], int)
+            and not isinstance(item[0], bool)
+            and item[0] >= 0
+            and item[1] in STOPS
+        ):
+            raise bad(f"'generated' holds {str(item)[:40]!r}, not [tokens, one of {STOPS}]")
 
 
 def _check_tensor(key: Any, meta: Any, bad: Any) -> None:

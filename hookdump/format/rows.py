@@ -28,6 +28,8 @@ class Rows:
     tokens: bool = False
     ids: Sequence[Any] = ()  # a range where the ids are row numbers
     skipped: tuple[dict[str, str], ...] = ()
+    # --generate: each sample's [tokens generated, why it stopped] (`manifest`'s `generated`)
+    generated: tuple[tuple[int, str], ...] = ()
 
     @classmethod
     def of_samples(cls, start: int, stop: int) -> Rows:
@@ -63,6 +65,7 @@ class Rows:
             first.tokens,
             ids,
             tuple(s for span in spans for s in span.skipped),
+            tuple(g for span in spans for g in span.generated),
         )
 
     def shard_entry(self, file: str) -> ShardEntry:

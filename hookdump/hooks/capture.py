@@ -251,6 +251,16 @@ class Hooks:
         with self._calls.counting_only():
             yield
 
+    @contextlib.contextmanager
+    def detached(self) -> Iterator[None]:
+        """Inside a `with` block: the model runs without the hooks (generating the tokens a
+        forward under them then reads), which are put back after."""
+        self.__exit__()
+        try:
+            yield
+        finally:
+            self.__enter__()
+
     def __enter__(self) -> Hooks:
         attached = self._attached
         with contextlib.ExitStack() as stack:  # what is entered here is undone in reverse

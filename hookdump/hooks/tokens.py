@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.keys import POSITION, SAMPLE, TOKEN_IDS, KeyInfo
+from hookdump.format.keys import POSITION, RESPONSE, SAMPLE, TOKEN_IDS, KeyInfo
 from hookdump.format.manifest import recipe
 from hookdump.hooks.values import Receiver
 from hookdump.inputs.samples import Batch
@@ -85,11 +85,14 @@ class TokenRows:
             select &= ~torch.isin(ids, torch.tensor(self.special_ids, device=ids.device))
         self._select = select
         samples = select.nonzero(as_tuple=True)[0]
-        return int(select.sum()), {
+        keys = {
             TOKEN_IDS: ids[select].cpu(),
             SAMPLE: (samples + batch.start + self.first_sample).cpu(),
             POSITION: order[select].cpu(),
         }
+        if batch.response is not None:
+            keys[RESPONSE] = batch.response.to(ids.device)[select].to(torch.uint8).cpu()
+        return int(select.sum()), keys
 
     def _in_positions(self, order: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[B, T]: True where a real token's position (`order`) lies in `positions` of its

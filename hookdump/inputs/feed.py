@@ -42,6 +42,7 @@ class Source:
     per_token: bool = False
     skip_special_tokens: bool = False
     data: PythonData | None = None
+    generate: int = 0  # --generate: new tokens after each prompt (they need positions too)
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,21 @@ def _text_feed(source: Source, text: TextOptions, model: LoadedModel, place: Pla
             f"{opt('text')} needs a tokenizer: an hf: model folder that has one, or "
             f"{opt('tokenizer')} PATH"
         )
+    room = None if model.positions is None else model.positions - source.generate
     for name, value in (("context_size", text.context_size), ("max_length", text.max_length)):
-        if value is not None and model.positions is not None and value > model.positions:
+        if value is not None and room is not None and value > room:
+            more = f" and {opt('generate')} {source.generate} new tokens" if source.generate else ""
             raise HookdumpError(
-                f"{opt(name)} {value} is more tokens than {model.spec} takes in a "
-                f"sample ({model.positions} positions); give at most {model.positions}"
+                f"{opt(name)} {value}{more} is more tokens than {model.spec} takes in a "
+                f"sample ({model.positions} positions); give at most {room}"
             )
+    if room is not None and room < 1:
+        raise HookdumpError(
+            f"{opt('generate')} {source.generate} is more new tokens than {model.spec} takes in "
+            f"a sample ({model.positions} positions); give fewer"
+        )
+    if source.generate and text.max_length is None and room is not None and room < 128:
+        text = dataclasses.replace(text, max_length=room)  # prompts leave room for the rest
     tokenizer, files = load_tokenizer(folder, model.spec, given=bool(text.tokenizer))
     positions = model.input_shape[0] if model.family == "tokens" and model.input_shape else None
     return text_feed(

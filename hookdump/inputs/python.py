@@ -44,6 +44,8 @@ class PythonData:
     per_token: bool = False
     special_ids: tuple[int, ...] = ()
     position_ids: bool = False  # the model's forward takes position_ids (set by the feed)
+    pad_id: int | None = None  # generation: the tokenizer's pad token, if one was given
+    eos_ids: tuple[int, ...] = ()  # generation: the tokenizer's EOS token, if one was given
 
 
 def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[Any]) -> Feed:
@@ -67,6 +69,8 @@ def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[A
         batches,
         special_ids=list(given.special_ids),
         estimate=lambda: num_samples if num_samples is not None else _estimate(data),
+        pad_id=given.pad_id,
+        eos_ids=given.eos_ids,
     )
 
 

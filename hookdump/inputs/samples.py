@@ -87,6 +87,8 @@ class Feed:
     estimate: Callable[[], int | None] = lambda: None
     padding: Padding | None = None  # text: how much of what the model computed was padding
     width: int | None = None  # text: the most tokens a sample has (a batch pads up to it)
+    pad_id: int | None = None  # text: the tokenizer's pad token (its EOS without one)
+    eos_ids: tuple[int, ...] = ()  # text: the tokenizer's EOS token, if it has one
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
         """The source's batches of `batch_size`, each with its ids and skipped inputs."""
@@ -160,6 +162,8 @@ class Batch:
     payload: Any = None
     ids: Sequence[Any] = ()  # its samples' ids, as the feed gives them out
     skipped: tuple[dict[str, str], ...] = ()  # inputs skipped since the batch before
+    # [rows, T]: 1 where a token is the model's response (--generate, --chat), like the mask
+    response: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -197,6 +201,7 @@ class Batch:
             part(self.payload),
             self.ids[lo:hi],
             self.skipped if lo == 0 else (),
+            None if self.response is None else self.response[lo:hi],
         )
 
     def to(self, device: torch.device) -> Batch:

@@ -58,6 +58,8 @@ class TextOptions:
             fewer).
         max_tokens: the most whole samples whose tokens (padded to `max_length`) fit in this.
         sort_by_length: documents of about one length are batched together.
+        chat: each document is a conversation (a `.jsonl` field of messages) rendered with
+            the tokenizer's chat template (`inputs.chat`).
     """
 
     source: str = field(metadata=recipe("text"))
@@ -68,6 +70,7 @@ class TextOptions:
     max_length: int | None = field(default=None, metadata=recipe())
     max_tokens: int | None = field(default=None, metadata=recipe())
     sort_by_length: bool = field(default=False, metadata=recipe())
+    chat: bool = field(default=False, metadata=recipe())
 
     @property
     def packed(self) -> bool:
@@ -301,6 +304,8 @@ def text_feed(
         files=corpus + list(tokenizer_files or []),
         special_ids=list(getattr(tokenizer, "all_special_ids", [])),
         estimate=progress.estimate if progress is not None else lambda: None,
+        pad_id=pad,
+        eos_ids=() if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
     )
 
 

@@ -116,6 +116,7 @@ class DumpWriter:
         self.shards: list[ShardEntry] = []
         # the ids of the samples listed, and the inputs skipped before them (see `Rows`)
         self.fed: tuple[SampleIds, list[dict[str, str]]] = (SampleIds(), [])
+        self.generated: list[list[Any]] = []  # --generate: per sample listed (see `Rows`)
         self._named = 0  # shard files named so far (listed ones may lag behind: `Committer`)
         self._keys_fixed = False  # the first shard is complete: its keys are the dump's
         # in the manifest and every shard: a reader can tell a shard of another run
@@ -192,6 +193,7 @@ class DumpWriter:
             del self.shards[listed:]
             ids, inputs = self.fed
             ids.truncate(self._samples_listed())
+            del self.generated[self._samples_listed() :]
             del inputs[skipped:]
             raise
 
@@ -203,11 +205,13 @@ class DumpWriter:
         before = len(ids)
         try:
             ids.extend(rows.ids)  # first: ids that the manifest could not hold refuse it
+            self.generated.extend(list(g) for g in rows.generated)
             assert shard.sealed is not None  # finished (`finish_shard`)
             checksum = shard.take_checksum()
             stored = self.place.commit_shard(shard.sealed, shard.path.name, checksum)
         except BaseException:
             ids.truncate(before)
+            del self.generated[before:]
             shard.abort()
             raise
         entry = rows.shard_entry(shard.path.name)
@@ -286,6 +290,8 @@ class DumpWriter:
         fields["sample_ids"] = ids_for_manifest(fields["sample_ids"])
         if fields["sample_ids"] is None:  # row numbers: no list, which every reader reads so
             del fields["sample_ids"]
+        if self.generated and "generated" not in fields:
+            fields["generated"] = self.generated
         if self.shards and self.shards[-1].sequences is not None:  # rows are tokens
             fields["num_sequences"] = self.shards[-1].sequences
         return {
@@ -360,6 +366,7 @@ class DumpWriter:
             ),
             list(manifest.get("skipped_inputs", [])),
         )
+        writer.generated = list(manifest.get("generated", []))[: samples_fed(manifest)]
         writer.run_id = manifest.get("run_id")  # one dump, one id: its shards carry it
         return writer
 
