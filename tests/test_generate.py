@@ -219,3 +219,44 @@ def test_images_are_refused(tmp_path: Path) -> None:
                                       "--out", str(tmp_path / "d")])  # fmt: skip
     assert result.exit_code == 2
     assert "--generate" in result.stderr and "--text" in result.stderr
+
+
+def test_inspect_show_and_export_carry_the_response(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """`inspect` says how the tokens were made and shows the first sequence's text; `show`
+    names a response token; every export carries `__response__` (SAELens': `response`)."""
+    pytest.importorskip("datasets")
+    import datasets
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat\na dog\nhooks dump\n")  # two tokens each: SAELens' one context
+    out = tmp_path / "d"
+    _run(f"hf:{models['gpt2']}", "--text", str(prompts), "--generate", "3", "--layers",
+         "transformer.h.0", "--out", str(out))  # fmt: skip
+    dump = hookdump.load(out)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(models["gpt2"])
+    first = dump["__token_ids__"][dump["__sample__"] == 0].tolist()
+    result = CliRunner().invoke(app, ["inspect", str(out)], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    stops = dump.manifest["generated"]
+    assert f"generated: up to 3 new tokens, greedy, prefill; {len(stops)} at " in result.stdout
+    text = f"{prompts}:1: 'the cat' -> {tokenizer.decode(first[2:])!r}"
+    assert text in result.stdout
+    picture = tmp_path / "row.png"
+    result = CliRunner().invoke(app, ["show", str(out), "transformer.h.0", "--sample", "2",
+                                      "-o", str(picture)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    from hookdump.tools.pictures.tokens import row_token
+
+    assert [row_token(dump, row)[3] for row in (1, 2)] == [False, True]  # type: ignore[index]
+    for to in ("hf", "saelens"):
+        keys = ["--keys", "transformer.h.0"] if to == "saelens" else []
+        result = CliRunner().invoke(app, ["export", str(out), str(tmp_path / to), "--to", to,
+                                          *keys])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    hf = datasets.load_from_disk(str(tmp_path / "hf"))
+    assert hf["__response__"] == dump["__response__"].tolist()
+    saelens = datasets.load_from_disk(str(tmp_path / "saelens"))
+    want = [dump["__response__"][dump["__sample__"] == s].tolist() for s in range(3)]
+    assert saelens["response"] == want

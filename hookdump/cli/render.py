@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -313,10 +313,41 @@ def print_inspection(found: Inspection, console: Console) -> None:
             markup=False,
             highlight=False,
         )
+    if found.generation is not None:
+        for line in _generation_lines(found.generation):
+            console.print(line, markup=False, highlight=False)
     if found.checked is not None:
         console.print(f"checked: {found.checked}", markup=False, highlight=False)
     for problem in found.problems:
         console.print(f"  - {for_cli(problem)}", markup=False, highlight=False, style="red")
+
+
+SHOWN_TEXT = 60  # characters of a prompt or response shown
+
+
+def _generation_lines(generation: dict[str, Any]) -> list[str]:
+    """How a generated dump was made, why its sequences stopped, and its first one's text."""
+    how = "sampled" if generation.get("do_sample") else "greedy"
+    if generation.get("do_sample"):
+        settings = [f"{name} {generation[name]}" for name in ("temperature", "top_p", "top_k")
+                    if generation.get(name) is not None]  # fmt: skip
+        how += f" (seed {generation.get('seed')}{''.join(', ' + s for s in settings)})"
+    stops = generation.get("stops", {})
+    said = ", ".join(f"{count} at {'EOS' if stop == 'eos' else 'the length'}"
+                     for stop, count in sorted(stops.items()))  # fmt: skip
+    lines = [
+        f"generated: up to {generation.get('max_new_tokens')} new tokens, {how}, "
+        f"{generation.get('capture')}{'; ' + said if said else ''}"
+    ]
+    first = generation.get("first")
+    if first:
+        lines.append(f"  {printable(str(first['sequence']))}: {_shown(first['prompt'])!r} -> "
+                     f"{_shown(first['response'])!r}")  # fmt: skip
+    return lines
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= SHOWN_TEXT else text[: SHOWN_TEXT - 3] + "..."
 
 
 def _lone_file(found: Inspection) -> str:

@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from hookdump.errors import HookdumpError, opt, printable
 from hookdump.inputs.tables import TABLE_SUFFIXES, record_batches, table_files
@@ -135,16 +135,22 @@ def content_bytes(path: Path) -> int:
 
 
 def documents(
-    source: str, text_field: str, progress: ReadProgress | None = None
+    source: str, text_field: str, progress: ReadProgress | None = None, chat: bool = False
 ) -> Iterator[Document]:
     """The documents of `source` in corpus order, read as needed; `progress` counts the
-    bytes read."""
+    bytes read. `chat`: each `.jsonl` line's `text_field` is a conversation, a list of
+    `{"role", "content"}` messages, given as one piece, its JSON (`inputs.chat`)."""
     progress = progress or ReadProgress(None)
     if source == "-":
-        yield from _lines(sys.stdin.buffer, "-", False, text_field, progress)
+        yield from _lines(sys.stdin.buffer, "-", chat, text_field, progress, chat)
         return
     path = Path(source)
     files = text_files(source)
+    if chat and (path.is_dir() or _kind(path) != ".jsonl"):
+        raise HookdumpError(
+            f"{opt('chat', True)} reads conversations from a .jsonl file (a line per "
+            f"conversation, its messages in the field {text_field!r}); {source} is not one"
+        )
     if files and files[0].suffix in TABLE_SUFFIXES:
         for file in files:
             yield from _table_documents(file, text_field, progress)
@@ -157,7 +163,7 @@ def documents(
                     yield Document(str(file), _cut(_decoded(chunks, str(file), strip=False)))
         return
     with _open(path) as handle:
-        yield from _lines(handle, str(path), _kind(path) == ".jsonl", text_field, progress)
+        yield from _lines(handle, str(path), _kind(path) == ".jsonl", text_field, progress, chat)
 
 
 def _table_documents(path: Path, field: str, progress: ReadProgress) -> Iterator[Document]:
@@ -194,14 +200,19 @@ def _open(path: Path) -> BinaryIO:
 
 
 def _lines(
-    handle: BinaryIO, name: str, jsonl: bool, field: str, progress: ReadProgress
+    handle: BinaryIO,
+    name: str,
+    jsonl: bool,
+    field: str,
+    progress: ReadProgress,
+    chat: bool = False,
 ) -> Iterator[Document]:
     for number, chunks in enumerate(_Reader(handle, progress, name=name).lines(), start=1):
         where = f"{name}:{number}"
         if jsonl:
-            text = _json_document(chunks, where, field)
+            text = _json_document(chunks, where, field, chat)
             if text is not None:
-                yield Document(where, _cut(_split(text)))
+                yield Document(where, iter([text]) if chat else _cut(_split(text)))
             continue
         pieces = _unless_blank(_cut(_decoded(chunks, where, strip=True)))
         if pieces is not None:
@@ -311,8 +322,9 @@ def _unless_blank(pieces: Iterator[str]) -> Iterator[str] | None:
     return None
 
 
-def _json_document(chunks: Iterator[bytes], where: str, field: str) -> str | None:
-    """The document of a `.jsonl` line (None for a blank line)."""
+def _json_document(chunks: Iterator[bytes], where: str, field: str, chat: bool) -> str | None:
+    """The document of a `.jsonl` line (None for a blank line); `chat`: its conversation,
+    checked, as JSON."""
     line = bytearray()
     for chunk in chunks:
         line += chunk
@@ -329,9 +341,26 @@ def _json_document(chunks: Iterator[bytes], where: str, field: str) -> str | Non
         reason = exc if isinstance(exc, ValueError) else "nested too deeply"
         raise HookdumpError(f"{opt('text')}: {where} is not JSON ({reason})") from None
     text = value.get(field) if isinstance(value, dict) else None
+    if chat:
+        return json.dumps(_messages(text, where, field))
     if not isinstance(text, str):
         raise HookdumpError(
             f"{opt('text')}: {where} has no string field {field!r}; choose the field with "
             f"{opt('text_field')}"
         )
     return text
+
+
+def _messages(value: Any, where: str, field: str) -> list[dict[str, str]]:
+    """A conversation: a non-empty list of messages, each a `role` and a `content` string."""
+    ok = isinstance(value, list) and bool(value)
+    ok = ok and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
+    if not ok:
+        raise HookdumpError(
+            f"{opt('text')}: {where} has no conversation in {field!r} (a list of "
+            f'{{"role": ..., "content": ...}} messages); choose the field with {opt("text_field")}'
+        )
+    return [{"role": m["role"], "content": m["content"]} for m in value]

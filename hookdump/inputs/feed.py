@@ -115,6 +115,8 @@ def _text_feed(source: Source, text: TextOptions, model: LoadedModel, place: Pla
         )
     if source.generate and text.max_length is None and room is not None and room < 128:
         text = dataclasses.replace(text, max_length=room)  # prompts leave room for the rest
+    if source.generate:
+        text = dataclasses.replace(text, generation_prompt=True)
     tokenizer, files = load_tokenizer(folder, model.spec, given=bool(text.tokenizer))
     positions = model.input_shape[0] if model.family == "tokens" and model.input_shape else None
     return text_feed(

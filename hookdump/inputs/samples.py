@@ -220,6 +220,7 @@ class Batch:
             move(self.payload),
             self.ids,
             self.skipped,
+            self.response,  # read where the token ids are (`TokenRows`)
         )
 
 

@@ -33,10 +33,20 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS
 from hookdump.format.manifest import recipe
 from hookdump.format.rows import SampleIds
-from hookdump.inputs.corpus import PIECE, ReadProgress, content_bytes, documents, text_files
+from hookdump.inputs.chat import check_template, conversation_tokens
+from hookdump.inputs.corpus import (
+    PIECE,
+    Document,
+    ReadProgress,
+    content_bytes,
+    documents,
+    text_files,
+)
 from hookdump.inputs.samples import Batch, Feed, Padding, share_of
 from hookdump.worker import prefetch
 
+# a sample: its id, token ids, how many are real, and which are the response (or None)
+Sample = tuple[Any, list[int], int, list[int] | None]
 PREFETCH = 4  # batches tokenized ahead of the forward
 LONGEST_HEAD = 1 << 22  # the most characters of a document read for one truncated sample
 SORT_WINDOW = 1024  # documents sorted by length together (held tokenized at once)
@@ -71,6 +81,8 @@ class TextOptions:
     max_tokens: int | None = field(default=None, metadata=recipe())
     sort_by_length: bool = field(default=False, metadata=recipe())
     chat: bool = field(default=False, metadata=recipe())
+    # conversations end with the opening of the assistant's turn (set by --generate)
+    generation_prompt: bool = False
 
     @property
     def packed(self) -> bool:
@@ -109,10 +121,11 @@ def samples(
     stop: int | None = None,
     progress: ReadProgress | None = None,
     num_samples: int | None = None,
-) -> Iterator[tuple[Any, list[int], int]]:
-    """(sample id, token ids, real tokens) for samples `first:stop` of the corpus, in order,
-    as many as the limits allow; samples before `first` are passed over (one document per
-    sample: without tokenizing them)."""
+) -> Iterator[Sample]:
+    """(sample id, token ids, real tokens, response mask) for samples `first:stop` of the
+    corpus, in order, as many as the limits allow; samples before `first` are passed over
+    (one document per sample: without tokenizing them). The response mask: a conversation's
+    assistant tokens (`chat`), None for other samples."""
     limit = sample_limit(options, model_positions, num_samples)
     if limit is not None:
         stop = limit if stop is None else min(stop, limit)
@@ -131,16 +144,14 @@ def count_samples(
     """How many samples the corpus makes, within the limits: the documents are counted
     (one per sample), or the corpus is tokenized once (packed)."""
     if options.context_size is None:
-        made: Iterator[Any] = documents(options.source, options.text_field)
+        made: Iterator[Any] = documents(options.source, options.text_field, chat=options.chat)
     else:
         made = _packed(options, tokenizer, ReadProgress(None))
     limit = sample_limit(options, model_positions, num_samples)
     return sum(1 for _ in itertools.islice(made, limit))
 
 
-def _packed(
-    options: TextOptions, tokenizer: Any, progress: ReadProgress
-) -> Iterator[tuple[Any, list[int], int]]:
+def _packed(options: TextOptions, tokenizer: Any, progress: ReadProgress) -> Iterator[Sample]:
     size = options.context_size or 0
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -160,7 +171,7 @@ def _packed(
                 ids = bos + stream[start : start + take]
                 start += take
                 progress.count(1)
-                yield window, ids, size
+                yield window, ids, size, None
                 window += 1
             del stream[:start]
 
@@ -171,22 +182,29 @@ def _per_document(
     model_positions: int | None,
     first: int,
     progress: ReadProgress,
-) -> Iterator[tuple[Any, list[int], int]]:
+) -> Iterator[Sample]:
     length = sample_length(options, model_positions)
     bos = _bos(options, tokenizer)
     window = SORT_WINDOW if options.sort_by_length else 1
     passed = first - first % window  # whole windows before `first` are not tokenized
     progress.count(passed)  # passed over, but read: the estimate counts them
-    docs = itertools.islice(documents(options.source, options.text_field, progress), passed, None)
+    found = documents(options.source, options.text_field, progress, options.chat)
+    docs = itertools.islice(found, passed, None)
     drop = first - passed
-    while group := [
-        (d.id, _head(tokenizer, d.pieces, length, bos)) for d in itertools.islice(docs, window)
-    ]:
+
+    def tokens(document: Document) -> tuple[list[int], list[int] | None]:
+        if options.chat:
+            raw = "".join(document.pieces)
+            prompt = options.generation_prompt
+            return conversation_tokens(tokenizer, raw, document.id, length, prompt)
+        return _head(tokenizer, document.pieces, length, bos), None
+
+    while group := [(d.id, *tokens(d)) for d in itertools.islice(docs, window)]:
         if options.sort_by_length:
             group.sort(key=lambda made: -len(made[1]))  # stable: ties keep corpus order
         progress.count(len(group))
-        for sample_id, ids in group[drop:]:
-            yield sample_id, ids, len(ids)
+        for sample_id, ids, response in group[drop:]:
+            yield sample_id, ids, len(ids), response
         drop = 0
 
 
@@ -247,6 +265,8 @@ def text_feed(
     already dumped (resuming: the feed goes on after them); `share` (rank, world): a torchrun
     rank's contiguous slice of the samples, counted first when no limit gives their number
     (`feed.first` is the slice's first sample)."""
+    if options.chat:
+        check_template(tokenizer, options.tokenizer or "the model")
     ids = SampleIds(done or [])  # window numbers stay a count
     total = sample_limit(options, model_positions, num_samples)
     first, stop = 0, None
@@ -285,9 +305,9 @@ def text_feed(
             num_samples=num_samples,
         )
         for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
-            sample_ids, tokens, real = zip(*chunk, strict=True)
+            sample_ids, tokens, real, responses = zip(*chunk, strict=True)
             ids.extend(sample_ids)
-            batch = _batch(tokens, width or max(real), pad, rows, options.packed)
+            batch = _batch(tokens, width or max(real), pad, rows, options.packed, responses)
             if padding is not None:
                 padding.count(sum(real), batch.kwargs["input_ids"].numel())
             yield batch
@@ -310,21 +330,31 @@ def text_feed(
 
 
 def _batch(
-    samples: tuple[list[int], ...], width: int, pad: int | None, start: int, packed: bool
+    samples: tuple[list[int], ...],
+    width: int,
+    pad: int | None,
+    start: int,
+    packed: bool,
+    responses: tuple[list[int] | None, ...],
 ) -> Batch:
-    """Samples' ids right-padded to `width` with `pad`, with the mask of the real ones."""
+    """Samples' ids right-padded to `width` with `pad`, with the mask of the real ones (and
+    of the assistant's, for conversations)."""
     tokens = torch.tensor([ids + [pad] * (width - len(ids)) for ids in samples])
     real = torch.tensor([len(ids) for ids in samples])
     mask = (torch.arange(width)[None, :] < real[:, None]).long()
     stored = {INPUT_IDS: tokens}
     if not packed:
         stored[ATTENTION_MASK] = mask
+    response = None
+    if any(r is not None for r in responses):
+        response = torch.tensor([(r or []) + [0] * (width - len(r or [])) for r in responses])
     return Batch(
         (),
         {"input_ids": tokens, "attention_mask": mask},
         start,
         start + tokens.shape[0],
         stored=stored,
+        response=response,
     )
 
 

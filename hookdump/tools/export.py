@@ -42,7 +42,7 @@ import torch
 
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
-from hookdump.format.keys import POSITION, SAMPLE, TOKEN_IDS, TOKEN_KEYS
+from hookdump.format.keys import POSITION, RESPONSE, SAMPLE, TOKEN_IDS, TOKEN_KEYS
 from hookdump.format.manifest import EXPORT_MARKER, STATS_FILE
 from hookdump.store.features import stats_file
 from hookdump.store.folder import inside
@@ -463,7 +463,7 @@ def _hf(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> Expor
 
 def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> ExportResult:
     datasets = _datasets()
-    captured = [key for key in keys if key not in TOKEN_KEYS]
+    captured = [key for key in keys if key not in (*TOKEN_KEYS, RESPONSE)]
     if not dump.manifest.token_rows or any(k not in dump for k in TOKEN_KEYS):
         raise HookdumpError(
             f"{opt('to')} saelens needs token rows ({opt('per_token', True)}, packed with "
@@ -485,31 +485,31 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
     if len(shape) > 1:  # heads: SAELens' own store flattens them (`hook_z`)
         notes.append(f"{key}: rows of shape {shape} written flattened to {d_in}, as SAELens does")
     dtype = _widened(dump.manifest.tensors[key]["dtype"], key, notes)
-    sequences = _sequences(dump, key)
+    extra = [RESPONSE] if RESPONSE in dump else []  # generated: which tokens are the response
+    sequences = _sequences(dump, key, extra)
     first = next(sequences, None)
     if first is None:
         raise HookdumpError(f"{dump.path} holds no token row to export")
     context = first[1].shape[1]
     name = hook_name or key
     _refuse_clash([name], "token_ids", "the column of token ids", "hook_name")
-    folder = _ArrowFolder(
-        temp,
-        datasets.Features(
-            {
-                name: datasets.Array2D(shape=(context, d_in), dtype=dtype),
-                "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
-            }
-        ),
-    )
+    _refuse_clash([name], "response", "the column of the response mask", "hook_name")
+    features = {
+        name: datasets.Array2D(shape=(context, d_in), dtype=dtype),
+        "token_ids": datasets.Sequence(datasets.Value("int32"), length=context),
+    }
+    if extra:
+        features["response"] = datasets.Sequence(datasets.Value("uint8"), length=context)
+    folder = _ArrowFolder(temp, datasets.Features(features))
     count = 0
-    for acts, token_ids in itertools.chain([first], sequences):
-        folder.write(
-            {
-                name: _numpy(acts.reshape(len(acts), context, d_in), dtype),
-                "token_ids": token_ids.int().numpy(),
-            },
-            acts.numel() * acts.element_size(),
-        )
+    for acts, token_ids, *response in itertools.chain([first], sequences):
+        columns = {
+            name: _numpy(acts.reshape(len(acts), context, d_in), dtype),
+            "token_ids": token_ids.int().numpy(),
+        }
+        if response:
+            columns["response"] = response[0].numpy()
+        folder.write(columns, acts.numel() * acts.element_size())
         count += len(acts)
     folder.finish()
     notes.append(
@@ -521,7 +521,7 @@ def _saelens(dump: Dump, keys: list[str], temp: Path, hook_name: str | None) -> 
 
 def _standard_name(dump: Dump, keys: list[str]) -> str | None:
     """The standard name the manifest records for the one key captured (None: none)."""
-    captured = [key for key in keys if key not in TOKEN_KEYS]
+    captured = [key for key in keys if key not in (*TOKEN_KEYS, RESPONSE)]
     if len(captured) != 1:
         return None
     name = dump.manifest.tensors[captured[0]].get("standard_name")
@@ -537,11 +537,11 @@ def _refuse_clash(names: list[str], reserved: str, what: str, option: str) -> No
         )
 
 
-def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Whole sequences of token rows, [sequences, context, d_in] and [sequences, context],
-    a chunk at a time; a sequence of another length, or whose positions do not follow each
-    other, is refused in one line."""
-    read = [key, *TOKEN_KEYS]
+def _sequences(dump: Dump, key: str, extra: list[str]) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Whole sequences of token rows, [sequences, context, d_in], and the token ids and each
+    key of `extra` [sequences, context], a chunk at a time; a sequence of another length, or
+    whose positions do not follow each other, is refused in one line."""
+    read = [key, *TOKEN_KEYS, *extra]
     context: int | None = None
     held: dict[str, torch.Tensor] | None = None  # rows of a sequence cut by a chunk's end
     for chunk in _chunks(dump, read):
@@ -556,10 +556,7 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
             if hi <= whole:
                 _check_sequence(dump, chunk, lo, hi, context)
         if context is not None and whole:
-            yield (
-                chunk[key][:whole].reshape(-1, context, *chunk[key].shape[1:]),
-                chunk[TOKEN_IDS][:whole].reshape(-1, context),
-            )
+            yield _as_sequences(chunk, key, extra, whole, context)
         held = {k: v[whole:] for k, v in chunk.items()}
         if len(held[key]) > (context or MAX_CONTEXT):  # never a sequence held whole
             _check_sequence(dump, held, 0, len(held[key]), context or MAX_CONTEXT)
@@ -567,10 +564,19 @@ def _sequences(dump: Dump, key: str) -> Iterator[tuple[torch.Tensor, torch.Tenso
         size = len(held[key])
         context = context or size
         _check_sequence(dump, held, 0, size, context)
-        yield (
-            held[key].reshape(1, size, *held[key].shape[1:]),
-            held[TOKEN_IDS].reshape(1, size),
-        )
+        yield _as_sequences(held, key, extra, size, size)
+
+
+def _as_sequences(
+    rows: dict[str, torch.Tensor], key: str, extra: list[str], count: int, context: int
+) -> tuple[torch.Tensor, ...]:
+    """The first `count` rows as sequences of `context`: `key` [n, context, ...], then the
+    token ids and each of `extra` [n, context]."""
+    values = rows[key][:count]
+    return (
+        values.reshape(-1, context, *values.shape[1:]),
+        *(rows[k][:count].reshape(-1, context) for k in (TOKEN_IDS, *extra)),
+    )
 
 
 def _check_sequence(

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import InvalidDump, Message, library_name, opt, render_message
+from hookdump.format.keys import RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.store.folder import leftovers
 from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
+from hookdump.tools.pictures.tokens import decoded
 
 
 @dataclass
@@ -35,6 +37,8 @@ class Inspection:
     # `check`: what was verified of the shards' bytes, in words; whether one failed
     checked: str | None = None
     damaged: bool = False
+    # --generate: how, why each sequence stopped, and the first sequence's text
+    generation: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -57,6 +61,7 @@ class Inspection:
             "total_bytes": self.total_bytes,
             "problems": [render_message(p, name) for p in self.problems],
             **({"checked": self.checked, "damaged": self.damaged} if self.checked else {}),
+            **({"generation": self.generation} if self.generation else {}),
             "model": self.manifest.get("model"),
             "tensors": [
                 {**k.as_dict(), "features": self.features.get(k.info.key)} for k in self.keys
@@ -131,7 +136,43 @@ def inspect_dump(
         features,
         checked,
         damaged,
+        _generation(dump, readable),
     )
+
+
+FIRST_ROWS = 4096  # the most rows read for the first sequence's text
+
+
+def _generation(dump: Dump, readable: list[ShardEntry]) -> dict[str, Any] | None:
+    """A generated dump's settings, its sequences' stops, and its first sequence's prompt and
+    response as text (from at most FIRST_ROWS rows of the first shard)."""
+    settings = dump.manifest.get("generation")
+    if not isinstance(settings, dict):
+        return None
+    stops: dict[str, int] = {}
+    for _, stop in dump.manifest.get("generated", []):
+        stops[stop] = stops.get(stop, 0) + 1
+    found: dict[str, Any] = {**settings, "stops": stops}
+    keys = [TOKEN_IDS, SAMPLE, RESPONSE]
+    first = dump.manifest.shards[0] if dump.manifest.shards else None
+    if first is None or first not in readable or any(k not in dump for k in keys):
+        return found
+    rows = min(first.stop, FIRST_ROWS)
+    read = dump.batches(keys, batch_size=rows)
+    batch = next(read, None)
+    read.close()  # type: ignore[attr-defined]
+    if batch is None:
+        return found
+    own = batch[SAMPLE] == batch[SAMPLE][0]
+    ids, response = batch[TOKEN_IDS][own].tolist(), batch[RESPONSE][own].bool().tolist()
+    sequence = int(batch[SAMPLE][0])
+    listed = dump.manifest.sample_ids
+    found["first"] = {
+        "sequence": listed[sequence] if listed is not None else sequence,
+        "prompt": decoded(dump, [i for i, r in zip(ids, response, strict=True) if not r]),
+        "response": decoded(dump, [i for i, r in zip(ids, response, strict=True) if r]),
+    }
+    return found
 
 
 def _verify(

@@ -177,8 +177,9 @@ def _title(dump: Dump, key: str, module_type: str, sample: int, values: torch.Te
     module = f" ({module_type})" if module_type not in ("", "-") else ""  # lone files
     token = row_token(dump, sample)
     if token is not None:
-        text, sequence, position = token
-        which = f"token {text!r} (sequence {sequence}, position {position})"
+        text, sequence, position, response = token
+        said = ", the response" if response else ""
+        which = f"token {text!r} (sequence {sequence}, position {position}{said})"
     else:
         ids = dump.manifest.sample_ids  # not Dump.sample_ids: that lists every row
         tokens = dump.manifest.token_rows

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS, POSITION, SAMPLE, TOKEN_IDS
+from hookdump.errors import printable
+from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS, POSITION, RESPONSE, SAMPLE, TOKEN_IDS
 
 _VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "↵"})
 
@@ -47,9 +48,9 @@ def sample_tokens(dump: Any, sample: int) -> Tokens | None:
     return Tokens(written(dump, ids), real)
 
 
-def row_token(dump: Any, row: int) -> tuple[str, Any, int] | None:
-    """A token row's token (drawn visible), the id of its sequence, and its position (None:
-    the dump's rows are not tokens)."""
+def row_token(dump: Any, row: int) -> tuple[str, Any, int, bool] | None:
+    """A token row's token (drawn visible), the id of its sequence, its position, and whether
+    it is the model's response (`__response__`; None: the dump's rows are not tokens)."""
     if not dump.manifest.token_rows or TOKEN_IDS not in dump:
         return None
     token = written(dump, [int(dump.row(TOKEN_IDS, row))])[0]
@@ -57,7 +58,21 @@ def row_token(dump: Any, row: int) -> tuple[str, Any, int] | None:
     ids = dump.manifest.sample_ids
     named = ids[sequence] if ids is not None and sequence is not None else sequence
     position = int(dump.row(POSITION, row)) if POSITION in dump else -1
-    return token, named, position
+    response = RESPONSE in dump and bool(dump.row(RESPONSE, row))
+    return token, named, position, response
+
+
+def decoded(dump: Any, ids: list[int]) -> str:
+    """`ids` as their tokenizer writes them together (control characters escaped), or the ids
+    where the dump names no tokenizer that can be read."""
+    folder = (dump.manifest.get("input") or {}).get("tokenizer")
+    tokenizer = _tokenizer(str(folder)) if folder and Path(folder).is_dir() else None
+    if tokenizer is not None:
+        try:
+            return printable(str(tokenizer.decode(ids)))
+        except Exception:  # a tokenizer that cannot write these ids: the ids will do
+            pass
+    return " ".join(map(str, ids))
 
 
 def written(dump: Any, ids: list[int]) -> list[str]:
