@@ -28,7 +28,7 @@ from hookdump.hooks.tokens import TokenOptions, parse_positions
 from hookdump.hooks.values import parse_capture
 from hookdump.inputs.generation import Generation, as_generation
 from hookdump.inputs.python import PythonData
-from hookdump.inputs.samples import InputOptions
+from hookdump.inputs.samples import Ends, InputOptions
 from hookdump.model.loading import class_path
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
@@ -175,13 +175,11 @@ def dump(
     )
     label = str(model) if live is None else ""
     special = _special_ids(tokenizer, skip_special_tokens, label)
-    pad, eos = _pad_and_eos(tokenizer, label) if options.generate else (None, ())
+    ends = _ends(tokenizer, label) if options.generate else Ends()
     with _as_asked(live, device, train) as (where, mode):
         chosen = dataclasses.replace(options.model, device=where, train=mode)
         options = dataclasses.replace(options, model=chosen)
-        given = PythonData(
-            data, forward, ids, options.tokens is not None, special, pad_id=pad, eos_ids=eos
-        )
+        given = PythonData(data, forward, ids, options.tokens is not None, special, ends=ends)
         shown = Progress(progress, _stderr_console() if progress else None)
         with shown as on_batch:
             run(options, on_batch, model=live, data=given, on_notice=shown.notice)
@@ -360,16 +358,16 @@ def _as_asked(
             module.to(before)
 
 
-def _pad_and_eos(tokenizer: Any, model: str) -> tuple[int | None, tuple[int, ...]]:
+def _ends(tokenizer: Any, model: str) -> Ends:
     """Generation: the pad and EOS tokens of `tokenizer` (a tokenizer or its folder), if
     given (else the model's generation config's are used)."""
     if tokenizer is None:
-        return None, ()
+        return Ends()
     if isinstance(tokenizer, str | Path):
         tokenizer, _ = load_tokenizer(tokenizer, model or str(tokenizer), given=True)
     eos = getattr(tokenizer, "eos_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
-    return (pad if pad is not None else eos), (() if eos is None else (int(eos),))
+    return Ends(pad if pad is not None else eos, () if eos is None else (int(eos),))
 
 
 def _special_ids(tokenizer: Any, skip: bool, model: str) -> tuple[int, ...]:

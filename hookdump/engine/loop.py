@@ -38,6 +38,17 @@ class Fed:
     generated: list[list[Any]] = field(default_factory=list)  # --generate: per sample
 
 
+@dataclass(frozen=True)
+class ForwardOptions:
+    """How each forward runs: its precision (autocast below float32), the objective of
+    gradients, whether it ends once the selection has run, and the MODEL spec, for errors."""
+
+    dtype: torch.dtype
+    grad_target: str | int
+    early_stop: bool
+    label: str
+
+
 class BatchLoop:
     """Feeds batches through the hooked model; the values go to the writer thread. It knows
     nothing of resuming or ranks: the destination made the writer for that."""
@@ -47,22 +58,16 @@ class BatchLoop:
         cap: Hooks,
         loaded: LoadedModel,
         sink: BatchSink,
-        *,
-        forward_dtype: torch.dtype,
-        grad_target: str | int,
-        early_stop: bool,
-        label: str,
+        how: ForwardOptions,
         tokens: TokenRows | None = None,
+        generator: Generator | None = None,
     ) -> None:
         self.cap, self.model, self.sink, self.tokens = cap, loaded.module, sink, tokens
-        # --generate: makes each batch's sequences (set by the runner; early stop is off)
-        self.generator: Generator | None = None
-        self._generated: tuple[tuple[int, str], ...] = ()  # the batch's, with --generate
+        self.generator = generator  # --generate: makes each batch's sequences
         self.fed = Fed()
-        self.device, self.label = loaded.device, label  # the MODEL spec, for errors
-        self.forward_dtype, self.grad_target = forward_dtype, grad_target
+        self.device, self.how = loaded.device, how
         self.grads = "grad" in cap.kinds
-        self.early = early_stop and not self.grads
+        self.early = how.early_stop and not self.grads and generator is None
         # the selection ends the forward (nearly): count the calls in the first batch itself
         self.count_in_first = self.early and ends_late(cap, self.model)
 
@@ -87,12 +92,13 @@ class BatchLoop:
         # gradients need autograd; everything else runs without it
         mode = torch.enable_grad() if self.grads else torch.inference_mode()
         try:
-            with self.cap, mode, _autocast(self.device, self.forward_dtype):
+            with self.cap, mode, _autocast(self.device, self.how.dtype):
                 for batch in batches:
                     # what the manifest records of these samples, carried by the batch
-                    rows = self._one(batch, rows)
+                    done = self._one(batch, rows)
+                    rows = done.stop
                     self.fed.ids.extend(batch.ids)
-                    self.fed.generated.extend(list(g) for g in self._generated)
+                    self.fed.generated.extend(list(g) for g in done.generated)
                     self.fed.skipped.extend(batch.skipped)
                     if on_batch:
                         on_batch(self.sequences, feed.total, self.sink.bytes_done)
@@ -107,18 +113,18 @@ class BatchLoop:
             raise
         return rows
 
-    def _one(self, batch: Batch, first_row: int) -> int:
-        """One batch, its rows from `first_row` on (with the ids and skipped inputs it
-        carries); the next batch's first row."""
+    def _one(self, batch: Batch, first_row: int) -> Rows:
+        """One batch, its rows from `first_row` on (with the ids, skipped inputs and, with
+        `--generate`, the sequences' stops it carries)."""
         cap = self.cap
         if self.early and cap.stop_after is None and not self.count_in_first:
-            self.early = calibrate(cap, self.model, batch, self.label)
+            self.early = calibrate(cap, self.model, batch, self.how.label)
         generated = self._generate(batch)
         if generated is not None:
             batch = generated.batch
         cap.next_batch(batch.kwargs.get("attention_mask") if batch.stored else None)
         stored = batch.stored
-        fed = (batch.ids, batch.skipped, self._generated)
+        fed = (batch.ids, batch.skipped, generated.sequences.record() if generated else ())
         rows = Rows(first_row, batch.stop, batch.start, batch.stop, False, *fed)
         if self.tokens is not None:  # rows are the batch's selected tokens
             count, stored = self.tokens.rows(batch)
@@ -133,9 +139,9 @@ class BatchLoop:
             self.generator.flush(generated)  # the passes that generated, joined
             output = None
         else:
-            output = forward(cap, self.model, batch, self.label)
+            output = forward(cap, self.model, batch, self.how.label)
         if self.grads:
-            backward(self.model, output, self.grad_target, inputs)
+            backward(self.model, output, self.how.grad_target, inputs)
         del output
         if first_row == 0:  # the first forward: what it asked for was there
             cap.check_ops()
@@ -145,12 +151,10 @@ class BatchLoop:
             cap.stop_early(dict(cap.calls))
         cap.clear()
         self.sink.end()
-        return rows.stop
+        return rows
 
     def _generate(self, prompts: Batch) -> Generated | None:
-        """With `--generate`: the batch's sequences made (its rows' per-sample record kept
-        for the manifest); else None."""
-        self._generated = ()
+        """With `--generate`: the batch's sequences made; else None."""
         if self.generator is None:
             return None
         try:
@@ -162,11 +166,8 @@ class BatchLoop:
                 raise
             message = " ".join(str(exc).split())[:300] or "(no message)"
             raise HookdumpError(
-                f"generating with {self.label} raised {type(exc).__name__}: {message}"
+                f"generating with {self.how.label} raised {type(exc).__name__}: {message}"
             ) from exc
-        self._generated = tuple(
-            (int(n), str(stop)) for n, stop in generated.sequences.per_sequence()
-        )
         return generated
 
 

@@ -28,7 +28,7 @@ from torch import nn
 from hookdump.engine.destination import Destination
 from hookdump.engine.distributed import Ranks, RankShare, from_environment, rank_device
 from hookdump.engine.generate import Generator, check_generates
-from hookdump.engine.loop import BatchLoop
+from hookdump.engine.loop import BatchLoop, ForwardOptions
 from hookdump.engine.manifest import manifest_fields
 from hookdump.engine.options import RunOptions, RunResult
 from hookdump.engine.place import held
@@ -336,17 +336,9 @@ def _run(
     if options.generate is not None and options.generate.capture == "decode" and tokens:
         steps = DecodeSteps(tokens)
     cap = _hooks(capture, loaded, steps or tokens or sink)
-    loop = BatchLoop(
-        cap,
-        loaded,
-        sink,
-        forward_dtype=options.dtype,
-        grad_target=capture.grad_target,
-        early_stop=capture.early_stop and not loaded.module.training and not options.generate,
-        label=options.model.model,
-        tokens=tokens,
-    )
-    loop.generator = _generator(options, loaded, cap, feed, steps)
+    early = capture.early_stop and not loaded.module.training
+    how = ForwardOptions(options.dtype, capture.grad_target, early, options.model.model)
+    loop = BatchLoop(cap, loaded, sink, how, tokens, _generator(options, loaded, cap, feed, steps))
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
     alone = ranks is None and options.dump.part is None
@@ -455,11 +447,11 @@ def _generator(
         return None
     check_generates(loaded.module, options.model.model)
     config = getattr(loaded.module, "generation_config", None)
-    eos = set(feed.eos_ids)
+    eos = set(feed.ends.eos)
     if not eos and config is not None and config.eos_token_id is not None:
         given = config.eos_token_id
         eos = set(given) if isinstance(given, list) else {int(given)}
-    pad = feed.pad_id
+    pad = feed.ends.pad
     if pad is None and config is not None:
         pad = config.pad_token_id
     if pad is None:

@@ -192,6 +192,7 @@ class Sequences:
             response[i, len(p) : len(p) + len(r)] = 1
         return sequence_batch(prompts, ids, mask, response)
 
-    def per_sequence(self) -> list[list[Any]]:
-        """Each sequence's [tokens generated, why it stopped], as the manifest lists them."""
-        return [[len(r), stop] for r, stop in zip(self.responses, self.stops, strict=True)]
+    def record(self) -> tuple[tuple[int, str], ...]:
+        """Each sequence's tokens generated and why it stopped (`Rows.generated`: the
+        manifest's `generated` list)."""
+        return tuple((len(r), stop) for r, stop in zip(self.responses, self.stops, strict=True))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS
 from hookdump.format.rows import SampleIds
-from hookdump.inputs.samples import Batch, Feed, left_padded_positions
+from hookdump.inputs.samples import Batch, Ends, Feed, left_padded_positions
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,7 @@ class PythonData:
     per_token: bool = False
     special_ids: tuple[int, ...] = ()
     position_ids: bool = False  # the model's forward takes position_ids (set by the feed)
-    pad_id: int | None = None  # generation: the tokenizer's pad token, if one was given
-    eos_ids: tuple[int, ...] = ()  # generation: the tokenizer's EOS token, if one was given
+    ends: Ends = field(default_factory=lambda: Ends())  # generation: the tokenizer's, if given
 
 
 def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[Any]) -> Feed:
@@ -69,8 +68,7 @@ def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[A
         batches,
         special_ids=list(given.special_ids),
         estimate=lambda: num_samples if num_samples is not None else _estimate(data),
-        pad_id=given.pad_id,
-        eos_ids=given.eos_ids,
+        ends=given.ends,
     )
 
 

@@ -68,6 +68,15 @@ class InputOptions:
 
 
 @dataclass(frozen=True)
+class Ends:
+    """A tokenizer's pad token (its EOS without one) and EOS token, where it has them: what
+    generation pads prompts with and stops at."""
+
+    pad: int | None = None
+    eos: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Feed:
     """Samples for a run: how many, and their batches, each carrying its samples' ids
     (sample indices, paths or row indices) and the inputs skipped before it.
@@ -87,8 +96,7 @@ class Feed:
     estimate: Callable[[], int | None] = lambda: None
     padding: Padding | None = None  # text: how much of what the model computed was padding
     width: int | None = None  # text: the most tokens a sample has (a batch pads up to it)
-    pad_id: int | None = None  # text: the tokenizer's pad token (its EOS without one)
-    eos_ids: tuple[int, ...] = ()  # text: the tokenizer's EOS token, if it has one
+    ends: Ends = field(default_factory=lambda: Ends())  # text: the tokenizer's pad and EOS
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
         """The source's batches of `batch_size`, each with its ids and skipped inputs."""

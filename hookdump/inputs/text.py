@@ -42,7 +42,7 @@ from hookdump.inputs.corpus import (
     documents,
     text_files,
 )
-from hookdump.inputs.samples import Batch, Feed, Padding, share_of
+from hookdump.inputs.samples import Batch, Ends, Feed, Padding, share_of
 from hookdump.worker import prefetch
 
 # a sample: its id, token ids, how many are real, and which are the response (or None)
@@ -265,8 +265,7 @@ def text_feed(
     already dumped (resuming: the feed goes on after them); `share` (rank, world): a torchrun
     rank's contiguous slice of the samples, counted first when no limit gives their number
     (`feed.first` is the slice's first sample)."""
-    if options.chat:
-        check_template(tokenizer, options.tokenizer or "the model")
+    ends = _ends(options, tokenizer)
     ids = SampleIds(done or [])  # window numbers stay a count
     total = sample_limit(options, model_positions, num_samples)
     first, stop = 0, None
@@ -285,12 +284,6 @@ def text_feed(
     if total is None and corpus:  # estimated from the corpus's size (none for stdin)
         progress = ReadProgress(sum(content_bytes(path) for path in corpus))
     width = None if dynamic else sample_length(options, model_positions)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None and not options.packed:
-        raise HookdumpError(
-            f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
-            f"with; pack them with {opt('context_size')}"
-        )
     padding = None if options.packed else Padding()  # packed windows hold no padding
 
     def batches(batch_size: int) -> Iterator[Batch]:
@@ -307,7 +300,7 @@ def text_feed(
         for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
             sample_ids, tokens, real, responses = zip(*chunk, strict=True)
             ids.extend(sample_ids)
-            batch = _batch(tokens, width or max(real), pad, rows, options.packed, responses)
+            batch = _batch(tokens, width or max(real), ends.pad, rows, options.packed, responses)
             if padding is not None:
                 padding.count(sum(real), batch.kwargs["input_ids"].numel())
             yield batch
@@ -324,9 +317,23 @@ def text_feed(
         files=corpus + list(tokenizer_files or []),
         special_ids=list(getattr(tokenizer, "all_special_ids", [])),
         estimate=progress.estimate if progress is not None else lambda: None,
-        pad_id=pad,
-        eos_ids=() if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
+        ends=ends,
     )
+
+
+def _ends(options: TextOptions, tokenizer: Any) -> Ends:
+    """The tokens samples are padded with (the tokenizer's pad token, else its EOS) and end
+    at, checked for what `options` need; with `chat`, the chat template checked too."""
+    if options.chat:
+        check_template(tokenizer, options.tokenizer or "the model")
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    if pad is None and not options.packed:
+        raise HookdumpError(
+            f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
+            f"with; pack them with {opt('context_size')}"
+        )
+    return Ends(pad, () if eos is None else (eos,))
 
 
 def _batch(
