@@ -168,6 +168,7 @@ def test_the_python_door_generates_too(models: dict[str, Path], tmp_path: Path) 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # either side will do
     batch = tokenizer(PROMPTS[:2], return_tensors="pt", padding=True)
     dump = hookdump.dump(model, [dict(batch)], tmp_path / "d", layers="transformer.h.0",
                          tokenizer=tokenizer,
@@ -260,3 +261,18 @@ def test_inspect_show_and_export_carry_the_response(
     saelens = datasets.load_from_disk(str(tmp_path / "saelens"))
     want = [dump["__response__"][dump["__sample__"] == s].tolist() for s in range(3)]
     assert saelens["response"] == want
+
+
+def test_a_manifests_generated_list_is_checked(models: dict[str, Path], tmp_path: Path) -> None:
+    """Dumps from elsewhere are untrusted: a `generated` entry that is not [tokens, stop]
+    makes the dump invalid, in one line."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat\n")
+    out = tmp_path / "d"
+    _run(f"hf:{models['gpt2']}", "--text", str(prompts), "--generate", "2", "--layers",
+         "transformer.h.0", "--out", str(out))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    for bad in ([[2, "bored"]], [["2", "eos"]], [[-1, "eos"]], [[2]], "eos"):
+        (out / "manifest.json").write_text(json.dumps({**manifest, "generated": bad}))
+        with pytest.raises(hookdump.InvalidDump, match="generated"):
+            hookdump.load(out)

@@ -30,6 +30,7 @@ from hookdump.inputs.generation import (
     PerPromptSampler,
     Sequences,
     left_padded,
+    real_tokens,
     sequence_batch,
 )
 from hookdump.inputs.samples import Batch, takes_position_ids
@@ -93,8 +94,8 @@ class Generator:
 
     def run(self, prompts: Batch) -> Generated:
         ids, mask = prompts.kwargs["input_ids"], prompts.kwargs["attention_mask"]
-        real = [row[:n] for row, n in zip(ids.tolist(), mask.sum(1).tolist(), strict=True)]
-        left, left_mask = left_padded(ids, mask, self.pad)
+        real = real_tokens(ids, mask)
+        left, left_mask = left_padded(real, self.pad, ids.device)
         limit = self.generation.max_new_tokens
         if not self.decodes:
             with self.hooks.detached():

@@ -131,14 +131,23 @@ class PerPromptSampler:
         return only.scatter_(-1, chosen[:, None], 0.0)
 
 
-def left_padded(ids: torch.Tensor, mask: torch.Tensor, pad: int) -> tuple[torch.Tensor, ...]:
-    """Right-padded prompts `[B, T]` moved to the right end (padding first), as batched
+def real_tokens(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each prompt's real tokens (`mask` 1), whichever side it was padded on."""
+    return [
+        [t for t, m in zip(row, kept, strict=True) if m]
+        for row, kept in zip(ids.tolist(), mask.tolist(), strict=True)
+    ]
+
+
+def left_padded(
+    prompts: list[list[int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Prompts' tokens at the right end of one width (padding first), as batched
     generation needs them; their ids and mask."""
-    real = mask.sum(1)
-    shift = (ids.shape[1] - real).tolist()
-    moved = torch.stack([row.roll(s) for row, s in zip(ids, shift, strict=True)])
-    moved_mask = torch.stack([row.roll(s) for row, s in zip(mask, shift, strict=True)])
-    return moved.masked_fill(moved_mask == 0, pad), moved_mask
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
 
 
 def sequence_batch(
