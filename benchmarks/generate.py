@@ -33,7 +33,10 @@ from text import synthetic_corpus
 PROMPTS = int(os.environ.get("PROMPTS", "16"))
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", "32"))
 BATCH, PROMPT_TOKENS = 16, 32
-SELECTIONS = {"one block": ["h.5"], "12 blocks": ["h.[0-9]", "h.1[01]"]}
+SELECTIONS = {
+    "one block": ["transformer.h.5"],
+    "12 blocks": ["transformer.h.[0-9]", "transformer.h.1[01]"],
+}
 
 
 class Job:

@@ -67,7 +67,9 @@ class BatchLoop:
         self.fed = Fed()
         self.device, self.how = loaded.device, how
         self.grads = "grad" in cap.kinds
-        self.early = how.early_stop and not self.grads and generator is None
+        # early stop ends a forward under the hooks: never one that generates (decode)
+        decodes = generator is not None and generator.decodes
+        self.early = how.early_stop and not self.grads and not decodes
         # the selection ends the forward (nearly): count the calls in the first batch itself
         self.count_in_first = self.early and ends_late(cap, self.model)
 
@@ -117,11 +119,11 @@ class BatchLoop:
         """One batch, its rows from `first_row` on (with the ids, skipped inputs and, with
         `--generate`, the sequences' stops it carries)."""
         cap = self.cap
-        if self.early and cap.stop_after is None and not self.count_in_first:
-            self.early = calibrate(cap, self.model, batch, self.how.label)
-        generated = self._generate(batch)
+        generated = self._generate(batch)  # prefill: the hooks are off while it generates
         if generated is not None:
             batch = generated.batch
+        if self.early and cap.stop_after is None and not self.count_in_first:
+            self.early = calibrate(cap, self.model, batch, self.how.label)
         cap.next_batch(batch.kwargs.get("attention_mask") if batch.stored else None)
         stored = batch.stored
         fed = (batch.ids, batch.skipped, generated.sequences.record() if generated else ())

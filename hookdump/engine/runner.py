@@ -336,7 +336,7 @@ def _run(
     if options.generate is not None and options.generate.capture == "decode" and tokens:
         steps = DecodeSteps(tokens)
     cap = _hooks(capture, loaded, steps or tokens or sink)
-    early = capture.early_stop and not loaded.module.training
+    early = capture.early_stop and not loaded.module.training  # never while decoding
     how = ForwardOptions(options.dtype, capture.grad_target, early, options.model.model)
     loop = BatchLoop(cap, loaded, sink, how, tokens, _generator(options, loaded, cap, feed, steps))
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
