@@ -124,6 +124,21 @@ def test_decode_gives_the_rows_prefill_gives(
         torch.testing.assert_close(b, a, **TOLERANCE, msg=key)
 
 
+def test_decode_takes_inputs_and_ops_as_prefill_does(
+    models: dict[str, Path], prompts: Path, tmp_path: Path
+) -> None:
+    args = [f"hf:{models['llama']}", "--text", str(prompts), "--generate", str(NEW),
+            "--layers", "model.layers.1.mlp", "--capture", "input,output,ops",
+            "--batch-size", "4"]  # fmt: skip
+    _run(*args, "--out", str(tmp_path / "prefill"))
+    _run(*args, "--generate-capture", "decode", "--out", str(tmp_path / "decode"))
+    prefill, decode = hookdump.load(tmp_path / "prefill"), hookdump.load(tmp_path / "decode")
+    assert decode.keys() == prefill.keys()
+    assert any(":op." in key for key in prefill) and any(":input" in key for key in prefill)
+    for key in prefill:
+        torch.testing.assert_close(decode[key], prefill[key], **TOLERANCE, msg=key)
+
+
 def test_sampled_tokens_do_not_depend_on_the_batch(
     models: dict[str, Path], prompts: Path, tmp_path: Path
 ) -> None:
