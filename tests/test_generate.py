@@ -291,3 +291,21 @@ def test_a_manifests_generated_list_is_checked(models: dict[str, Path], tmp_path
         (out / "manifest.json").write_text(json.dumps({**manifest, "generated": bad}))
         with pytest.raises(hookdump.InvalidDump, match="generated"):
             hookdump.load(out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_decode_and_prefill_give_the_cpus_tokens(
+    models: dict[str, Path], prompts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    args = [f"hf:{models['llama']}", "--text", str(prompts), "--generate", str(NEW),
+            "--layers", "model.layers.0.self_attn", "--capture", "output,pattern,k",
+            "--batch-size", "3"]  # fmt: skip
+    _run(*args, "--out", str(tmp_path / "cpu"))
+    for capture in ("prefill", "decode"):
+        _run(*args, "--device", "cuda", "--generate-capture", capture,
+             "--out", str(tmp_path / capture))  # fmt: skip
+        cpu, cuda = hookdump.load(tmp_path / "cpu"), hookdump.load(tmp_path / capture)
+        assert torch.equal(cpu["__token_ids__"], cuda["__token_ids__"])
+        for key in cpu:
+            torch.testing.assert_close(cuda[key], cpu[key], **TOLERANCE, msg=key)
