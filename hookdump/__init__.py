@@ -46,6 +46,7 @@ __all__ = [
     "capture",
     "dump",
     "export",
+    "follow",
     "load",
     "options",
     "run",
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from hookdump.model.prepare import ModelOptions as ModelOptions
     from hookdump.store.read.aligned import aligned
     from hookdump.store.read.dump import Dump, load
+    from hookdump.store.read.follow import follow
     from hookdump.store.write.writer import DumpOptions as DumpOptions
     from hookdump.tools.export import ExportResult, export
 
@@ -75,6 +77,7 @@ _LAZY = {
     "aligned": "hookdump.store.read.aligned",
     "dump": "hookdump.engine.live",
     "load": "hookdump.store.read.dump",
+    "follow": "hookdump.store.read.follow",
     "capture": "hookdump.hooks.capture",
     "export": "hookdump.tools.export",
     "run": "hookdump.engine.runner",

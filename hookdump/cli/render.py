@@ -313,6 +313,16 @@ def print_inspection(found: Inspection, console: Console) -> None:
             markup=False,
             highlight=False,
         )
+    if found.consumed:
+        who = sorted({name for name in found.consumed.values() if name != "?"})
+        by = f" by {', '.join(repr(w) for w in who)}" if who else ""
+        listed = found.shards + len(found.consumed)
+        console.print(
+            f"consumed: {counted(len(found.consumed), 'shard')} of {listed}{by} "
+            "(hookdump.follow consume=True): their rows are gone, the rest read as usual",
+            markup=False,
+            highlight=False,
+        )
     if found.generation is not None:
         for line in _generation_lines(found.generation):
             console.print(line, markup=False, highlight=False)

@@ -334,6 +334,16 @@ def run(
             "--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."
         ),
     ] = "1GiB",
+    max_disk: Annotated[
+        str | None,
+        typer.Option(
+            "--max-disk",
+            metavar="SIZE",
+            help="Keep at most SIZE of shards under --out: the run waits while a follower "
+            "(hookdump.follow(..., consume=True)) has not consumed them.",
+            show_default=False,
+        ),
+    ] = None,
     train: TrainOpt = False,
     no_early_stop: Annotated[
         bool,
@@ -395,7 +405,7 @@ def run(
             ),
             generate=_generation(generate, *sampling),
             dump=_dump_options(
-                out, spool, storage_option, overwrite, resume, shard_size, save_dtype
+                out, spool, storage_option, overwrite, resume, shard_size, save_dtype, max_disk
             ),
             dtype=resolve_dtype(dtype, "dtype"),
             command=tuple(ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]])),
@@ -538,6 +548,7 @@ def _dump_options(
     resume: bool,
     shard_size: str,
     save_dtype: str | None,
+    max_disk: str | None,
 ) -> DumpOptions:
     from hookdump.engine.options import parse_size
     from hookdump.model.prepare import resolve_dtype
@@ -553,4 +564,5 @@ def _dump_options(
         resume=resume,
         shard_bytes=parse_size(shard_size),
         save_dtype=resolve_dtype(save_dtype, "save_dtype") if save_dtype else None,
+        max_disk=parse_size(max_disk) if max_disk is not None else None,
     )

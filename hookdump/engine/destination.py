@@ -14,6 +14,7 @@ between the modes happens here, before the loop (`open`, `start`) or after it (`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,12 +132,33 @@ class Destination:
             self.writer.clear_old_dump(here=self.ranks.main)  # before any rank writes
             self.ranks.barrier()
 
+    def mark_running(self, budgeted: bool) -> None:
+        """Beside a dump that replaces another, or under `--max-disk` (`budgeted`), say
+        which run writes it: what a follower (`hookdump.follow`) checks."""
+        replaces = self.overwrite and self.previous is None
+        alone = self.part is None and (self.ranks is None or self.ranks.main)
+        if self.place is not None and self.writer is not None and alone and (replaces or budgeted):
+            self.place.mark_running(self.writer.run_id, replaces)
+
     def summaries_before(self) -> dict[str, KeySummary]:
         """Resuming: the statistics of the samples already in the dump."""
         if self.previous is None or self.place is None or not self.previous["shards"]:
             return {}  # (a torchrun rank that had written nothing)
         manifest = Manifest.of_checked(self.previous)
-        return summarize(ShardReader(self.place.root, manifest, remote=self.place.remote))
+        reader = ShardReader(self.place.root, manifest, remote=self.place.remote)
+        gone = reader.consumed()  # deleted by a follower: the statistics are of the rest
+        return summarize(reader, [s for s in manifest.shards if s.file not in gone])
+
+    def failed(self, error: str) -> None:
+        """The run failed with `error`: the manifest of the shards kept says so, for a
+        follower to end with (nothing is written where nothing was listed)."""
+        writer = self.writer
+        if writer is None or not writer.shards:
+            return
+        with contextlib.suppress(Exception):  # the run's own error comes first
+            writer.write_manifest(complete=False, extra={"failed": error})
+        with contextlib.suppress(Exception):
+            writer.drop_room()  # no manifest comes after this one
 
     def interrupted(self) -> str:
         """What Ctrl-C leaves behind, and how to go on."""

@@ -63,6 +63,7 @@ def dump(
     device: torch.device | str | None = None,
     train: bool | None = None,
     shard_size: int | str = "1GiB",
+    max_disk: int | str | None = None,
     overwrite: bool = False,
     resume: bool = False,
     early_stop: bool = True,
@@ -113,6 +114,9 @@ def dump(
         save_dtype: the dtype written (default: as captured). dtype: the forward's
             precision (autocast for float16 or bfloat16).
         shard_size: bytes per shard file (an int, or `"512MiB"`).
+        max_disk: the most bytes of shards kept in `out` at once (an int, or `"8GiB"`): the
+            run waits while a follower (`hookdump.follow(..., consume=True)`) has not
+            consumed them.
         overwrite: replace a dump in `out`. resume: finish an interrupted dump in `out`:
             `data` is skipped up to the samples already dumped, which needs the same data
             in the same order; given `ids`, the skipped ones must equal the dump's (without
@@ -162,6 +166,7 @@ def dump(
         dtype=dtype,
         train=train,
         shard_size=shard_size,
+        max_disk=max_disk,
         overwrite=overwrite,
         resume=resume,
         early_stop=early_stop,
@@ -209,6 +214,7 @@ def run_options(
     dtype: torch.dtype | str = torch.float32,
     train: bool | None = None,
     shard_size: int | str = "1GiB",
+    max_disk: int | str | None = None,
     overwrite: bool = False,
     resume: bool = False,
     early_stop: bool = True,
@@ -263,7 +269,9 @@ def run_options(
         if per_token or generate is not None
         else None,
         generate=as_generation(generate),
-        dump=_dump_options(out, storage_options, spool, overwrite, resume, shard_size, save_dtype),
+        dump=_dump_options(
+            out, storage_options, spool, overwrite, resume, shard_size, save_dtype, max_disk
+        ),
         dtype=_dtype(dtype, "dtype") or torch.float32,
     )
 
@@ -276,6 +284,7 @@ def _dump_options(
     resume: bool,
     shard_size: int | str,
     save_dtype: str | torch.dtype | None,
+    max_disk: int | str | None = None,
 ) -> DumpOptions:
     return DumpOptions(
         *out_place(out),
@@ -285,6 +294,7 @@ def _dump_options(
         resume,
         _size(shard_size),
         _dtype(save_dtype, "save_dtype"),
+        max_disk=None if max_disk is None else _size(max_disk, "max_disk"),
     )
 
 
@@ -400,11 +410,11 @@ def _dtype(value: torch.dtype | str | None, option: str) -> torch.dtype | None:
     return resolve_dtype(value, option)
 
 
-def _size(value: int | str) -> int:
+def _size(value: int | str, option: str = "shard_size") -> int:
     if isinstance(value, str):
         return parse_size(value)
     if value < 1:
-        raise HookdumpError(f"{opt('shard_size')} {value} must be at least one byte")
+        raise HookdumpError(f"{opt(option)} {value} must be at least one byte")
     return value
 
 

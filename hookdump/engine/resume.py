@@ -18,6 +18,7 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import ShardEntry, samples_fed
 from hookdump.model.weights import sha256, state_sha256
 from hookdump.store.read.manifest import manifest_at
+from hookdump.store.read.progress import consumed_shards, is_progress
 from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.writer import MANIFEST, FileNames
 
@@ -247,19 +248,31 @@ def keep_verified(
     names that are not kept (a torchrun rank: its own; one process: any dump file) are
     removed, with the unfinished uploads of a URL's."""
     shards = [ShardEntry.of_json(entry) for entry in previous["shards"]]
+    consumed = _consumed(place, previous)
     kept = 0
     for entry in shards:
-        if not place.matches(entry):
+        if entry.file not in consumed and not place.matches(entry):
             break
         kept += 1
     listed = {names.manifest} | {entry.file for entry in shards[:kept]}
     mine = names.shard_prefix if names.own_manifest else ""
-    place.remove_strays(lambda name: name.startswith(mine) and name not in listed)
+    place.remove_strays(
+        lambda name: name.startswith(mine) and name not in listed and not is_progress(name)
+    )
     if kept == len(shards):
         return previous
     if kept == 0:
         return None
     return _cut(previous, shards[kept - 1], kept)
+
+
+def _consumed(place: DumpPlace, previous: dict[str, Any]) -> set[str]:
+    """The listed shards followers consumed (deleted once given out: `hookdump.follow`):
+    kept by `--resume` as they are, gone."""
+    found = set(previous.get("consumed", []))
+    if isinstance(place.root, Path):
+        found |= set(consumed_shards(place.root))
+    return found
 
 
 def _cut(manifest: dict[str, Any], last: ShardEntry, kept: int) -> dict[str, Any]:

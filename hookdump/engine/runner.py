@@ -36,6 +36,7 @@ from hookdump.engine.progress import Notice, ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.values import format_bytes
 from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import out_of_memory
 from hookdump.hooks.options import CaptureOptions
@@ -52,6 +53,7 @@ from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
 from hookdump.store.folder import refuse_reads_inside
 from hookdump.store.write.place import DumpPlace
+from hookdump.store.write.room import DiskBudget
 from hookdump.store.write.sink import BatchSink
 
 PYTHON = "python"  # the input a run fed by Python data records (`"input"` in the recipe)
@@ -166,6 +168,7 @@ def _check(options: RunOptions, python: bool = False) -> None:
         _check_text(options)
     elif options.tokens is not None:  # Python data: token rows come from dicts of ids and masks
         _check_token_rows(options)
+    _check_budget(options)
     if feed.image_size is not None and not 1 <= feed.image_size <= MAX_IMAGE_SIZE:
         raise HookdumpError(
             f"{opt('image_size')} {feed.image_size} must be from 1 to {MAX_IMAGE_SIZE} "
@@ -213,6 +216,29 @@ def _check_text(options: RunOptions) -> None:
     ):
         if value is not None and value < least:
             raise HookdumpError(f"{opt(name)} {value} must be at least {least}")
+
+
+def _check_budget(options: RunOptions) -> None:
+    """`--max-disk`: a folder's (a follower reads a folder), holding one shard at least."""
+    dump = options.dump
+    if dump.max_disk is None:
+        return
+    if dump.url is not None:
+        raise HookdumpError(
+            f"{opt('max_disk')} keeps a folder's shards within a budget for a follower, and "
+            f"hookdump.follow reads folders; leave {opt('max_disk')} out at a URL"
+        )
+    if dump.max_disk < dump.shard_bytes:
+        raise HookdumpError(
+            f"{opt('max_disk')} {format_bytes(dump.max_disk)} is less than one shard "
+            f"({opt('shard_size')} {format_bytes(dump.shard_bytes)}); give a larger budget "
+            "or smaller shards"
+        )
+
+
+def _budget(options: RunOptions, notice: Notice | None) -> DiskBudget | None:
+    limit = options.dump.max_disk
+    return None if limit is None else DiskBudget(limit, notice)
 
 
 def _check_generate(options: RunOptions, python: bool) -> None:
@@ -323,6 +349,7 @@ def _run(
         options, loaded=loaded, feed=feed, form=form, sources=made_from, processes=processes
     )
     destination.start(shard_bytes=options.dump.shard_bytes, fields=static)
+    destination.mark_running(options.dump.max_disk is not None)
     sink = BatchSink(
         destination.writer,
         options.dump.save_dtype,
@@ -330,6 +357,7 @@ def _run(
         expected=lambda: feed.total if feed.total is not None else feed.estimate(),
         copies=ranks.world if ranks else 1,
         summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
+        budget=_budget(options, shown[1]),
     )
     tokens = _token_rows(options, sink, feed) if options.tokens else None
     steps = None
@@ -347,7 +375,11 @@ def _run(
         return _nothing_read(options, bool(loop.fed.ids))
 
     on_batch = _announcing(shown, sink, place)
-    rows = loop.run(batches, destination, feed, on_batch, nothing if alone else None)
+    try:
+        rows = loop.run(batches, destination, feed, on_batch, nothing if alone else None)
+    except HookdumpError as exc:  # a follower ends with it (`hookdump.follow`)
+        destination.failed(str(exc))
+        raise
     looped_at = time.perf_counter()
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
     if whole.rows == 0 and options.dump.part is None:

@@ -22,6 +22,7 @@ from hookdump.format.values import is_integer
 FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
 EXPORT_MARKER = "hookdump-export.json"  # in every folder `hookdump export` writes
+RUNNING = "running.json"  # beside a dump being written: which run, whether it overwrites
 STATS_FILE = "stats.safetensors"  # per-feature statistics (store.features), if made
 KINDS = TENSOR_KINDS  # a key's `kind` in the manifest
 
@@ -173,6 +174,8 @@ _OPTIONAL = {
     "run_id": str,
     "generation": dict,
     "generated": list,
+    "consumed": list,  # shards a follower deleted (hookdump.follow consume=True)
+    "failed": str,  # the error a run ended with, for a follower (its shards are kept)
 }
 STOPS = ("eos", "length")  # why a generated sequence stopped
 

@@ -31,7 +31,8 @@ DUMP_FILE = re.compile(
     # a torchrun rank's files are `-rNN-`, a part's (a Ray task's: engine.parts) `-pHEX-`
     r"^(manifest(-(r\d+|p[0-9a-f]+))?\.json(\.tmp)?"
     r"|shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
-    r"|stats\.safetensors(\.tmp)?"
+    r"|stats\.safetensors(\.tmp)?|running\.json(\.tmp)?"
+    r"|follow-[A-Za-z0-9_.-]{1,64}\.json(\.tmp)?"  # a follower's progress (hookdump.follow)
     r"|\.hookdump-old-[\w-]+)$"
 )
 # the names that are never part of a finished dump: half-written files and old dumps' trash
@@ -199,22 +200,27 @@ def publish(tmp: Path, path: Path) -> None:
     sync_folder(path.parent)
 
 
-def write_durably(path: Path, data: bytes) -> None:
+def write_durably(path: Path, data: bytes, durable: bool = True) -> None:
     """Write `data` to `path` through a fresh temporary file: a reader sees the old file or
-    the new one, never half of it, and a crash after this returns keeps the new one."""
+    the new one, never half of it, and a crash after this returns keeps the new one (not
+    `durable`: a killed process's, not the machine's: no fsync)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = create_new(tmp)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         remove_entry(tmp)
         raise
     os.close(fd)
-    publish(tmp, path)
+    if durable:
+        publish(tmp, path)
+    else:
+        os.replace(tmp, path)
 
 
 def inside(real: str, root: str) -> bool:
@@ -243,3 +249,14 @@ def refuse_reads_inside(out: Path | None, what: str, paths: Iterable[Path]) -> N
                 f"{what} {path} lies inside {opt('out')} {out}, which this run writes (and "
                 f"{opt('overwrite', True)} clears); move it out, or choose another {opt('out')}"
             )
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

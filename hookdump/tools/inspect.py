@@ -39,6 +39,7 @@ class Inspection:
     damaged: bool = False
     # --generate: how, why each sequence stopped, and the first sequence's text
     generation: dict[str, Any] | None = None
+    consumed: dict[str, str] = field(default_factory=dict)  # shard -> the follower's name
 
     @property
     def kind(self) -> str:
@@ -62,6 +63,7 @@ class Inspection:
             "problems": [render_message(p, name) for p in self.problems],
             **({"checked": self.checked, "damaged": self.damaged} if self.checked else {}),
             **({"generation": self.generation} if self.generation else {}),
+            **({"consumed": sorted(self.consumed)} if self.consumed else {}),
             "model": self.manifest.get("model"),
             "tensors": [
                 {**k.as_dict(), "features": self.features.get(k.info.key)} for k in self.keys
@@ -97,12 +99,8 @@ def inspect_dump(
             f"half-written files or an old dump's remains from an interrupted run: "
             f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
         )
-    readable: list[ShardEntry] = []
-    missing: list[ShardEntry] = []
-    for shard in dump.manifest.shards:
-        # missing is a problem to report; anything else wrong is refused when it is read
-        exists = dump.reader.remote is not None or os.path.lexists(dump.path / shard.file)
-        (readable if exists else missing).append(shard)
+    consumed = dump.reader.consumed()
+    readable, missing = _present(dump, consumed)
     if missing:
         first = missing[0]
         where = f"{first.file} (samples {first.start}:{first.stop})"
@@ -137,7 +135,21 @@ def inspect_dump(
         checked,
         damaged,
         _generation(dump, readable),
+        consumed,
     )
+
+
+def _present(dump: Dump, consumed: Mapping[str, str]) -> tuple[list[ShardEntry], list[ShardEntry]]:
+    """The listed shards there to read, and those missing (a problem to report; anything
+    else wrong is refused when read); those a follower consumed are said apart."""
+    readable: list[ShardEntry] = []
+    missing: list[ShardEntry] = []
+    for shard in dump.manifest.shards:
+        exists = dump.reader.remote is not None or os.path.lexists(dump.path / shard.file)
+        if shard.file in consumed and not exists:
+            continue
+        (readable if exists else missing).append(shard)
+    return readable, missing
 
 
 FIRST_ROWS = 4096  # the most rows read for the first sequence's text

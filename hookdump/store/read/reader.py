@@ -25,6 +25,7 @@ from hookdump.store.checksum import CHUNK, checksum_of
 from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, RemoteBlob, UrlPath
 from hookdump.store.read.manifest import resolved_inside
+from hookdump.store.read.progress import consumed_shards
 from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
 
 # the most a reader holds of one shard at a time (rows read in slices), whatever its
@@ -237,6 +238,8 @@ class ShardReader:
         try:
             mode = os.stat(real).st_mode
         except OSError as exc:
+            if not os.path.lexists(path):
+                self._refuse_consumed(shard)
             raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
         if not stat.S_ISREG(mode):
             raise InvalidDump(f"shard {path} is not a regular file; refused")
@@ -324,6 +327,28 @@ class ShardReader:
                     f"{where}: {key!r} is {dtype} {shape}, but the manifest says "
                     f"{meta['dtype']} {want}"
                 )
+
+    def consumed(self) -> dict[str, str]:
+        """The listed shards a follower consumed (deleted once given out: see
+        `hookdump.follow`), each with the follower's name (`?` where only the run's
+        manifest says so)."""
+        if self.remote is not None:
+            return {}
+        listed = {shard.file for shard in self.manifest.shards}
+        found = {f: "?" for f in self.manifest.fields.get("consumed", []) if f in listed}
+        if isinstance(self.path, Path):
+            found.update((f, who) for f, who in consumed_shards(self.path).items() if f in listed)
+        return found
+
+    def _refuse_consumed(self, shard: ShardEntry) -> None:
+        who = self.consumed().get(shard.file)
+        if who is not None:
+            by = "a follower" if who == "?" else f"the follower {who!r}"
+            raise InvalidDump(
+                f"shard {self.path / shard.file} (rows {shard.start}:{shard.stop}) was "
+                f"consumed by {by} (hookdump.follow with consume=True): its rows were deleted "
+                "once given out, and are not in the dump"
+            )
 
     def _unreadable(self, shard: ShardEntry, exc: BaseException) -> InvalidDump:
         where = self.path / shard.file

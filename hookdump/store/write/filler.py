@@ -17,6 +17,7 @@ from hookdump.format.rows import Rows
 from hookdump.store.folder import describe_os_error
 from hookdump.store.write.commit import Committer
 from hookdump.store.write.plan import ShardPlan
+from hookdump.store.write.room import DiskBudget
 from hookdump.store.write.shards import PlannedShard, ShardFile
 from hookdump.store.write.writer import DumpWriter
 
@@ -72,8 +73,11 @@ class ShardFiller:
     """Writes the batches' rows into `writer`'s shards, sized by `plan`. `copies`: processes
     writing as much as this one (torchrun ranks), whose room is needed too."""
 
-    def __init__(self, writer: DumpWriter, plan: ShardPlan, copies: int = 1) -> None:
+    def __init__(
+        self, writer: DumpWriter, plan: ShardPlan, copies: int = 1, budget: DiskBudget | None = None
+    ) -> None:
         self.writer = writer
+        self._budget = budget  # --max-disk: a new shard waits for room
         self.estimated_bytes: int | None = None  # what the rest of the dump will take
         self._plan = plan
         self._copies = copies
@@ -93,6 +97,8 @@ class ShardFiller:
             self._pending[0].start, planned.rows, rows.start, rows.stop
         ):
             self._commit_planned()
+        if self._budget is not None and (self._plan.streams or self._planned is None):
+            self._budget.wait(self.writer, self._plan.shard_bytes, self._committer.wait)
         if self._plan.streams:
             self._shard = self.writer.open_shard(keys_expected)
         elif self._planned is None:

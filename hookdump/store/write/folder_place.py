@@ -5,14 +5,16 @@ place, the manifest replaced atomically with room kept for it on a disk that fil
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import socket
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import MANIFEST, ShardEntry
+from hookdump.format.manifest import MANIFEST, RUNNING, ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum, file_checksum
 from hookdump.store.folder import (
@@ -112,6 +114,7 @@ class FolderPlace(DumpPlace):
         self.work = out
         self._made: set[str] = set()  # the files this writer makes (`claim`)
         self._old = _OldDump(out, False, self._made, cleared=False)
+        self._running: dict[str, Any] = {}  # what `running.json` says (`mark_running`)
 
     @classmethod
     def claims(cls, where: str | Path) -> bool:
@@ -134,10 +137,27 @@ class FolderPlace(DumpPlace):
     @contextlib.contextmanager
     def held(self, main: bool, take_over: bool, resumable: bool = True) -> Iterator[Path]:
         with locked(self.out if main else None):
-            yield self.out
+            try:
+                yield self.out
+            finally:
+                if main:
+                    remove_entry(self.out / RUNNING)
+
+    def mark_running(self, run_id: str | None, overwrite: bool) -> None:
+        self.claim(RUNNING)
+        self._running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
+                         "host": socket.gethostname(), "waiting": False}  # fmt: skip
+        write_durably(self.out / RUNNING, json.dumps(self._running).encode(), durable=False)
+
+    def mark_waiting(self, waiting: bool) -> None:
+        if self._running.get("waiting") != waiting:
+            self._running["waiting"] = waiting
+            data = json.dumps(self._running).encode()
+            write_durably(self.out / RUNNING, data, durable=False)
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
-        check_out_dir(self.out, overwrite or keep_old, self._made)
+        # a killed run's note of itself is no dump
+        check_out_dir(self.out, overwrite or keep_old, self._made | {RUNNING})
         self._old = _OldDump(self.out, overwrite, self._made, cleared=keep_old)
 
     def claim(self, name: str) -> None:
@@ -214,6 +234,10 @@ class FolderPlace(DumpPlace):
 
     def exists(self) -> bool:
         return self.out.is_dir()
+
+    def gone(self, names: list[str]) -> list[str]:
+        present = set(self.entries())
+        return [name for name in names if name not in present]
 
     def entries(self) -> list[str]:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):

@@ -173,6 +173,22 @@ class DumpPlace(ABC):
         """Whether the listed shard's file is there with the size and SHA-256 its entry
         records (what is not recorded is not compared)."""
 
+    def mark_running(self, run_id: str | None, overwrite: bool) -> None:
+        """Say, beside the dump, which run writes it and whether it replaces the dump
+        there (what a follower checks first: `hookdump.follow`); gone when the place is
+        let go. A place no follower reads says nothing."""
+        return None
+
+    def mark_waiting(self, waiting: bool) -> None:
+        """Say whether the run waits for a follower to consume shards (`--max-disk`), so
+        that a follower holding the rows of a shard back gives them out."""
+        return None
+
+    def gone(self, names: list[str]) -> list[str]:
+        """Of the listed shards `names`, those a follower consumed (deleted: see
+        `hookdump.follow`); a place no follower reads has none."""
+        return []
+
 
 def open_place(
     where: str | Path, storage_options: Mapping[str, Any], spool: Path | None

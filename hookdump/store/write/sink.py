@@ -35,6 +35,7 @@ from hookdump.store.write.memory import (
     Slots,
 )
 from hookdump.store.write.plan import ShardPlan
+from hookdump.store.write.room import DiskBudget
 from hookdump.store.write.writer import DumpWriter
 from hookdump.worker import Worker
 
@@ -92,12 +93,14 @@ class BatchSink:
         expected: Callable[[], int | None] | None = None,
         copies: int = 1,
         summaries: dict[str, KeySummary] | None = None,
+        budget: DiskBudget | None = None,
     ) -> None:
         """`writer`: where rows go (None: nowhere, they are only summarised); `total`: the
         rows expected (None: not known; shards are then sized by what arrives); `expected`:
         the samples expected, asked after the first batch for the disk-space estimate
         (default: `total`); `copies`: processes writing as much as this one (torchrun
-        ranks), whose room is needed too; `summaries`: statistics to go on from (resuming)."""
+        ranks), whose room is needed too; `summaries`: statistics to go on from (resuming);
+        `budget`: `--max-disk`."""
         self.save_dtype = save_dtype
         self.summaries: dict[str, KeySummary] = dict(summaries or {})
         self.unbatched: dict[str, dict[str, str]] = {}
@@ -109,7 +112,7 @@ class BatchSink:
         self._shards: Shards = NoShards()
         if writer is not None:
             plan = ShardPlan(writer.shard_bytes, total, expected or (lambda: total))
-            self._shards = ShardFiller(writer, plan, copies)
+            self._shards = ShardFiller(writer, plan, copies, budget)
         self._worker: Worker[_Message] = Worker(
             "hookdump-sink", self._handle, on_error=self._failed
         )

@@ -22,23 +22,13 @@ import uuid
 from dataclasses import asdict, dataclass
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.store.folder import process_alive
 from hookdump.store.write.upload import LOCK, Upload
 
 LOCK_BEAT = 60.0  # seconds between rewrites of a live run's lock
 LOCK_STALE = 600.0  # a lock not rewritten for this long is a killed run's (other hosts)
 LOCK_WATCH = 2.5  # beats a lock from a host whose clock disagrees is watched for a rewrite
 _LATEST = 1e11  # seconds since 1970 past any lock's time (the year 5138)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` of this host exists (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)

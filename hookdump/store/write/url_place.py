@@ -21,11 +21,11 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum
-from hookdump.store.folder import DUMP_FILE, describe_os_error, locked, remove_entry
+from hookdump.store.folder import DUMP_FILE, describe_os_error, locked, process_alive, remove_entry
 from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.write.place import DumpPlace, Stray
 from hookdump.store.write.upload import SPOOL_SHARDS, Upload
-from hookdump.store.write.url_lock import UrlLock, process_alive
+from hookdump.store.write.url_lock import UrlLock
 
 
 class UrlPlace(DumpPlace):

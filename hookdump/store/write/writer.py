@@ -49,6 +49,8 @@ class DumpOptions:
         save_dtype: the dtype written for floating tensors (None: as captured).
         part: this run writes one part of a dump that another process locked, checked and
             finishes (a Ray task's): its files are named for the part.
+        max_disk: the most bytes of shards kept under `out` at once: the run waits for a
+            follower to consume them (`hookdump.follow`; None: no limit).
     """
 
     out: Path | None = None
@@ -60,6 +62,7 @@ class DumpOptions:
     shard_bytes: int = DEFAULT_SHARD_BYTES
     save_dtype: torch.dtype | None = field(default=None, metadata=recipe())
     part: Part | None = None
+    max_disk: int | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,9 @@ class DumpWriter:
             del fields["sample_ids"]
         if self.generated and "generated" not in fields:
             fields["generated"] = self.generated
+        gone = self.place.gone([shard.file for shard in self.shards])
+        if gone:  # deleted by a follower (hookdump.follow consume=True): their rows are gone
+            fields["consumed"] = gone
         if self.shards and self.shards[-1].sequences is not None:  # rows are tokens
             fields["num_sequences"] = self.shards[-1].sequences
         return {
@@ -323,6 +329,11 @@ class DumpWriter:
         """Write the per-feature statistics' file; its manifest entry."""
         self.place.put_file(STATS_FILE, raw)
         return {"file": STATS_FILE, **checksum_of([raw]).entry()}
+
+    def present_bytes(self) -> int:
+        """The bytes of the listed shards still under `out` (not consumed by a follower)."""
+        gone = set(self.place.gone([shard.file for shard in self.shards]))
+        return sum(shard.bytes or 0 for shard in self.shards if shard.file not in gone)
 
     def drop_room(self) -> None:
         """The run is over: no more manifests to write room for."""

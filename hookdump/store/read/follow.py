@@ -1,0 +1,294 @@
+"""`hookdump.follow`: a dump read while it is written, shard by shard as each is committed:
+the dump is the queue between a run and a trainer.
+
+The follower reads the manifest (rewritten by the run after every commit), takes the
+shards it has not finished, a group of whole shards at a time within `buffer_bytes`, and
+gives their rows out in batches as `Dump.batches` does; with `shuffle`, the rows of the
+shards in the buffer are mixed (not the whole dump's: what is not written yet cannot be).
+It ends when the manifest is complete and every listed shard is done; a run that failed
+ends it with the run's error.
+
+Its progress is kept beside the manifest, `follow-NAME.json`: the shards finished, and the
+rows given out of the one it was inside. A follower started again with the same name goes
+on from there: the shards it had finished are not read again, those it was inside are read
+again whole (it says how many rows come again). With `consume`, a shard is deleted once
+every row of it was given out, which frees room for a run under `--max-disk`; the run's
+manifest then lists it as consumed, and reading it is a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookdump.errors import HookdumpError, InvalidDump
+from hookdump.format.manifest import MANIFEST, RUNNING, ShardEntry
+from hookdump.store.folder import process_alive, remove_entry
+from hookdump.store.read.batches import BUFFER_BYTES, ROW
+from hookdump.store.read.dump import Dump
+from hookdump.store.read.progress import Progress, follow_file
+
+POLL_S = 0.2  # how often a follower looks for a new shard, or a run for room
+
+
+def follow(
+    path: str | Path,
+    keys: list[str],
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    with_index: bool = False,
+    drop_last: bool = False,
+    buffer_bytes: int = BUFFER_BYTES,
+    consume: bool = False,
+    name: str = "default",
+    storage_options: Mapping[str, Any] | None = None,
+    notice: Callable[[str], None] | None = None,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Batches of `keys` from the dump in `path` while it is written (see the module's
+    docstring), ending when the run's complete manifest has no shard left.
+
+    Args:
+        keys, batch_size, with_index, drop_last: as `Dump.batches` takes them.
+        shuffle, seed: mix the rows of the shards in the buffer, in an order fixed by
+            `seed`.
+        buffer_bytes: the most bytes of rows held (at least one shard).
+        consume: delete each shard once all its rows were given out.
+        name: the follower's name: its progress is kept under it; two followers of
+            different names each get every row.
+        storage_options: reserved for dumps at a URL (not followed yet).
+        notice: called with a line for the person (default: written to stderr).
+
+    Example:
+        >>> for batch in hookdump.follow("acts/", ["h.5"], 4096, shuffle=True, consume=True):
+        ...     train_step(batch["h.5"])
+    """
+    if storage_options is not None or "://" in str(path):
+        raise HookdumpError(
+            f"hookdump.follow reads a dump in a folder; {path} is a URL, which it does not "
+            "follow yet: read it with hookdump.load(...).batches once it is complete"
+        )
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise HookdumpError(f"batch_size={batch_size!r}: give a whole number of at least 1")
+    folder = Path(path)
+    mine = folder / follow_file(name)
+    say = notice or _to_stderr
+    return _Follower(folder, list(keys), batch_size, mine, say).batches(
+        _Pass(shuffle, seed, with_index, drop_last, buffer_bytes, consume)
+    )
+
+
+@dataclass(frozen=True)
+class _Pass:
+    shuffle: bool
+    seed: int
+    with_index: bool
+    drop_last: bool
+    buffer_bytes: int
+    consume: bool
+
+
+class _Follower:
+    def __init__(
+        self, folder: Path, keys: list[str], batch_size: int, mine: Path, say: Callable[[str], None]
+    ) -> None:
+        self.folder, self.keys, self.batch_size, self.mine, self.say = (
+            folder, keys, batch_size, mine, say
+        )  # fmt: skip
+        self.progress = Progress.read(mine)
+        self._delete(self.progress.consumed)
+
+    def batches(self, how: _Pass) -> Iterator[dict[str, torch.Tensor]]:
+        again = sum(self.progress.inside.values())
+        if again:
+            self.say(
+                f"follower {self.mine.stem.removeprefix('follow-')!r} goes on in "
+                f"{self.folder}: {again} rows of the shards it was inside come again"
+            )
+        buffer = _Buffer(torch.Generator().manual_seed(how.seed))
+        while True:
+            dump = self._dump()
+            group = self._next_group(dump, how.buffer_bytes, {s.file for s in buffer.shards})
+            if not group:
+                if dump.complete:
+                    break
+                yield from self._wait(dump, buffer, how.consume)
+                continue
+            for shard in group:
+                buffer.add(shard, dump.reader.read_shard(shard, self.keys), how.with_index)
+            if how.shuffle:
+                buffer.shuffle(buffer.rows % self.batch_size)
+            while buffer.rows >= self.batch_size:
+                batch, origin = buffer.take(self.batch_size)
+                yield batch
+                self._given(origin, buffer, how.consume)
+        if buffer.rows:
+            batch, origin = buffer.take(buffer.rows)
+            if not how.drop_last:
+                yield batch
+            self._given(origin, buffer, how.consume)
+
+    def _dump(self) -> Dump:
+        """The dump as its manifest lists it now (waiting for the first manifest)."""
+        while not (self.folder / MANIFEST).exists():  # the run has not committed a shard yet
+            time.sleep(POLL_S)
+        while True:
+            try:
+                dump = Dump(self.folder)
+            except InvalidDump:
+                if (self.folder / MANIFEST).exists():
+                    raise
+                time.sleep(POLL_S)  # replaced meanwhile (an old dump moved aside)
+                continue
+            run_id = dump.manifest.run_id
+            _refuse_overwriting(self.folder, run_id)
+            for key in self.keys:  # one line naming the key, with the nearest
+                dump.reader.check_key(key)
+            if not self.progress.follows(run_id):
+                raise HookdumpError(
+                    f"{self.folder} holds another run's dump than the one follower "
+                    f"{self.mine.name} followed (it was overwritten); delete {self.mine} to "
+                    "follow the new one from its start"
+                )
+            return dump
+
+    def _next_group(self, dump: Dump, budget: int, taken: set[str]) -> list[ShardEntry]:
+        """The next shards not finished, as many whole ones as `budget` holds (one at least)."""
+        done = set(self.progress.finished) | taken
+        group: list[ShardEntry] = []
+        nbytes = 0
+        row = max(1, dump.reader.row_bytes(self.keys))
+        for shard in dump.manifest.shards:
+            if shard.file in done:
+                continue
+            size = shard.rows * row
+            if group and nbytes + size > budget:
+                break
+            group.append(shard)
+            nbytes += size
+        return group
+
+    def _wait(
+        self, dump: Dump, buffer: _Buffer, consume: bool
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """No shard to read yet: end with the run's error if it failed; give out the rows
+        held back (a short batch) if the run waits for room; then wait a little."""
+        failed = dump.manifest.get("failed")
+        if isinstance(failed, str):
+            raise HookdumpError(f"the run writing {self.folder} failed: {failed[:500]}")
+        if buffer.rows and _run_waits(self.folder):
+            batch, origin = buffer.take(buffer.rows)
+            yield batch
+            self._given(origin, buffer, consume)
+        time.sleep(POLL_S)
+
+    def _given(self, rows: torch.Tensor, buffer: _Buffer, consume: bool) -> None:
+        """`rows` (their shards' indices) were given out: note it, finish the shards that
+        have none left (deleting them with `consume`), and keep the progress."""
+        shards, left = buffer.shards, buffer.left
+        counts = torch.bincount(rows, minlength=len(shards)).tolist()
+        gone: list[str] = []
+        for index, count in enumerate(counts):
+            if not count:
+                continue
+            left[index] -= count
+            shard = shards[index]
+            if self.progress.gave(shard.file, shard.rows - left[index], shard.rows, consume):
+                gone += [shard.file] if consume else []
+        self.progress.write(self.mine)
+        self._delete(gone)
+
+    def _delete(self, files: list[str]) -> None:
+        """Delete consumed shards (after the progress that says so is written: a follower
+        killed between the two deletes them when it starts again)."""
+        for file in files:
+            remove_entry(self.folder / file)
+
+
+class _Buffer:
+    """The rows read and not given out yet, each with the index of its shard."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+        self.values: dict[str, torch.Tensor] = {}
+        self.origin = torch.empty(0, dtype=torch.long)
+        self.shards: list[ShardEntry] = []  # every shard read (its rows given out, or held)
+        self.left: list[int] = []  # each shard's rows not given out yet
+
+    @property
+    def rows(self) -> int:
+        return len(self.origin)
+
+    def add(self, shard: ShardEntry, rows: dict[str, torch.Tensor], with_index: bool) -> None:
+        if with_index:
+            rows[ROW] = torch.arange(shard.start, shard.stop)
+        held = self.values
+        self.values = {k: torch.cat([held[k], v]) if held else v for k, v in rows.items()}
+        self.origin = torch.cat([self.origin, torch.full((shard.rows,), len(self.shards))])
+        self.shards.append(shard)
+        self.left.append(shard.rows)
+
+    def shuffle(self, back: int) -> None:
+        """Mix the rows, but for the last `back` read (held back for the next group: fewer
+        than a batch, from the newest shard, so that every other shard can be finished)."""
+        given = self.rows - back
+        order = torch.cat([torch.randperm(given, generator=self.generator),
+                           torch.arange(given, self.rows)])  # fmt: skip
+        self.values = {k: v[order] for k, v in self.values.items()}
+        self.origin = self.origin[order]
+
+    def take(self, count: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The first `count` rows, and their shards' indices."""
+        taken = {k: v[:count] for k, v in self.values.items()}
+        origin = self.origin[:count]
+        self.values = {k: v[count:] for k, v in self.values.items()}
+        self.origin = self.origin[count:]
+        return taken, origin
+
+
+def _run_waits(folder: Path) -> bool:
+    """Whether the run writing `folder` waits for its shards to be consumed (`--max-disk`)."""
+    try:
+        running = json.loads((folder / RUNNING).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(running, dict) and running.get("waiting") is True
+
+
+def _refuse_overwriting(folder: Path, run_id: str | None) -> None:
+    """A run under way that will replace the dump in `folder` (`--overwrite`, its first
+    shard not committed yet): following the old dump would end in its deletion."""
+    try:
+        running = json.loads((folder / RUNNING).read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(running, dict) or not running.get("overwrite"):
+        return
+    if running.get("run_id") == run_id or not _alive(running):
+        return
+    raise HookdumpError(
+        f"{folder} is being overwritten by another run (pid {running.get('pid')}): the dump "
+        "there now is about to be replaced; follow the new one once the run has written its "
+        "first shard"
+    )
+
+
+def _alive(running: dict[str, Any]) -> bool:
+    """Whether the run that wrote `running` is still going (another host's: assumed)."""
+    pid = running.get("pid")
+    if running.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return True
+    return process_alive(pid)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)

@@ -1,0 +1,50 @@
+"""`--max-disk`: a run keeps no more than a budget of shards under `--out`, waiting for a
+follower (`hookdump.follow(..., consume=True)`) to consume them.
+
+Before a shard is begun, every finished shard is committed and listed, and the run waits
+while the listed shards still present, with the next one, would pass the budget: the bytes
+under `--out` never pass it (the shard being written counted in). It looks again every
+`POLL_S`; it says so once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from hookdump.errors import opt
+from hookdump.format.values import format_bytes
+from hookdump.store.write.writer import DumpWriter
+
+POLL_S = 0.2
+
+
+class DiskBudget:
+    """The bytes a run's shards may take under `--out` at once (`limit`), and the wait for
+    room; `notice` is told, once, that the run waits."""
+
+    def __init__(self, limit: int, notice: Callable[[str], None] | None = None) -> None:
+        self.limit = limit
+        self.notice = notice
+        self.waited_s = 0.0
+        self._said = False
+
+    def wait(self, writer: DumpWriter, coming: int, committed: Callable[[], None]) -> None:
+        """Wait until the listed shards still present and `coming` bytes fit the budget
+        (`committed`: lists every finished shard first)."""
+        committed()
+        started = time.monotonic()
+        try:
+            while (held := writer.present_bytes()) + coming > self.limit and held:
+                writer.place.mark_waiting(True)  # a follower gives out the rows it holds back
+                if not self._said and self.notice is not None:
+                    self._said = True
+                    self.notice(
+                        f"waiting for room: {format_bytes(held)} of shards not consumed yet "
+                        f"fill {opt('max_disk')} {format_bytes(self.limit)}; a follower with "
+                        "consume=True frees it"
+                    )
+                time.sleep(POLL_S)
+        finally:
+            writer.place.mark_waiting(False)
+        self.waited_s += time.monotonic() - started

@@ -1,0 +1,218 @@
+"""`hookdump.follow` and `--max-disk` (issue 46): a run and its follower as separate
+processes. Every row once without kills, at least once with them (the repeats as said);
+the budget sampled and never passed; a follower started first waits; a run that fails ends
+its follower with the run's error; a dump being overwritten is refused. Waits are on the
+files' own signals (a shard listed, a progress file, a barrier file), never on the clock."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookdump
+
+ROWS, BATCH = 96, 8
+SHARD, BUDGET = "8KiB", "40KiB"  # a batch of avgpool is 16 KiB: a shard of its own each
+# a follower: every batch's rows (`__row__`) logged as it comes, then its last line
+FOLLOWER = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import hookdump
+    out, log, name, stop = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    with log.open("a") as f:
+        for n, b in enumerate(hookdump.follow(out, ["avgpool"], 7, with_index=True,
+                                              consume=True, name=name, shuffle=True)):
+            f.write(json.dumps(b["__row__"].tolist()) + "\\n")
+            f.flush()
+            if n + 1 == stop:  # a barrier for the test, which kills it here
+                Path(str(log) + ".stopped").touch()
+                while True:
+                    pass
+    """
+)
+
+
+def _writer(out: Path, *extra: str) -> subprocess.Popen[str]:
+    args = ["run", "resnet18", "--layers", "avgpool", "--num-samples", str(ROWS),
+            "--batch-size", str(BATCH), "--shard-size", SHARD, "--out", str(out), "-q"]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "hookdump", *args, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _follower(out: Path, log: Path, name: str = "default", stop: int = 0) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", FOLLOWER, str(out), str(log), name, str(stop)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _shard_bytes(out: Path) -> int:
+    total = 0
+    for path in out.glob("shard-*.safetensors*"):
+        with contextlib.suppress(FileNotFoundError):  # consumed meanwhile
+            total += path.stat().st_size
+    return total
+
+
+def _rows(log: Path) -> list[int]:
+    return [row for line in log.read_text().splitlines() for row in json.loads(line)]
+
+
+def _wait_for(process: subprocess.Popen[str], timeout: float = 300) -> tuple[str, str]:
+    out, err = process.communicate(timeout=timeout)
+    return out, err
+
+
+def test_every_row_once_within_the_budget(tmp_path: Path) -> None:
+    """The follower starts first (it waits for the first shard), consumes as it goes, and
+    the writer keeps within --max-disk: the shards' bytes under --out, sampled all along,
+    never pass the budget and one shard."""
+    out, log = tmp_path / "d", tmp_path / "rows.log"
+    follower = _follower(out, log)
+    writer = _writer(out, "--max-disk", BUDGET)
+    most = 0
+    while writer.poll() is None or follower.poll() is None:
+        if out.is_dir():
+            most = max(most, _shard_bytes(out))
+    assert writer.returncode == 0, writer.stderr.read() if writer.stderr else ""
+    assert follower.returncode == 0, follower.stderr.read() if follower.stderr else ""
+    assert sorted(_rows(log)) == list(range(ROWS))
+    manifest = json.loads((out / "manifest.json").read_text())
+    largest = max(shard["bytes"] for shard in manifest["shards"])
+    assert 0 < most <= 40 * 1024 + largest
+    assert not list(out.glob("shard-*"))  # every shard consumed
+    with pytest.raises(hookdump.InvalidDump, match="consumed by the follower 'default'"):
+        hookdump.load(out)["avgpool"]
+
+
+def test_a_killed_follower_goes_on_and_says_what_comes_again(tmp_path: Path) -> None:
+    out, log = tmp_path / "d", tmp_path / "rows.log"
+    writer = _writer(out, "--max-disk", BUDGET)
+    stop = 1 + int.from_bytes(os.urandom(1), "little") % 9  # a point in the pass
+    first = _follower(out, log, "trainer", stop)
+    stopped = Path(str(log) + ".stopped")
+    while not stopped.exists():
+        assert first.poll() is None, first.stderr.read() if first.stderr else ""
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = log.read_text().splitlines()
+    again = _follower(out, log, "trainer")
+    _, err = _wait_for(again)
+    assert again.returncode == 0, err
+    _wait_for(writer)
+    rows = _rows(log)
+    assert sorted(set(rows)) == list(range(ROWS))  # none lost
+    repeats = len(rows) - ROWS
+    said = [line for line in err.splitlines() if "come again" in line]
+    told = int(said[0].split(": ")[1].split()[0]) if said else 0
+    # the rows said, and the batch in hand when it was killed (not yet marked given)
+    last = len(json.loads(before[-1]))
+    assert told <= repeats <= told + last
+
+
+def test_a_killed_run_resumed_goes_on_under_its_follower(tmp_path: Path) -> None:
+    out, log = tmp_path / "d", tmp_path / "rows.log"
+    follower = _follower(out, log)
+    writer = _writer(out, "--max-disk", BUDGET)
+    listed = 1 + int.from_bytes(os.urandom(1), "little") % 4  # a point in the run
+    while True:
+        assert writer.poll() is None
+        try:
+            if len(json.loads((out / "manifest.json").read_text())["shards"]) >= listed:
+                break
+        except (FileNotFoundError, ValueError, KeyError):
+            pass  # not written yet, or being replaced
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    resumed = _writer(out, "--max-disk", BUDGET, "--resume")
+    _, err = _wait_for(resumed)
+    assert resumed.returncode == 0, err
+    _, err = _wait_for(follower)
+    assert follower.returncode == 0, err
+    assert sorted(_rows(log)) == list(range(ROWS))  # each once: the kept shards are not redone
+
+
+def test_a_follower_ends_with_the_runs_error(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    script = textwrap.dedent(
+        f"""
+        import torch, hookdump
+        def batches():
+            for i in range(6):
+                yield torch.randn(4, 8)
+            yield torch.randn(4, 5)  # the model takes 8 features
+        hookdump.dump(torch.nn.Linear(8, 3), batches(), {str(out)!r}, shard_size=64)
+        """
+    )
+    writer = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert writer.returncode == 1 and "HookdumpError" in writer.stderr
+    follower = subprocess.run(
+        [sys.executable, "-c", f"import hookdump\nfor b in hookdump.follow({str(out)!r}, "
+         "['__root__'], 4): pass"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert follower.returncode == 1
+    assert "failed" in follower.stderr and "mat1 and mat2" in follower.stderr
+
+
+def test_a_dump_being_overwritten_is_refused(tmp_path: Path) -> None:
+    out, barrier = tmp_path / "d", tmp_path / "go"
+    hookdump.dump(torch.nn.Linear(8, 3), [torch.randn(4, 8)], out)
+    script = textwrap.dedent(
+        f"""
+        import time, torch, hookdump
+        from pathlib import Path
+        def batches():
+            while not Path({str(barrier)!r}).exists():  # the test lets it go on
+                time.sleep(0.01)
+            yield torch.randn(4, 8)
+        hookdump.dump(torch.nn.Linear(8, 3), batches(), {str(out)!r}, overwrite=True)
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        while not (out / "running.json").exists():
+            assert writer.poll() is None
+        with pytest.raises(hookdump.HookdumpError, match="being overwritten"):
+            next(hookdump.follow(out, ["__root__"], 4))
+    finally:
+        barrier.touch()
+        writer.wait(timeout=300)
+    assert writer.returncode == 0
+    assert len(list(hookdump.follow(out, ["__root__"], 4))) == 1  # the new dump, once written
+
+
+def test_two_followers_each_see_every_row(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    model = torch.nn.Linear(8, 3)
+    data = [torch.randn(5, 8) for _ in range(4)]
+    hookdump.dump(model, data, out, shard_size=64)
+    with torch.no_grad():
+        expected = model(torch.cat(data))
+    for name in ("a", "b"):
+        given = list(hookdump.follow(out, ["__root__"], 3, name=name, with_index=True))
+        rows = torch.cat([b["__row__"] for b in given])
+        assert sorted(rows.tolist()) == list(range(20))
+        values = torch.cat([b["__root__"] for b in given])
+        torch.testing.assert_close(values, expected[rows])
+        assert [len(b["__root__"]) for b in given] == [3] * 6 + [2]  # as Dump.batches gives
+    assert (out / "follow-a.json").exists() and (out / "follow-b.json").exists()
+    torch.testing.assert_close(hookdump.load(out)["__root__"], expected)  # nothing consumed
+    # a finished follower started again has nothing left to give
+    assert list(hookdump.follow(out, ["__root__"], 3, name="a")) == []
