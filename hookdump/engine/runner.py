@@ -343,7 +343,6 @@ def _run(
     made_from = sources(loaded, feed)
     destination.check_sources(made_from)
 
-    capture = options.capture
     processes = ranks.world if ranks else None
     static = manifest_fields(
         options, loaded=loaded, feed=feed, form=form, sources=made_from, processes=processes
@@ -359,14 +358,7 @@ def _run(
         summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
         budget=_budget(options, shown[1]),
     )
-    tokens = _token_rows(options, sink, feed) if options.tokens else None
-    steps = None
-    if options.generate is not None and options.generate.capture == "decode" and tokens:
-        steps = DecodeSteps(tokens)
-    cap = _hooks(capture, loaded, steps or tokens or sink)
-    early = capture.early_stop and not loaded.module.training  # never while decoding
-    how = ForwardOptions(options.dtype, capture.grad_target, early, options.model.model)
-    loop = BatchLoop(cap, loaded, sink, how, tokens, _generator(options, loaded, cap, feed, steps))
+    cap, loop = _loop(options, loaded, sink, feed)
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)
     # with one process, no row means nothing to keep: stop before the sink writes a shard
     alone = ranks is None and options.dump.part is None
@@ -391,6 +383,23 @@ def _run(
         "finish": time.perf_counter() - looped_at,
     }
     return _result(options, loaded, whole, manifest, timings, destination, feed, sink)
+
+
+def _loop(
+    options: RunOptions, loaded: LoadedModel, sink: BatchSink, feed: Feed
+) -> tuple[Hooks, BatchLoop]:
+    """The hooks, and the batch loop that drives them: token rows between them and the
+    sink with `--per-token`, and the passes that generate before those with decode."""
+    capture = options.capture
+    tokens = _token_rows(options, sink, feed) if options.tokens else None
+    steps = None
+    if options.generate is not None and options.generate.capture == "decode" and tokens:
+        steps = DecodeSteps(tokens)
+    cap = _hooks(capture, loaded, steps or tokens or sink)
+    early = capture.early_stop and not loaded.module.training  # never while decoding
+    how = ForwardOptions(options.dtype, capture.grad_target, early, options.model.model)
+    generator = _generator(options, loaded, cap, feed, steps)
+    return cap, BatchLoop(cap, loaded, sink, how, tokens, generator)
 
 
 def _result(
