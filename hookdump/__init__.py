@@ -47,6 +47,7 @@ __all__ = [
     "dump",
     "export",
     "follow",
+    "follow_dataset",
     "load",
     "options",
     "run",
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
     from hookdump.model.prepare import ModelOptions as ModelOptions
     from hookdump.store.read.aligned import aligned
     from hookdump.store.read.dump import Dump, load
-    from hookdump.store.read.follow import follow
+    from hookdump.store.read.follow import follow, follow_dataset
     from hookdump.store.write.writer import DumpOptions as DumpOptions
     from hookdump.tools.export import ExportResult, export
 
@@ -78,6 +79,7 @@ _LAZY = {
     "dump": "hookdump.engine.live",
     "load": "hookdump.store.read.dump",
     "follow": "hookdump.store.read.follow",
+    "follow_dataset": "hookdump.store.read.follow",
     "capture": "hookdump.hooks.capture",
     "export": "hookdump.tools.export",
     "run": "hookdump.engine.runner",

@@ -66,6 +66,8 @@ def test_the_cli_and_python_agree_on_defaults() -> None:
 def test_the_readers_agree_on_their_shared_keywords() -> None:
     assert _disagree(Dump.batches, Aligned.batches, set()) == []
     assert _disagree(Dump.batches, hookdump.follow, set()) == []  # `keys`, `shuffle`, ...
+    assert _disagree(Dump.dataset, hookdump.follow_dataset, set()) == []
+    assert _disagree(hookdump.follow, hookdump.follow_dataset, set()) == []
     assert _disagree(Dump.batches, Dump.dataset, set()) == []
     assert _disagree(Dump.dataset, Aligned.dataset, set()) == []
     assert _disagree(Aligned.batches, Aligned.dataset, set()) == []

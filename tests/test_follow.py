@@ -216,3 +216,23 @@ def test_two_followers_each_see_every_row(tmp_path: Path) -> None:
     torch.testing.assert_close(hookdump.load(out)["__root__"], expected)  # nothing consumed
     # a finished follower started again has nothing left to give
     assert list(hookdump.follow(out, ["__root__"], 3, name="a")) == []
+
+
+def test_dataloader_workers_and_ranks_each_take_their_shards(tmp_path: Path) -> None:
+    """`follow_dataset`: each of workers x ranks follows every n-th shard, so every row
+    goes to one of them (consumed as it goes), each with its own progress."""
+    out = tmp_path / "d"
+    model = torch.nn.Linear(8, 3)
+    hookdump.dump(model, [torch.randn(5, 8) for _ in range(8)], out, shard_size=64)
+    rows: list[int] = []
+    for rank in range(2):
+        dataset = hookdump.follow_dataset(out, ["__root__"], 3, with_index=True, consume=True,
+                                          rank=rank, world_size=2)  # fmt: skip
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+        rows += [row for batch in loader for row in batch["__row__"].tolist()]
+    assert sorted(rows) == list(range(40))
+    assert not list(out.glob("shard-*"))
+    names = sorted(p.name for p in out.glob("follow-*.json"))
+    assert names == [f"follow-default.{i}-of-4.json" for i in range(4)]
+    with pytest.raises(hookdump.InvalidDump, match=r"consumed by the follower 'default\.\d-of-4'"):
+        hookdump.load(out)["__root__"]

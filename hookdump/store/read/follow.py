@@ -32,7 +32,8 @@ import torch
 from hookdump.errors import HookdumpError, InvalidDump
 from hookdump.format.manifest import MANIFEST, RUNNING, ShardEntry
 from hookdump.store.folder import process_alive, remove_entry
-from hookdump.store.read.batches import BUFFER_BYTES, ROW
+from hookdump.store.read.batches import BUFFER_BYTES, ROW, PassOptions
+from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.progress import Progress, follow_file
 
@@ -97,13 +98,71 @@ class _Pass:
     consume: bool
 
 
+def follow_dataset(
+    path: str | Path,
+    keys: list[str],
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    with_index: bool = False,
+    drop_last: bool = False,
+    buffer_bytes: int = BUFFER_BYTES,
+    consume: bool = False,
+    name: str = "default",
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> DumpDataset:
+    """`follow` as a `torch.utils.data.IterableDataset` for DataLoader workers and
+    torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
+    ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
+    progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
+    folder = Path(path)
+    if "://" in str(path):
+        follow(path, keys, batch_size)  # the one-line refusal
+    options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
+                          buffer_bytes=buffer_bytes)  # fmt: skip
+    return DumpDataset(_FollowPass(folder, list(keys), consume, name), options, rank, world_size)
+
+
+@dataclass(frozen=True)
+class _FollowPass:
+    """A follower's share of a dump (a `dataset.Pass`)."""
+
+    folder: Path
+    keys: list[str]
+    consume: bool
+    name: str
+
+    def check(self, options: PassOptions) -> None:
+        follow_file(self.name)
+        if not isinstance(options.batch_size, int) or options.batch_size < 1:
+            raise HookdumpError(f"batch_size={options.batch_size!r}: give a whole number >= 1")
+
+    def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
+        index, count = options.split
+        name = self.name if count == 1 else f"{self.name}.{index}-of-{count}"
+        how = _Pass(options.shuffle, options.seed, options.with_index, options.drop_last,
+                    options.buffer_bytes, self.consume)  # fmt: skip
+        mine = self.folder / follow_file(name)
+        return _Follower(self.folder, self.keys, options.batch_size, mine, _to_stderr,
+                         options.split).batches(how)  # fmt: skip
+
+
 class _Follower:
     def __init__(
-        self, folder: Path, keys: list[str], batch_size: int, mine: Path, say: Callable[[str], None]
+        self,
+        folder: Path,
+        keys: list[str],
+        batch_size: int,
+        mine: Path,
+        say: Callable[[str], None],
+        split: tuple[int, int] = (0, 1),
     ) -> None:
         self.folder, self.keys, self.batch_size, self.mine, self.say = (
             folder, keys, batch_size, mine, say
         )  # fmt: skip
+        self.split = split  # (this reader, readers): it follows every readers-th shard
         self.progress = Progress.read(mine)
         self._delete(self.progress.consumed)
 
@@ -167,8 +226,9 @@ class _Follower:
         group: list[ShardEntry] = []
         nbytes = 0
         row = max(1, dump.reader.row_bytes(self.keys))
-        for shard in dump.manifest.shards:
-            if shard.file in done:
+        reader, readers = self.split
+        for index, shard in enumerate(dump.manifest.shards):
+            if shard.file in done or index % readers != reader:
                 continue
             size = shard.rows * row
             if group and nbytes + size > budget:
