@@ -73,29 +73,12 @@ def follow(
         >>> for batch in hookdump.follow("acts/", ["h.5"], 4096, shuffle=True, consume=True):
         ...     train_step(batch["h.5"])
     """
-    if storage_options is not None or "://" in str(path):
-        raise HookdumpError(
-            f"hookdump.follow reads a dump in a folder; {path} is a URL, which it does not "
-            "follow yet: read it with hookdump.load(...).batches once it is complete"
-        )
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise HookdumpError(f"batch_size={batch_size!r}: give a whole number of at least 1")
-    folder = Path(path)
-    mine = folder / follow_file(name)
-    say = notice or _to_stderr
-    return _Follower(folder, list(keys), batch_size, mine, say).batches(
-        _Pass(shuffle, seed, with_index, drop_last, buffer_bytes, consume)
-    )
-
-
-@dataclass(frozen=True)
-class _Pass:
-    shuffle: bool
-    seed: int
-    with_index: bool
-    drop_last: bool
-    buffer_bytes: int
-    consume: bool
+    source = _FollowPass(_folder(path, storage_options), list(keys), consume, name,
+                         notice or _to_stderr)  # fmt: skip
+    options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
+                          buffer_bytes=buffer_bytes)  # fmt: skip
+    source.check(options)  # now, not at the first batch
+    return source.batches(options)
 
 
 def follow_dataset(
@@ -117,56 +100,55 @@ def follow_dataset(
     torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
-    folder = Path(path)
-    if "://" in str(path):
-        follow(path, keys, batch_size)  # the one-line refusal
+    source = _FollowPass(_folder(path, None), list(keys), consume, name, _to_stderr)
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
-    return DumpDataset(_FollowPass(folder, list(keys), consume, name), options, rank, world_size)
+    return DumpDataset(source, options, rank, world_size)
+
+
+def _folder(path: str | Path, storage_options: Mapping[str, Any] | None) -> Path:
+    if storage_options is not None or "://" in str(path):
+        raise HookdumpError(
+            f"hookdump.follow reads a dump in a folder; {path} is a URL, which it does not "
+            "follow yet: read it with hookdump.load(...).batches once it is complete"
+        )
+    return Path(path)
 
 
 @dataclass(frozen=True)
 class _FollowPass:
-    """A follower's share of a dump (a `dataset.Pass`)."""
+    """What a follower reads (a `dataset.Pass`): `follow`'s whole pass, or one DataLoader
+    worker's or rank's share (`PassOptions.split`), its progress under a name of its own."""
 
     folder: Path
     keys: list[str]
     consume: bool
     name: str
+    say: Callable[[str], None]
 
     def check(self, options: PassOptions) -> None:
         follow_file(self.name)
         if not isinstance(options.batch_size, int) or options.batch_size < 1:
-            raise HookdumpError(f"batch_size={options.batch_size!r}: give a whole number >= 1")
+            raise HookdumpError(
+                f"batch_size={options.batch_size!r}: give a whole number of at least 1"
+            )
 
     def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
         index, count = options.split
         name = self.name if count == 1 else f"{self.name}.{index}-of-{count}"
-        how = _Pass(options.shuffle, options.seed, options.with_index, options.drop_last,
-                    options.buffer_bytes, self.consume)  # fmt: skip
-        mine = self.folder / follow_file(name)
-        return _Follower(self.folder, self.keys, options.batch_size, mine, _to_stderr,
-                         options.split).batches(how)  # fmt: skip
+        return _Follower(self, self.folder / follow_file(name), options).batches()
 
 
 class _Follower:
-    def __init__(
-        self,
-        folder: Path,
-        keys: list[str],
-        batch_size: int,
-        mine: Path,
-        say: Callable[[str], None],
-        split: tuple[int, int] = (0, 1),
-    ) -> None:
-        self.folder, self.keys, self.batch_size, self.mine, self.say = (
-            folder, keys, batch_size, mine, say
-        )  # fmt: skip
-        self.split = split  # (this reader, readers): it follows every readers-th shard
+    def __init__(self, source: _FollowPass, mine: Path, options: PassOptions) -> None:
+        self.folder, self.keys, self.say = source.folder, source.keys, source.say
+        self.consume, self.mine, self.options = source.consume, mine, options
         self.progress = Progress.read(mine)
         self._delete(self.progress.consumed)
+        self._seen: tuple[tuple[int, int, int], Dump] | None = None  # the manifest read last
 
-    def batches(self, how: _Pass) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        how, size = self.options, self.options.batch_size
         again = sum(self.progress.inside.values())
         if again:
             self.say(
@@ -176,31 +158,38 @@ class _Follower:
         buffer = _Buffer(torch.Generator().manual_seed(how.seed))
         while True:
             dump = self._dump()
-            group = self._next_group(dump, how.buffer_bytes, {s.file for s in buffer.shards})
+            group = self._next_group(dump, {s.file for s in buffer.shards})
             if not group:
                 if dump.complete:
                     break
-                yield from self._wait(dump, buffer, how.consume)
+                yield from self._wait(dump, buffer)
                 continue
             for shard in group:
                 buffer.add(shard, dump.reader.read_shard(shard, self.keys), how.with_index)
             if how.shuffle:
-                buffer.shuffle(buffer.rows % self.batch_size)
-            while buffer.rows >= self.batch_size:
-                batch, origin = buffer.take(self.batch_size)
+                buffer.shuffle(buffer.rows % size)
+            while buffer.rows >= size:
+                batch, origin = buffer.take(size)
                 yield batch
-                self._given(origin, buffer, how.consume)
+                self._given(origin, buffer)
         if buffer.rows:
             batch, origin = buffer.take(buffer.rows)
             if not how.drop_last:
                 yield batch
-            self._given(origin, buffer, how.consume)
+            self._given(origin, buffer)
 
     def _dump(self) -> Dump:
-        """The dump as its manifest lists it now (waiting for the first manifest)."""
-        while not (self.folder / MANIFEST).exists():  # the run has not committed a shard yet
-            time.sleep(POLL_S)
+        """The dump as its manifest lists it now (waiting for the first manifest); read
+        again only once the run has written a new one (each is a new file, renamed in)."""
         while True:
+            try:
+                state = (self.folder / MANIFEST).stat()
+            except FileNotFoundError:  # the run has not committed a shard yet
+                time.sleep(POLL_S)
+                continue
+            seen = (state.st_ino, state.st_mtime_ns, state.st_size)
+            if self._seen is not None and self._seen[0] == seen:
+                return self._seen[1]
             try:
                 dump = Dump(self.folder)
             except InvalidDump:
@@ -218,52 +207,49 @@ class _Follower:
                     f"{self.mine.name} followed (it was overwritten); delete {self.mine} to "
                     "follow the new one from its start"
                 )
+            self._seen = (seen, dump)
             return dump
 
-    def _next_group(self, dump: Dump, budget: int, taken: set[str]) -> list[ShardEntry]:
+    def _next_group(self, dump: Dump, taken: set[str]) -> list[ShardEntry]:
         """The next shards not finished, as many whole ones as `budget` holds (one at least)."""
         done = set(self.progress.finished) | taken
         group: list[ShardEntry] = []
         nbytes = 0
         row = max(1, dump.reader.row_bytes(self.keys))
-        reader, readers = self.split
+        reader, readers = self.options.split  # this reader follows every readers-th shard
         for index, shard in enumerate(dump.manifest.shards):
             if shard.file in done or index % readers != reader:
                 continue
             size = shard.rows * row
-            if group and nbytes + size > budget:
+            if group and nbytes + size > self.options.buffer_bytes:
                 break
             group.append(shard)
             nbytes += size
         return group
 
-    def _wait(
-        self, dump: Dump, buffer: _Buffer, consume: bool
-    ) -> Iterator[dict[str, torch.Tensor]]:
+    def _wait(self, dump: Dump, buffer: _Buffer) -> Iterator[dict[str, torch.Tensor]]:
         """No shard to read yet: end with the run's error if it failed; give out the rows
         held back (a short batch) if the run waits for room; then wait a little."""
         failed = dump.manifest.get("failed")
         if isinstance(failed, str):
             raise HookdumpError(f"the run writing {self.folder} failed: {failed[:500]}")
-        if buffer.rows and _run_waits(self.folder):
+        if buffer.rows and (_running(self.folder) or {}).get("waiting") is True:
             batch, origin = buffer.take(buffer.rows)
             yield batch
-            self._given(origin, buffer, consume)
+            self._given(origin, buffer)
         time.sleep(POLL_S)
 
-    def _given(self, rows: torch.Tensor, buffer: _Buffer, consume: bool) -> None:
+    def _given(self, rows: torch.Tensor, buffer: _Buffer) -> None:
         """`rows` (their shards' indices) were given out: note it, finish the shards that
         have none left (deleting them with `consume`), and keep the progress."""
         shards, left = buffer.shards, buffer.left
-        counts = torch.bincount(rows, minlength=len(shards)).tolist()
+        indices, counts = torch.unique(rows, return_counts=True)  # the shards in the batch
         gone: list[str] = []
-        for index, count in enumerate(counts):
-            if not count:
-                continue
+        for index, count in zip(indices.tolist(), counts.tolist(), strict=True):
             left[index] -= count
             shard = shards[index]
-            if self.progress.gave(shard.file, shard.rows - left[index], shard.rows, consume):
-                gone += [shard.file] if consume else []
+            if self.progress.gave(shard.file, shard.rows - left[index], shard.rows, self.consume):
+                gone += [shard.file] if self.consume else []
         self.progress.write(self.mine)
         self._delete(gone)
 
@@ -315,23 +301,21 @@ class _Buffer:
         return taken, origin
 
 
-def _run_waits(folder: Path) -> bool:
-    """Whether the run writing `folder` waits for its shards to be consumed (`--max-disk`)."""
+def _running(folder: Path) -> dict[str, Any] | None:
+    """What the run writing `folder` says of itself (`running.json`: under `--overwrite` or
+    `--max-disk`), if anything."""
     try:
         running = json.loads((folder / RUNNING).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(running, dict) and running.get("waiting") is True
+        return None
+    return running if isinstance(running, dict) else None
 
 
 def _refuse_overwriting(folder: Path, run_id: str | None) -> None:
     """A run under way that will replace the dump in `folder` (`--overwrite`, its first
     shard not committed yet): following the old dump would end in its deletion."""
-    try:
-        running = json.loads((folder / RUNNING).read_text())
-    except (OSError, ValueError):
-        return
-    if not isinstance(running, dict) or not running.get("overwrite"):
+    running = _running(folder)
+    if running is None or not running.get("overwrite"):
         return
     if running.get("run_id") == run_id or not _alive(running):
         return
