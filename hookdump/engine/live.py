@@ -179,8 +179,11 @@ def dump(
         spool=spool,
     )
     label = str(model) if live is None else ""
-    special = _special_ids(tokenizer, skip_special_tokens, label)
-    ends = _ends(tokenizer, label) if options.generate else Ends()
+    if isinstance(tokenizer, str | Path) and (skip_special_tokens or options.generate):
+        tokenizer, _ = load_tokenizer(tokenizer, label or str(tokenizer), given=True)
+    special = _special_ids(tokenizer, skip_special_tokens)
+    # generation pads and stops with the tokenizer's tokens, else the model's config's
+    ends = Ends.of(tokenizer) if options.generate and tokenizer is not None else Ends()
     with _as_asked(live, device, train) as (where, mode):
         chosen = dataclasses.replace(options.model, device=where, train=mode)
         options = dataclasses.replace(options, model=chosen)
@@ -368,19 +371,7 @@ def _as_asked(
             module.to(before)
 
 
-def _ends(tokenizer: Any, model: str) -> Ends:
-    """Generation: the pad and EOS tokens of `tokenizer` (a tokenizer or its folder), if
-    given (else the model's generation config's are used)."""
-    if tokenizer is None:
-        return Ends()
-    if isinstance(tokenizer, str | Path):
-        tokenizer, _ = load_tokenizer(tokenizer, model or str(tokenizer), given=True)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    return Ends(pad if pad is not None else eos, () if eos is None else (int(eos),))
-
-
-def _special_ids(tokenizer: Any, skip: bool, model: str) -> tuple[int, ...]:
+def _special_ids(tokenizer: Any, skip: bool) -> tuple[int, ...]:
     if not skip:
         return ()
     if tokenizer is None:
@@ -388,8 +379,6 @@ def _special_ids(tokenizer: Any, skip: bool, model: str) -> tuple[int, ...]:
             f"{opt('skip_special_tokens')} needs {opt('tokenizer')}: a tokenizer, or a folder "
             "holding one, whose special tokens are dropped"
         )
-    if isinstance(tokenizer, str | Path):
-        tokenizer, _ = load_tokenizer(tokenizer, model or str(tokenizer), given=True)
     found = getattr(tokenizer, "all_special_ids", None)
     if found is None:
         raise HookdumpError(

@@ -20,7 +20,7 @@ from hookdump.errors import HookdumpError, Interrupted
 from hookdump.format.keys import KeyInfo
 from hookdump.format.rows import Rows, SampleIds
 from hookdump.hooks.capture import Hooks
-from hookdump.hooks.forward import calibrate, ends_late, forward, out_of_memory
+from hookdump.hooks.forward import calibrate, ends_late, forward, one_line, out_of_memory
 from hookdump.hooks.gradients import backward, inputs_requiring_grad
 from hookdump.hooks.tokens import TokenRows
 from hookdump.inputs.samples import Batch, Feed
@@ -166,9 +166,8 @@ class BatchLoop:
         except Exception as exc:
             if out_of_memory(exc):
                 raise
-            message = " ".join(str(exc).split())[:300] or "(no message)"
             raise HookdumpError(
-                f"generating with {self.how.label} raised {type(exc).__name__}: {message}"
+                f"generating with {self.how.label} raised {type(exc).__name__}: {one_line(exc)}"
             ) from exc
         return generated
 

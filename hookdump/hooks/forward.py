@@ -28,9 +28,7 @@ def forward(cap: Hooks, module: torch.nn.Module, batch: Batch, label: str) -> An
     except Exception as exc:
         if out_of_memory(exc):
             raise
-        message = " ".join(str(exc).split()) or "(no message)"
-        if len(message) > 300:
-            message = message[:300] + "..."
+        message = one_line(exc)
         inside = f"inside {cap.running[-1]!r}; " if cap.running else ""
         done = cap.finished
         ran = (
@@ -42,6 +40,12 @@ def forward(cap: Hooks, module: torch.nn.Module, batch: Batch, label: str) -> An
             f"the forward pass of {label} raised {type(exc).__name__}: {message} "
             f"({inside}{ran}); {_advice(batch)}"
         ) from exc
+
+
+def one_line(exc: BaseException) -> str:
+    """A model's own exception's message on one line, at most 300 characters of it."""
+    message = " ".join(str(exc).split()) or "(no message)"
+    return message if len(message) <= 300 else message[:300] + "..."
 
 
 def _advice(batch: Batch) -> str:

@@ -45,10 +45,6 @@ class DecodeSteps:
             self.receiver.keep(key, _joined(values, info.kind, pads, prompt_width), info, True)
         self._info.clear()
 
-    def clear(self) -> None:
-        self._parts.clear()
-        self._info.clear()
-
 
 def _joined(
     values: list[torch.Tensor], kind: str, pads: torch.Tensor, prompt_width: int

@@ -75,6 +75,13 @@ class Ends:
     pad: int | None = None
     eos: tuple[int, ...] = ()
 
+    @classmethod
+    def of(cls, tokenizer: Any) -> Ends:
+        """A (transformers) tokenizer's."""
+        eos = getattr(tokenizer, "eos_token_id", None)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return cls(pad if pad is not None else eos, () if eos is None else (int(eos),))
+
 
 @dataclass(frozen=True)
 class Feed:

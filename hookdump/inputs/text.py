@@ -326,14 +326,13 @@ def _ends(options: TextOptions, tokenizer: Any) -> Ends:
     at, checked for what `options` need; with `chat`, the chat template checked too."""
     if options.chat:
         check_template(tokenizer, options.tokenizer or "the model")
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    if pad is None and not options.packed:
+    ends = Ends.of(tokenizer)
+    if ends.pad is None and not options.packed:
         raise HookdumpError(
             f"{opt('text')}: the tokenizer has neither a pad nor an EOS token to pad samples "
             f"with; pack them with {opt('context_size')}"
         )
-    return Ends(pad, () if eos is None else (eos,))
+    return ends
 
 
 def _batch(

@@ -26,14 +26,12 @@ class DiskBudget:
     def __init__(self, limit: int, notice: Callable[[str], None] | None = None) -> None:
         self.limit = limit
         self.notice = notice
-        self.waited_s = 0.0
         self._said = False
 
     def wait(self, writer: DumpWriter, coming: int, committed: Callable[[], None]) -> None:
         """Wait until the listed shards still present and `coming` bytes fit the budget
         (`committed`: lists every finished shard first)."""
         committed()
-        started = time.monotonic()
         try:
             while (held := writer.present_bytes()) + coming > self.limit and held:
                 writer.place.mark_waiting(True)  # a follower gives out the rows it holds back
@@ -47,4 +45,3 @@ class DiskBudget:
                 time.sleep(POLL_S)
         finally:
             writer.place.mark_waiting(False)
-        self.waited_s += time.monotonic() - started
