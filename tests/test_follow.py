@@ -216,6 +216,11 @@ def test_two_followers_each_see_every_row(tmp_path: Path) -> None:
     torch.testing.assert_close(hookdump.load(out)["__root__"], expected)  # nothing consumed
     # a finished follower started again has nothing left to give
     assert list(hookdump.follow(out, ["__root__"], 3, name="a")) == []
+    # its arguments are checked as Dump.batches checks them, in one line
+    with pytest.raises(hookdump.HookdumpError, match="'h.5' is not in"):
+        next(hookdump.follow(out, ["h.5"], 3, name="c"))
+    with pytest.raises(hookdump.HookdumpError, match="batch_size 0 must be"):
+        hookdump.follow(out, ["__root__"], 0)
 
 
 def test_dataloader_workers_and_ranks_each_take_their_shards(tmp_path: Path) -> None:

@@ -345,6 +345,16 @@ def check(dump: ShardReader, keys: list[str], options: PassOptions) -> None:
             f"{dump.path}: its tensors have different numbers of rows, so the rows of its keys "
             "are not the same samples; read each key with dump[key]"
         )
+    check_numbers(options)
+    if options.with_index and ROW in keys:
+        raise HookdumpError(
+            f"{opt('with_index', True)} names each row's number {ROW!r}, which is a key of "
+            f"{dump.path}: read that key without {opt('with_index', True)}"
+        )
+
+
+def check_numbers(options: PassOptions) -> None:
+    """A pass's numbers (sizes, the seed), which need no dump to be checked."""
     numbers: dict[str, Any] = {
         "batch_size": (options.batch_size, 1),
         "start": (options.start, 0),
@@ -357,9 +367,4 @@ def check(dump: ShardReader, keys: list[str], options: PassOptions) -> None:
     if not is_integer(options.seed) or not 0 <= options.seed < MAX_SEED:
         raise HookdumpError(
             f"{opt('seed')} {options.seed!r} must be an integer, at least 0 and below 2**62"
-        )
-    if options.with_index and ROW in keys:
-        raise HookdumpError(
-            f"{opt('with_index', True)} names each row's number {ROW!r}, which is a key of "
-            f"{dump.path}: read that key without {opt('with_index', True)}"
         )

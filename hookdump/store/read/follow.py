@@ -32,7 +32,7 @@ import torch
 from hookdump.errors import HookdumpError, InvalidDump
 from hookdump.format.manifest import MANIFEST, RUNNING, ShardEntry
 from hookdump.store.folder import process_alive, remove_entry
-from hookdump.store.read.batches import BUFFER_BYTES, ROW, PassOptions
+from hookdump.store.read.batches import BUFFER_BYTES, ROW, PassOptions, check, check_numbers
 from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.progress import Progress, follow_file
@@ -73,7 +73,7 @@ def follow(
         >>> for batch in hookdump.follow("acts/", ["h.5"], 4096, shuffle=True, consume=True):
         ...     train_step(batch["h.5"])
     """
-    source = _FollowPass(_folder(path, storage_options), list(keys), consume, name,
+    source = _FollowPass(_folder(path, storage_options), keys, consume, name,
                          notice or _to_stderr)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
@@ -100,7 +100,7 @@ def follow_dataset(
     torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
-    source = _FollowPass(_folder(path, None), list(keys), consume, name, _to_stderr)
+    source = _FollowPass(_folder(path, None), keys, consume, name, _to_stderr)
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
     return DumpDataset(source, options, rank, world_size)
@@ -127,11 +127,10 @@ class _FollowPass:
     say: Callable[[str], None]
 
     def check(self, options: PassOptions) -> None:
+        """What can be checked before the run lists a shard (the keys are checked against
+        each manifest read, as `Dump.batches` checks them)."""
         follow_file(self.name)
-        if not isinstance(options.batch_size, int) or options.batch_size < 1:
-            raise HookdumpError(
-                f"batch_size={options.batch_size!r}: give a whole number of at least 1"
-            )
+        check_numbers(options)
 
     def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
         index, count = options.split
@@ -199,8 +198,7 @@ class _Follower:
                 continue
             run_id = dump.manifest.run_id
             _refuse_overwriting(self.folder, run_id)
-            for key in self.keys:  # one line naming the key, with the nearest
-                dump.reader.check_key(key)
+            check(dump.reader, self.keys, self.options)  # the keys, as Dump.batches has them
             if not self.progress.follows(run_id):
                 raise HookdumpError(
                     f"{self.folder} holds another run's dump than the one follower "
