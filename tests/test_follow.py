@@ -217,7 +217,7 @@ def test_two_followers_each_see_every_row(tmp_path: Path) -> None:
     # a finished follower started again has nothing left to give
     assert list(hookdump.follow(out, ["__root__"], 3, name="a")) == []
     # its arguments are checked as Dump.batches checks them, in one line
-    with pytest.raises(hookdump.HookdumpError, match="'h.5' is not in"):
+    with pytest.raises(hookdump.HookdumpError, match=r"'h\.5' is not in"):
         next(hookdump.follow(out, ["h.5"], 3, name="c"))
     with pytest.raises(hookdump.HookdumpError, match="batch_size 0 must be"):
         hookdump.follow(out, ["__root__"], 0)
