@@ -241,3 +241,112 @@ def test_dataloader_workers_and_ranks_each_take_their_shards(tmp_path: Path) -> 
     assert names == [f"follow-default.{i}-of-4.json" for i in range(4)]
     with pytest.raises(hookdump.InvalidDump, match=r"consumed by the follower 'default\.\d-of-4'"):
         hookdump.load(out)["__root__"]
+
+
+def _object_bytes(url: str) -> int:
+    """The bytes of the shard objects under `url` now."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False)
+    try:
+        listed = fs.ls(url.removeprefix("s3://"), detail=True, refresh=True)
+    except FileNotFoundError:
+        return 0
+    return sum(int(e["size"]) for e in listed if "/shard-" in e["name"])
+
+
+def test_at_a_url_every_row_once_within_the_budget(bucket: str, tmp_path: Path) -> None:
+    """At an S3 URL: the run keeps its objects within --max-disk (listed all along), the
+    follower deletes the objects it consumed, and the dump says which were."""
+    out, log = f"{bucket}/d", tmp_path / "rows.log"
+    follower = _follower(out, log)
+    writer = _writer(out, "--max-disk", BUDGET)
+    most = 0
+    while writer.poll() is None or follower.poll() is None:
+        most = max(most, _object_bytes(out))
+    assert writer.returncode == 0, writer.stderr.read() if writer.stderr else ""
+    assert follower.returncode == 0, follower.stderr.read() if follower.stderr else ""
+    assert sorted(_rows(log)) == list(range(ROWS))
+    dump = hookdump.load(out)
+    largest = max(shard.bytes or 0 for shard in dump.reader.shards)
+    assert 0 < most <= 40 * 1024 + largest
+    assert _object_bytes(out) == 0  # every shard consumed
+    assert len(dump.manifest.get("consumed", [])) >= 1  # the last manifest's count
+    with pytest.raises(hookdump.InvalidDump, match="consumed by the follower 'default'"):
+        dump["avgpool"]
+    # the run's notes of itself are gone with it; the follower's progress stays
+    names = {p.rsplit("/", 1)[-1] for p in _listing(out)}
+    assert "running.json" not in names and "follow-default.json" in names
+
+
+def _listing(url: str) -> list[str]:
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False)
+    return [str(p) for p in fs.ls(url.removeprefix("s3://"), refresh=True)]
+
+
+TORCHRUN_FOLLOWER = textwrap.dedent(
+    """
+    import json, sys
+    import hookdump
+    rows = [b["linear_1"].tolist() for b in hookdump.follow(sys.argv[1], ["linear_1"], 5,
+                                                           consume=True, shuffle=True)]
+    print(json.dumps([r for batch in rows for r in batch]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_torchrun_writers_each_keep_their_share_of_the_budget(tmp_path: Path) -> None:
+    """Two torchrun ranks write their shards under one --max-disk (half each) while a
+    follower consumes them from the ranks' own manifests: it gets every row of the dump
+    one process makes, once."""
+    tests = Path(__file__).parent
+    args = ["run", "tiny_models:TwoLinear", "-n", "48", "-b", "4", "--layers", "linear_1",
+            "--shard-size", "32"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = tmp_path / "one"
+    subprocess.run([sys.executable, "-m", "hookdump", *args, "-o", str(one), "-q"], cwd=tests,
+                   env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+    out = tmp_path / "two"
+    follower = subprocess.Popen(
+        [sys.executable, "-c", TORCHRUN_FOLLOWER, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "hookdump", *args, "--max-disk", BUDGET, "-o", str(out), "-q"],
+        cwd=tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    most = 0
+    while writer.poll() is None or follower.poll() is None:
+        if out.is_dir():
+            most = max(most, _shard_bytes(out))
+    assert writer.returncode == 0, writer.stderr.read() if writer.stderr else ""
+    given, err = follower.communicate()
+    assert follower.returncode == 0, err
+    rows = sorted(tuple(row) for row in json.loads(given))
+    assert rows == sorted(tuple(row) for row in hookdump.load(one)["linear_1"].tolist())
+    largest = max(shard.bytes or 0 for shard in hookdump.load(one).reader.shards)
+    assert 0 < most <= 40 * 1024 + 2 * largest  # each rank: its half, and the shard it writes
+    assert not list(out.glob("shard-*"))
+
+
+def test_row_numbers_wait_for_the_torchrun_ranks_to_be_joined(tmp_path: Path) -> None:
+    """A dump still listed in a torchrun rank's own manifest has no dump row numbers yet:
+    with_index is one line; without it, the rank's rows come."""
+    out, model = tmp_path / "d", torch.nn.Linear(8, 3)
+    data = [torch.randn(4, 8), torch.randn(4, 8)]
+    hookdump.dump(model, data, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").unlink()
+    rank = {**manifest, "complete": False, "processes": 2}
+    (out / "manifest-r00.json").write_text(json.dumps(rank))
+    with pytest.raises(hookdump.HookdumpError, match="written by 2 torchrun processes"):
+        next(hookdump.follow(out, ["__root__"], 4, with_index=True))
+    batches = hookdump.follow(out, ["__root__"], 8)
+    with torch.no_grad():
+        torch.testing.assert_close(next(batches)["__root__"], model(torch.cat(data)))

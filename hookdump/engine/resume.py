@@ -17,6 +17,7 @@ from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import ShardEntry, samples_fed
 from hookdump.model.weights import sha256, state_sha256
+from hookdump.store.beside import beside_of
 from hookdump.store.read.manifest import manifest_at
 from hookdump.store.read.progress import consumed_shards, is_progress
 from hookdump.store.write.place import DumpPlace
@@ -269,10 +270,9 @@ def keep_verified(
 def _consumed(place: DumpPlace, previous: dict[str, Any]) -> set[str]:
     """The listed shards followers consumed (deleted once given out: `hookdump.follow`):
     kept by `--resume` as they are, gone."""
-    found = set(previous.get("consumed", []))
-    if isinstance(place.root, Path):
-        found |= set(consumed_shards(place.root))
-    return found
+    return set(previous.get("consumed", [])) | set(
+        consumed_shards(beside_of(place.root, place.remote))
+    )
 
 
 def _cut(manifest: dict[str, Any], last: ShardEntry, kept: int) -> dict[str, Any]:

@@ -219,26 +219,27 @@ def _check_text(options: RunOptions) -> None:
 
 
 def _check_budget(options: RunOptions) -> None:
-    """`--max-disk`: a folder's (a follower reads a folder), holding one shard at least."""
+    """`--max-disk`: room for one shard at least, per torchrun process (each keeps its share
+    of the budget)."""
     dump = options.dump
     if dump.max_disk is None:
         return
-    if dump.url is not None:
+    world = max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    if dump.max_disk // world < dump.shard_bytes:
+        each = f", shared by {world} torchrun processes," if world > 1 else ""
         raise HookdumpError(
-            f"{opt('max_disk')} keeps a folder's shards within a budget for a follower, and "
-            f"hookdump.follow reads folders; leave {opt('max_disk')} out at a URL"
-        )
-    if dump.max_disk < dump.shard_bytes:
-        raise HookdumpError(
-            f"{opt('max_disk')} {format_bytes(dump.max_disk)} is less than one shard "
-            f"({opt('shard_size')} {format_bytes(dump.shard_bytes)}); give a larger budget "
-            "or smaller shards"
+            f"{opt('max_disk')} {format_bytes(dump.max_disk)}{each} is less than one shard "
+            f"({opt('shard_size')} {format_bytes(dump.shard_bytes)}) per process; give a "
+            "larger budget or smaller shards"
         )
 
 
-def _budget(options: RunOptions, notice: Notice | None) -> DiskBudget | None:
+def _budget(options: RunOptions, ranks: Ranks | None, notice: Notice | None) -> DiskBudget | None:
+    """`--max-disk`, each torchrun process keeping its share."""
     limit = options.dump.max_disk
-    return None if limit is None else DiskBudget(limit, notice)
+    if limit is None:
+        return None
+    return DiskBudget(limit // (ranks.world if ranks else 1), notice)
 
 
 def _check_generate(options: RunOptions, python: bool) -> None:
@@ -356,7 +357,7 @@ def _run(
         expected=lambda: feed.total if feed.total is not None else feed.estimate(),
         copies=ranks.world if ranks else 1,
         summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
-        budget=_budget(options, shown[1]),
+        budget=_budget(options, ranks, shown[1]),
     )
     cap, loop = _loop(options, loaded, sink, feed)
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)

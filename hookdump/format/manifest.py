@@ -23,6 +23,7 @@ FORMAT = "hookdump/1"
 MANIFEST = "manifest.json"
 EXPORT_MARKER = "hookdump-export.json"  # in every folder `hookdump export` writes
 RUNNING = "running.json"  # beside a dump being written: which run, whether it overwrites
+WAITING = "waiting.json"  # beside a dump whose run waits for a follower (--max-disk)
 STATS_FILE = "stats.safetensors"  # per-feature statistics (store.features), if made
 KINDS = TENSOR_KINDS  # a key's `kind` in the manifest
 

@@ -31,8 +31,8 @@ DUMP_FILE = re.compile(
     # a torchrun rank's files are `-rNN-`, a part's (a Ray task's: engine.parts) `-pHEX-`
     r"^(manifest(-(r\d+|p[0-9a-f]+))?\.json(\.tmp)?"
     r"|shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
-    r"|stats\.safetensors(\.tmp)?|running\.json(\.tmp)?"
-    r"|follow-[A-Za-z0-9_.-]{1,64}\.json(\.tmp)?"  # a follower's progress (hookdump.follow)
+    r"|stats\.safetensors(\.tmp)?|(running|waiting(-(r\d+|p[0-9a-f]+))?)\.json(\.tmp)?"
+    r"|follow-[A-Za-z0-9_.-]{1,64}\.(json|inside)(\.tmp)?"  # a follower's (hookdump.follow)
     r"|\.hookdump-old-[\w-]+)$"
 )
 # the names that are never part of a finished dump: half-written files and old dumps' trash

@@ -1,15 +1,16 @@
 """`hookdump.follow`: a dump read while it is written, shard by shard as each is committed:
 the dump is the queue between a run and a trainer.
 
-The follower reads the manifest (rewritten by the run after every commit), takes the
+The follower reads the manifest (rewritten by the run after every commit; under torchrun,
+each rank's own until rank 0 joins them), in a folder or at a URL, takes the
 shards it has not finished, a group of whole shards at a time within `buffer_bytes`, and
 gives their rows out in batches as `Dump.batches` does; with `shuffle`, the rows of the
 shards in the buffer are mixed (not the whole dump's: what is not written yet cannot be).
 It ends when the manifest is complete and every listed shard is done; a run that failed
 ends it with the run's error.
 
-Its progress is kept beside the manifest, `follow-NAME.json`: the shards finished, and the
-rows given out of the one it was inside. A follower started again with the same name goes
+Its progress is kept beside the manifest (`store.read.progress`): the shards finished, and
+the rows given out of the ones it was inside. A follower started again with the same name goes
 on from there: the shards it had finished are not read again, those it was inside are read
 again whole (it says how many rows come again). With `consume`, a shard is deleted once
 every row of it was given out, which frees room for a run under `--max-disk`; the run's
@@ -19,9 +20,11 @@ manifest then lists it as consumed, and reading it is a one-line error.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,15 +32,20 @@ from typing import Any
 
 import torch
 
-from hookdump.errors import HookdumpError, InvalidDump
+from hookdump.errors import HookdumpError, InvalidDump, opt
 from hookdump.format.manifest import MANIFEST, RUNNING, ShardEntry
-from hookdump.store.folder import process_alive, remove_entry
+from hookdump.store.beside import Beside, beside
+from hookdump.store.folder import process_alive
+from hookdump.store.location import UrlPath
 from hookdump.store.read.batches import BUFFER_BYTES, ROW, PassOptions, check, check_numbers
 from hookdump.store.read.dataset import DumpDataset
-from hookdump.store.read.dump import Dump
+from hookdump.store.read.manifest import manifest_at
 from hookdump.store.read.progress import Progress, follow_file
+from hookdump.store.read.reader import ShardReader
 
-POLL_S = 0.2  # how often a follower looks for a new shard, or a run for room
+_RANK_MANIFEST = re.compile(r"^manifest-r(\d+)\.json$")  # a torchrun rank's, until joined
+_WAITING = re.compile(r"^waiting(-r\d+)?\.json$")  # a writer waits for room (--max-disk)
+_SHARD = re.compile(r"^shard-(?:r(\d+)-)?(\d+)\.safetensors$")
 
 
 def follow(
@@ -59,6 +67,7 @@ def follow(
     docstring), ending when the run's complete manifest has no shard left.
 
     Args:
+        path: the dump's folder or URL (`s3://bucket/prefix`, any fsspec protocol).
         keys, batch_size, with_index, drop_last: as `Dump.batches` takes them.
         shuffle, seed: mix the rows of the shards in the buffer, in an order fixed by
             `seed`.
@@ -66,14 +75,14 @@ def follow(
         consume: delete each shard once all its rows were given out.
         name: the follower's name: its progress is kept under it; two followers of
             different names each get every row.
-        storage_options: reserved for dumps at a URL (not followed yet).
+        storage_options: fsspec options for a URL (as `hookdump.load` takes them).
         notice: called with a line for the person (default: written to stderr).
 
     Example:
         >>> for batch in hookdump.follow("acts/", ["h.5"], 4096, shuffle=True, consume=True):
         ...     train_step(batch["h.5"])
     """
-    source = _FollowPass(_folder(path, storage_options), keys, consume, name,
+    source = _FollowPass(beside(path, storage_options), keys, consume, name,
                          notice or _to_stderr)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
@@ -93,6 +102,7 @@ def follow_dataset(
     buffer_bytes: int = BUFFER_BYTES,
     consume: bool = False,
     name: str = "default",
+    storage_options: Mapping[str, Any] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
 ) -> DumpDataset:
@@ -100,19 +110,10 @@ def follow_dataset(
     torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
-    source = _FollowPass(_folder(path, None), keys, consume, name, _to_stderr)
+    source = _FollowPass(beside(path, storage_options), keys, consume, name, _to_stderr)
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
     return DumpDataset(source, options, rank, world_size)
-
-
-def _folder(path: str | Path, storage_options: Mapping[str, Any] | None) -> Path:
-    if storage_options is not None or "://" in str(path):
-        raise HookdumpError(
-            f"hookdump.follow reads a dump in a folder; {path} is a URL, which it does not "
-            "follow yet: read it with hookdump.load(...).batches once it is complete"
-        )
-    return Path(path)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class _FollowPass:
     """What a follower reads (a `dataset.Pass`): `follow`'s whole pass, or one DataLoader
     worker's or rank's share (`PassOptions.split`), its progress under a name of its own."""
 
-    folder: Path
+    where: Beside
     keys: list[str]
     consume: bool
     name: str
@@ -135,36 +136,52 @@ class _FollowPass:
     def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
         index, count = options.split
         name = self.name if count == 1 else f"{self.name}.{index}-of-{count}"
-        return _Follower(self, self.folder / follow_file(name), options).batches()
+        return _Follower(self, name, options).batches()
+
+
+@dataclass(frozen=True)
+class _Listing:
+    """The shards the run has listed so far, each with the reader of its manifest (one
+    manifest, or a torchrun rank's each until rank 0 joins them)."""
+
+    shards: list[tuple[ShardEntry, ShardReader]]
+    complete: bool
+    failed: str | None
+    run_id: str | None
+    processes: int  # torchrun's, 1 without
+    joined: bool  # the dump's own manifest (not the torchrun ranks' yet)
+
+    def row_bytes(self, keys: list[str]) -> int:
+        return max([1] + [reader.row_bytes(keys) for _, reader in self.shards[:1]])
 
 
 class _Follower:
-    def __init__(self, source: _FollowPass, mine: Path, options: PassOptions) -> None:
-        self.folder, self.keys, self.say = source.folder, source.keys, source.say
-        self.consume, self.mine, self.options = source.consume, mine, options
-        self.progress = Progress.read(mine)
+    def __init__(self, source: _FollowPass, name: str, options: PassOptions) -> None:
+        self.where, self.keys, self.say = source.where, source.keys, source.say
+        self.consume, self.name, self.options = source.consume, name, options
+        self.progress = Progress.read(self.where, name)
         self._delete(self.progress.consumed)
-        self._seen: tuple[tuple[int, int, int], Dump] | None = None  # the manifest read last
+        self._seen: tuple[object, _Listing] | None = None  # the manifests read last
 
     def batches(self) -> Iterator[dict[str, torch.Tensor]]:
         how, size = self.options, self.options.batch_size
         again = sum(self.progress.inside.values())
         if again:
             self.say(
-                f"follower {self.mine.stem.removeprefix('follow-')!r} goes on in "
-                f"{self.folder}: {again} rows of the shards it was inside come again"
+                f"follower {self.name!r} goes on in {self.where.root}: {again} rows of the "
+                "shards it was inside come again"
             )
         buffer = _Buffer(torch.Generator().manual_seed(how.seed))
         while True:
-            dump = self._dump()
-            group = self._next_group(dump, {s.file for s in buffer.shards})
+            listing = self._listing()
+            group = self._next_group(listing, {s.file for s in buffer.shards})
             if not group:
-                if dump.complete:
+                if listing.complete:
                     break
-                yield from self._wait(dump, buffer)
+                yield from self._wait(listing, buffer)
                 continue
-            for shard in group:
-                buffer.add(shard, dump.reader.read_shard(shard, self.keys), how.with_index)
+            for shard, reader in group:
+                buffer.add(shard, reader.read_shard(shard, self.keys), how.with_index)
             if how.shuffle:
                 buffer.shuffle(buffer.rows % size)
             while buffer.rows >= size:
@@ -177,85 +194,127 @@ class _Follower:
                 yield batch
             self._given(origin, buffer)
 
-    def _dump(self) -> Dump:
-        """The dump as its manifest lists it now (waiting for the first manifest); read
-        again only once the run has written a new one (each is a new file, renamed in)."""
+    def _listing(self) -> _Listing:
+        """The shards as the run lists them now (waiting for its first manifest); read
+        again only once the run has written a new manifest (each a new file or object)."""
         while True:
-            try:
-                state = (self.folder / MANIFEST).stat()
-            except FileNotFoundError:  # the run has not committed a shard yet
-                time.sleep(POLL_S)
+            names, seen = self._versions()
+            if not names:  # the run has not committed a shard yet
+                time.sleep(self.where.poll_s)
                 continue
-            seen = (state.st_ino, state.st_mtime_ns, state.st_size)
             if self._seen is not None and self._seen[0] == seen:
                 return self._seen[1]
             try:
-                dump = Dump(self.folder)
+                listing = self._read(names)
             except InvalidDump:
-                if (self.folder / MANIFEST).exists():
-                    raise
-                time.sleep(POLL_S)  # replaced meanwhile (an old dump moved aside)
-                continue
-            run_id = dump.manifest.run_id
-            _refuse_overwriting(self.folder, run_id)
-            check(dump.reader, self.keys, self.options)  # the keys, as Dump.batches has them
-            if not self.progress.follows(run_id):
-                raise HookdumpError(
-                    f"{self.folder} holds another run's dump than the one follower "
-                    f"{self.mine.name} followed (it was overwritten); delete {self.mine} to "
-                    "follow the new one from its start"
-                )
-            self._seen = (seen, dump)
-            return dump
+                if self._versions()[1] != seen:
+                    continue  # replaced meanwhile (joined, or an old dump moved aside)
+                raise
+            self._check(listing)
+            self._seen = (seen, listing)
+            return listing
 
-    def _next_group(self, dump: Dump, taken: set[str]) -> list[ShardEntry]:
+    def _versions(self) -> tuple[list[str], object]:
+        """The manifests to read (the dump's, else the torchrun ranks'), and their versions."""
+        version = self.where.version(MANIFEST)
+        if version is not None:
+            return [MANIFEST], version
+        names = [n for n in self.where.names() if _RANK_MANIFEST.match(n)]
+        return names, tuple((n, self.where.version(n)) for n in names)
+
+    def _read(self, names: list[str]) -> _Listing:
+        def missing(url: UrlPath) -> HookdumpError:
+            return InvalidDump(f"{url} has no manifest")
+
+        where = self.where
+        readers = [ShardReader(where.root, manifest_at(where.root, name, where.remote, missing),
+                               remote=where.remote) for name in names]  # fmt: skip
+        joined = names == [MANIFEST]
+        first = readers[0].manifest
+        failed = [r.manifest.get("failed") for r in readers if r.manifest.get("failed")]
+        world = first.get("processes")
+        world = world if isinstance(world, int) and world > 0 else 1
+        return _Listing(
+            shards=sorted(
+                ((s, r) for r in readers for s in r.shards),
+                key=lambda listed: _order(listed[0].file, world),
+            ),
+            complete=joined and first.complete,
+            failed=str(failed[0]) if failed else None,
+            run_id=first.run_id,
+            processes=world,
+            joined=joined,
+        )
+
+    def _check(self, listing: _Listing) -> None:
+        """The run followed, and the keys as `Dump.batches` has them."""
+        _refuse_overwriting(self.where, listing.run_id)
+        if not self.progress.follows(listing.run_id):
+            raise HookdumpError(
+                f"{self.where.root} holds another run's dump than the one follower "
+                f"{self.name!r} followed (it was overwritten); delete "
+                f"{self.where.root / follow_file(self.name)} to follow the new one from its start"
+            )
+        for reader in {id(r): r for _, r in listing.shards}.values():
+            check(reader, self.keys, self.options)
+        if not listing.joined and self.options.with_index:
+            raise HookdumpError(
+                f"{self.where.root} is written by {listing.processes} torchrun processes, whose "
+                f"rows are numbered when the run ends; follow it without "
+                f"{opt('with_index', True)}, or read it with Dump.batches once it is complete"
+            )
+
+    def _next_group(
+        self, listing: _Listing, taken: set[str]
+    ) -> list[tuple[ShardEntry, ShardReader]]:
         """The next shards not finished, as many whole ones as `budget` holds (one at least)."""
         done = set(self.progress.finished) | taken
-        group: list[ShardEntry] = []
+        group: list[tuple[ShardEntry, ShardReader]] = []
         nbytes = 0
-        row = max(1, dump.reader.row_bytes(self.keys))
+        row = listing.row_bytes(self.keys)
         reader, readers = self.options.split  # this reader follows every readers-th shard
-        for index, shard in enumerate(dump.manifest.shards):
-            if shard.file in done or index % readers != reader:
+        for shard, opened in listing.shards:
+            if shard.file in done or _share(shard.file, listing.processes) % readers != reader:
                 continue
             size = shard.rows * row
             if group and nbytes + size > self.options.buffer_bytes:
                 break
-            group.append(shard)
+            group.append((shard, opened))
             nbytes += size
         return group
 
-    def _wait(self, dump: Dump, buffer: _Buffer) -> Iterator[dict[str, torch.Tensor]]:
+    def _wait(self, listing: _Listing, buffer: _Buffer) -> Iterator[dict[str, torch.Tensor]]:
         """No shard to read yet: end with the run's error if it failed; give out the rows
         held back (a short batch) if the run waits for room; then wait a little."""
-        failed = dump.manifest.get("failed")
-        if isinstance(failed, str):
-            raise HookdumpError(f"the run writing {self.folder} failed: {failed[:500]}")
-        if buffer.rows and (_running(self.folder) or {}).get("waiting") is True:
+        if listing.failed is not None:
+            raise HookdumpError(f"the run writing {self.where.root} failed: "
+                                f"{listing.failed[:500]}")  # fmt: skip
+        if buffer.rows and any(_WAITING.match(n) for n in self.where.names()):
             batch, origin = buffer.take(buffer.rows)
             yield batch
             self._given(origin, buffer)
-        time.sleep(POLL_S)
+        time.sleep(self.where.poll_s)
 
     def _given(self, rows: torch.Tensor, buffer: _Buffer) -> None:
         """`rows` (their shards' indices) were given out: note it, finish the shards that
         have none left (deleting them with `consume`), and keep the progress."""
         shards, left = buffer.shards, buffer.left
         indices, counts = torch.unique(rows, return_counts=True)  # the shards in the batch
-        gone: list[str] = []
+        finished: list[str] = []
         for index, count in zip(indices.tolist(), counts.tolist(), strict=True):
             left[index] -= count
             shard = shards[index]
             if self.progress.gave(shard.file, shard.rows - left[index], shard.rows, self.consume):
-                gone += [shard.file] if self.consume else []
-        self.progress.write(self.mine)
-        self._delete(gone)
+                finished.append(shard.file)
+        self.progress.write(self.where, bool(finished))
+        if self.consume:
+            self._delete(finished)
 
     def _delete(self, files: list[str]) -> None:
         """Delete consumed shards (after the progress that says so is written: a follower
         killed between the two deletes them when it starts again)."""
         for file in files:
-            remove_entry(self.folder / file)
+            self.where.remove(file)
 
 
 class _Buffer:
@@ -299,28 +358,44 @@ class _Buffer:
         return taken, origin
 
 
-def _running(folder: Path) -> dict[str, Any] | None:
-    """What the run writing `folder` says of itself (`running.json`: under `--overwrite` or
-    `--max-disk`), if anything."""
+def _order(file: str, processes: int) -> tuple[int, str]:
+    """Where a shard comes in a follower's pass: in the order the run wrote them (a torchrun
+    rank's n-th after every rank's (n-1)-th), whichever manifests list them."""
+    found = _SHARD.match(file)
+    if found is None:
+        return 1 << 62, file
+    return int(found[2]) * max(1, processes) + int(found[1] or 0), file
+
+
+def _share(file: str, processes: int) -> int:
+    """The number that says which reader of a split pass (`follow_dataset`) takes a shard:
+    the same in every listing of it, a rank's part or the joined manifest."""
+    number, _ = _order(file, processes)
+    return number if number < 1 << 62 else zlib.crc32(file.encode())
+
+
+def _running(where: Beside) -> dict[str, Any] | None:
+    """What the run writing the dump says of itself (`running.json`: under `--overwrite`
+    or `--max-disk`), if anything."""
     try:
-        running = json.loads((folder / RUNNING).read_text())
-    except (OSError, ValueError):
+        running = json.loads(where.read(RUNNING) or b"null")
+    except ValueError:
         return None
     return running if isinstance(running, dict) else None
 
 
-def _refuse_overwriting(folder: Path, run_id: str | None) -> None:
-    """A run under way that will replace the dump in `folder` (`--overwrite`, its first
-    shard not committed yet): following the old dump would end in its deletion."""
-    running = _running(folder)
+def _refuse_overwriting(where: Beside, run_id: str | None) -> None:
+    """A run under way that will replace the dump there (`--overwrite`, its first shard
+    not committed yet): following the old dump would end in its deletion."""
+    running = _running(where)
     if running is None or not running.get("overwrite"):
         return
     if running.get("run_id") == run_id or not _alive(running):
         return
     raise HookdumpError(
-        f"{folder} is being overwritten by another run (pid {running.get('pid')}): the dump "
-        "there now is about to be replaced; follow the new one once the run has written its "
-        "first shard"
+        f"{where.root} is being overwritten by another run (pid {running.get('pid')}): the "
+        "dump there now is about to be replaced; follow the new one once the run has written "
+        "its first shard"
     )
 
 

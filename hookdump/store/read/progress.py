@@ -1,24 +1,32 @@
 """What followers of a dump (`hookdump.follow`) keep beside its manifest: each one's
-progress, `follow-NAME.json` (the run it follows, the shards it finished and those it
-consumed, the rows it gave out of the shards it is inside), and so which shards are gone."""
+progress, and so which shards are gone.
+
+A follower named NAME keeps two files: `follow-NAME.json`, the run it follows and the
+shards it finished and those it consumed, rewritten only when a shard is finished (before
+a consumed one is deleted); and `follow-NAME.inside`, the rows it gave out of the shards it
+is inside, rewritten after every batch and small (a buffer's shards): so a batch costs a
+few bytes however long the dump, and only the count of rows that come again after a kill
+rests on the second file."""
 
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from hookdump.errors import HookdumpError
-from hookdump.store.folder import write_durably
+from hookdump.store.beside import Beside
 
 FOLLOW_FILE = "follow-{}.json"
+INSIDE_FILE = "follow-{}.inside"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def is_progress(name: str) -> bool:
     """Whether `name` is a follower's progress file (never a run's to remove)."""
-    return name.startswith("follow-") and name.endswith((".json", ".json.tmp"))
+    return name.startswith("follow-") and name.endswith((".json", ".json.tmp", ".inside",
+                                                         ".inside.tmp"))  # fmt: skip
 
 
 def follow_file(name: str) -> str:
@@ -35,27 +43,29 @@ class Progress:
     """A follower's progress: the run it follows, the shards it finished (and deleted, with
     `consume`), and the rows it gave out of the shards it is inside."""
 
+    name: str
     run_id: str | None = None
     finished: list[str] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     inside: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, path: Path) -> Progress:
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return cls()
-        except (OSError, ValueError) as exc:
-            raise HookdumpError(f"{path} is not a follower's progress ({exc}); delete it") from None
-        if not isinstance(data, dict):
-            raise HookdumpError(f"{path} is not a follower's progress; delete it")
-        return cls(
+    def read(cls, where: Beside, name: str) -> Progress:
+        data = _read(where, FOLLOW_FILE.format(name))
+        progress = cls(
+            name,
             data.get("run_id"),
             [str(s) for s in data.get("finished", [])],
             [str(s) for s in data.get("consumed", [])],
-            {str(k): int(v) for k, v in dict(data.get("inside", {})).items()},
         )
+        rows = _read(where, INSIDE_FILE.format(name))
+        if not data:  # killed before it finished a shard
+            progress.run_id = rows.get("run_id")
+        if rows.get("run_id") == progress.run_id:
+            done = set(progress.finished)
+            inside = dict(rows.get("inside", {}))
+            progress.inside = {str(k): int(v) for k, v in inside.items() if k not in done}
+        return progress
 
     def follows(self, run_id: str | None) -> bool:
         """Whether the dump's run is the one followed (the first one seen is)."""
@@ -75,22 +85,40 @@ class Progress:
             self.consumed.append(shard)
         return True
 
-    def write(self, path: Path) -> None:
-        write_durably(path, json.dumps(self.__dict__).encode(), durable=False)
+    def write(self, where: Beside, finished: bool) -> None:
+        """Keep the rows given out, and (`finished`: a shard was) the shards finished."""
+        if finished:
+            whole = {"run_id": self.run_id, "finished": self.finished, "consumed": self.consumed}
+            where.write(FOLLOW_FILE.format(self.name), json.dumps(whole).encode())
+        rows = {"run_id": self.run_id, "inside": self.inside}
+        where.write(INSIDE_FILE.format(self.name), json.dumps(rows).encode())
 
 
-def consumed_shards(folder: Path) -> dict[str, str]:
+def _read(where: Beside, file: str) -> dict[str, Any]:
+    raw = where.read(file)
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise HookdumpError(f"{where.root / file} is not a follower's progress ({exc}); "
+                            "delete it") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise HookdumpError(f"{where.root / file} is not a follower's progress; delete it")
+    return data
+
+
+def consumed_shards(where: Beside) -> dict[str, str]:
     """Shard file -> the follower that consumed it, from every follower's progress."""
     found: dict[str, str] = {}
-    try:
-        names = [p.name for p in folder.iterdir() if p.name.startswith("follow-")]
-    except OSError:
-        return found
-    for name in names:
+    for file in where.names():
+        if not (file.startswith("follow-") and file.endswith(".json")):
+            continue
+        name = file.removeprefix("follow-").removesuffix(".json")
         try:
-            progress = Progress.read(folder / name)
+            progress = Progress.read(where, name)
         except HookdumpError:
             continue
         for shard in progress.consumed:
-            found[shard] = name.removeprefix("follow-").removesuffix(".json")
+            found[shard] = name
     return found

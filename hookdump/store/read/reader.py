@@ -21,6 +21,7 @@ from hookdump.errors import InvalidDump, did_you_mean
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.format.keys import KeyInfo
 from hookdump.format.manifest import STATS_FILE, Manifest, ShardEntry
+from hookdump.store.beside import beside_of
 from hookdump.store.checksum import CHUNK, checksum_of
 from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, RemoteBlob, UrlPath
@@ -157,7 +158,13 @@ class ShardReader:
         """A listed shard's bytes, opened: a regular file inside the folder, or the object
         under the dump's URL."""
         if self.remote is not None:
-            opened: Blob = RemoteBlob(self.remote, shard.file)
+            remote = self.remote
+            try:
+                opened: Blob = RemoteBlob(remote, shard.file)
+            except InvalidDump:
+                if remote.call(remote.url, lambda: not remote.fs.exists(remote.object(shard.file))):
+                    self._refuse_consumed(shard)
+                raise
         else:
             path = self.shard_path(shard)
             opened = self.guarded(shard, lambda: LocalBlob(path))
@@ -332,12 +339,10 @@ class ShardReader:
         """The listed shards a follower consumed (deleted once given out: see
         `hookdump.follow`), each with the follower's name (`?` where only the run's
         manifest says so)."""
-        if self.remote is not None:
-            return {}
         listed = {shard.file for shard in self.manifest.shards}
         found = {f: "?" for f in self.manifest.fields.get("consumed", []) if f in listed}
-        if isinstance(self.path, Path):
-            found.update((f, who) for f, who in consumed_shards(self.path).items() if f in listed)
+        by = consumed_shards(beside_of(self.path, self.remote))
+        found.update((f, who) for f, who in by.items() if f in listed)
         return found
 
     def _refuse_consumed(self, shard: ShardEntry) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import MANIFEST, RUNNING, ShardEntry
+from hookdump.format.manifest import MANIFEST, RUNNING, WAITING, ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum, file_checksum
 from hookdump.store.folder import (
@@ -114,7 +114,7 @@ class FolderPlace(DumpPlace):
         self.work = out
         self._made: set[str] = set()  # the files this writer makes (`claim`)
         self._old = _OldDump(out, False, self._made, cleared=False)
-        self._running: dict[str, Any] = {}  # what `running.json` says (`mark_running`)
+        self._waiting: set[str] = set()  # the files that say the run waits (`mark_waiting`)
 
     @classmethod
     def claims(cls, where: str | Path) -> bool:
@@ -145,19 +145,24 @@ class FolderPlace(DumpPlace):
 
     def mark_running(self, run_id: str | None, overwrite: bool) -> None:
         self.claim(RUNNING)
-        self._running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
-                         "host": socket.gethostname(), "waiting": False}  # fmt: skip
-        write_durably(self.out / RUNNING, json.dumps(self._running).encode(), durable=False)
+        running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
+                   "host": socket.gethostname()}  # fmt: skip
+        write_durably(self.out / RUNNING, json.dumps(running).encode(), durable=False)
 
-    def mark_waiting(self, waiting: bool) -> None:
-        if self._running.get("waiting") != waiting:
-            self._running["waiting"] = waiting
-            data = json.dumps(self._running).encode()
-            write_durably(self.out / RUNNING, data, durable=False)
+    def mark_waiting(self, name: str, waiting: bool) -> None:
+        if waiting == (name in self._waiting):
+            return
+        if waiting:
+            self.claim(name)
+            write_durably(self.out / name, b'{"waiting": true}', durable=False)
+            self._waiting.add(name)
+        else:
+            remove_entry(self.out / name)
+            self._waiting.discard(name)
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
         # a killed run's note of itself is no dump
-        check_out_dir(self.out, overwrite or keep_old, self._made | {RUNNING})
+        check_out_dir(self.out, overwrite or keep_old, self._made | {RUNNING, WAITING})
         self._old = _OldDump(self.out, overwrite, self._made, cleared=keep_old)
 
     def claim(self, name: str) -> None:

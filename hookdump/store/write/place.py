@@ -45,6 +45,7 @@ class DumpPlace(ABC):
     # many may wait at most (None: no bound)
     groups_commits: ClassVar[bool]
     in_flight: ClassVar[int | None]
+    poll_s: ClassVar[float] = 0.2  # how often a run waiting for room looks (`--max-disk`)
 
     def __init__(self) -> None:
         self.work: Path | None = None
@@ -179,9 +180,10 @@ class DumpPlace(ABC):
         let go. A place no follower reads says nothing."""
         return None
 
-    def mark_waiting(self, waiting: bool) -> None:
-        """Say whether the run waits for a follower to consume shards (`--max-disk`), so
-        that a follower holding the rows of a shard back gives them out."""
+    def mark_waiting(self, name: str, waiting: bool) -> None:
+        """Say, in file `name` (a writer's own: `FileNames.waiting`), whether the run waits
+        for a follower to consume shards (`--max-disk`), so that a follower holding the
+        rows of a shard back gives them out."""
         return None
 
     def gone(self, names: list[str]) -> list[str]:

@@ -4,7 +4,8 @@ follower (`hookdump.follow(..., consume=True)`) to consume them.
 Before a shard is begun, every finished shard is committed and listed, and the run waits
 while the listed shards still present, with the next one, would pass the budget: the bytes
 under `--out` never pass it (the shard being written counted in). It looks again every
-`POLL_S`; it says so once.
+`poll_s` (the place's); it says so once, and marks the wait in a file of its own
+(`FileNames.waiting`) for a follower.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from collections.abc import Callable
 from hookdump.errors import opt
 from hookdump.format.values import format_bytes
 from hookdump.store.write.writer import DumpWriter
-
-POLL_S = 0.2
 
 
 class DiskBudget:
@@ -34,7 +33,8 @@ class DiskBudget:
         committed()
         try:
             while (held := writer.present_bytes()) + coming > self.limit and held:
-                writer.place.mark_waiting(True)  # a follower gives out the rows it holds back
+                # a follower gives out the rows it holds back
+                writer.place.mark_waiting(writer.names.waiting, True)
                 if not self._said and self.notice is not None:
                     self._said = True
                     self.notice(
@@ -42,6 +42,6 @@ class DiskBudget:
                         f"fill {opt('max_disk')} {format_bytes(self.limit)}; a follower with "
                         "consume=True frees it"
                     )
-                time.sleep(POLL_S)
+                time.sleep(writer.place.poll_s)
         finally:
-            writer.place.mark_waiting(False)
+            writer.place.mark_waiting(writer.names.waiting, False)

@@ -104,6 +104,11 @@ class Upload:
         self.abort_unfinished(lambda name: bool(DUMP_FILE.match(name)))
         self.remove(old)
 
+    def keep(self, name: str) -> None:
+        """Object `name` is this run's (written before the old dump's objects go)."""
+        if self._old is not None and name in self._old:
+            self._old.remove(name)
+
     def forget_old(self) -> None:
         """Leave the old dump to another process (torchrun's rank 0 removes it)."""
         self._old = None

@@ -9,8 +9,10 @@ is needed to resume: what a run has uploaded and listed is the dump."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -18,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import ShardEntry
+from hookdump.format.manifest import RUNNING, WAITING, ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum
 from hookdump.store.folder import DUMP_FILE, describe_os_error, locked, process_alive, remove_entry
 from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.write.place import DumpPlace, Stray
-from hookdump.store.write.upload import SPOOL_SHARDS, Upload
+from hookdump.store.write.upload import LOCK, SPOOL_SHARDS, Upload
 from hookdump.store.write.url_lock import UrlLock
 
 
@@ -33,6 +35,7 @@ class UrlPlace(DumpPlace):
 
     groups_commits = False  # a shard goes up as soon as it is finished
     in_flight = SPOOL_SHARDS - 1  # besides the one being written
+    poll_s = 0.5  # each look a listing
 
     def __init__(
         self, url: str, storage_options: Mapping[str, Any], spool: Path | None = None
@@ -40,6 +43,7 @@ class UrlPlace(DumpPlace):
         super().__init__()
         self.upload = Upload(Remote(url, storage_options), uuid.uuid4().hex)
         self.spool_parent = spool
+        self._marked: set[str] = set()  # running.json, waiting*.json: what this run wrote
 
     @classmethod
     def claims(cls, where: str | Path) -> bool:
@@ -80,12 +84,37 @@ class UrlPlace(DumpPlace):
                 self.work = spool
                 yield spool
         finally:
+            with contextlib.suppress(HookdumpError):  # the run's own error comes first
+                self.upload.remove(sorted(self._marked))
             if lock is not None:
                 lock.release()
             shutil.rmtree(spool, ignore_errors=True)
 
+    def mark_running(self, run_id: str | None, overwrite: bool) -> None:
+        self.upload.keep(RUNNING)  # not an old dump's, to remove at the first commit
+        running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
+                   "host": socket.gethostname()}  # fmt: skip
+        self.upload.put_bytes(RUNNING, json.dumps(running).encode())
+        self._marked.add(RUNNING)
+
+    def mark_waiting(self, name: str, waiting: bool) -> None:
+        if waiting == (name in self._marked):
+            return
+        if waiting:
+            self.upload.keep(name)
+            self.upload.put_bytes(name, b'{"waiting": true}')
+            self._marked.add(name)
+        else:
+            self.upload.remove([name])
+            self._marked.discard(name)
+
+    def gone(self, names: list[str]) -> list[str]:
+        present = set(self.entries())
+        return [name for name in names if name not in present]
+
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
-        self.upload.check_prefix(overwrite or keep_old)
+        # a killed run's notes of itself are no dump
+        self.upload.check_prefix(overwrite or keep_old, ignore=(LOCK, RUNNING, WAITING))
         if keep_old:  # resuming: what is there is this dump's
             self.upload.forget_old()
 

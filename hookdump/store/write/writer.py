@@ -77,6 +77,11 @@ class FileNames:
     def own_manifest(self) -> bool:
         return self.manifest != MANIFEST
 
+    @property
+    def waiting(self) -> str:
+        """The file that says this writer waits for room (`--max-disk`)."""
+        return self.manifest.replace("manifest", "waiting", 1)
+
 
 @dataclass(frozen=True)
 class Part:
