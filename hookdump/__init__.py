@@ -1,11 +1,16 @@
 """hookdump: dump what happens inside a PyTorch model.
 
-The four verbs:
+The verbs:
 
 - `dump(model, data, out, *, layers=..., ...)`: stream what the selected modules of a live
   `nn.Module` (or a MODEL string, as the CLI takes it) produce for your batches into a dump
   folder, and return it opened;
-- `load(path)`: open a dump (a `Dump`, a read-only mapping of key -> every row);
+- `load(path)`: open a dump (a `Dump`, a read-only mapping of key -> every row; `batches`
+  and `dataset` for training);
+- `aligned({name: (dump, key), ...})`: keys of several dumps of the same samples read
+  together;
+- `follow(path, keys, batch_size, ...)`: batches of a dump while it is written (and
+  `follow_dataset` for DataLoader workers and ranks);
 - `capture(model, layers=...)`: a `with` block whose hooks keep the values in memory;
 - `export(dump, out, *, to="hf" | "saelens" | "npy")`: write a dump in another format.
 

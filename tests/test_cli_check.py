@@ -236,6 +236,19 @@ def test_diff_shows_how_far_the_cosine_is_from_one(tmp_path: Path) -> None:
     assert "1 of 1 key differs" in result.stdout
 
 
+def test_a_cosine_past_one_by_rounding_is_one() -> None:
+    """Rounding takes the sums of two equal vectors' cosine just past 1 (printed as a
+    negative 1 - cos); a cosine is within [-1, 1]."""
+    from hookdump.tools.diff import KeyDiff
+
+    past = KeyDiff("x", None, "match", numel=3, _dot=3.0000000013, _norm_a=3.0, _norm_b=3.0)
+    assert past.cosine == 1.0
+    below = KeyDiff("x", None, "differ", numel=3, _dot=-3.0000001, _norm_a=3.0, _norm_b=3.0)
+    assert below.cosine == -1.0
+    inside = KeyDiff("x", None, "differ", numel=2, _dot=1.0, _norm_a=2.0, _norm_b=2.0)
+    assert inside.cosine == 0.5
+
+
 def test_what_is_not_a_dump_is_named_for_what_it_is(tmp_path: Path) -> None:
     """A model's weights file is not "a dump of 420 samples, complete"; a shard is one
     shard; an export folder is an export, with how to open it; two dumps with no key in

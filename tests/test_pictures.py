@@ -115,3 +115,26 @@ def test_a_vision_transformer_row_sets_cls_apart_from_its_patches(tmp_path: Path
     drawn = draw_sample(out, "layers.0", tmp_path / "vit.png", 1)
     assert drawn.chart == "CLS and patches"
     assert drawn.which == f"CLS norm {float(row[0].norm()):.4g}, patches as a 4x4 grid"
+
+
+def test_a_sentencepiece_space_marker_is_drawn_as_a_space(tmp_path: Path) -> None:
+    """SentencePiece-style tokens (`▁the`, a Metaspace tokenizer such as Llama's) are drawn
+    `·the`, as GPT-2's `Ġthe` is: written alone, the tokenizer drops the marker."""
+    from types import SimpleNamespace
+
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from hookdump.tools.pictures.tokens import written
+
+    vocab = {"<unk>": 0, "▁the": 1, "▁cat": 2, "s": 3}
+    spm = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace()
+    spm.decoder = decoders.Metaspace()
+    folder = tmp_path / "spm"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=spm, unk_token="<unk>").save_pretrained(
+        folder
+    )
+
+    dump = SimpleNamespace(manifest={"input": {"tokenizer": str(folder)}})  # what it reads
+    assert written(dump, [1, 2, 3]) == ["·the", "·cat", "s"]

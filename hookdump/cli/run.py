@@ -142,8 +142,9 @@ def run(
         typer.Option(
             "--text",
             metavar="SOURCE",
-            help="Text instead of --input: a .txt file (a document per line), a .jsonl file, "
-            "a folder of .txt files, or - (lines of stdin).",
+            help="Text instead of --input: a .txt file (a document per line), a .jsonl file "
+            "(either also .gz), a .parquet file, a folder of .txt files or parquet shards, a "
+            "datasets folder (save_to_disk), or - (lines of stdin).",
             show_default=False,
         ),
     ] = None,

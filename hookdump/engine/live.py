@@ -90,11 +90,13 @@ def dump(
             (`s3://bucket/prefix`, the s3 extra; any fsspec URL).
         layers, exclude, types: which modules (globs over qualified names, class names).
         capture: any of `output`, `input`, `grad`, `ops` (the results of the ops each
-            module's own forward calls, `M:op.add`); `ops`: globs of the op names kept.
+            module's own forward calls, `M:op.add`), and for attention modules `pattern`,
+            `scores`, `q`, `k`, `v`, `z`, `q_pre_rope`, `k_pre_rope`; `ops`: globs of the
+            op names kept.
         repeat_kv_heads: with `capture` `k`, `v` or `k_pre_rope` of grouped-query
             attention, each key-value head repeated for the query heads that share it
             (`[T, heads, head_dim]`, as the scores use them).
-            reduce: `none`, `mean`, `max`, `first`, `last` or `flatten`.
+        reduce: `none`, `mean`, `max`, `first`, `last` or `flatten`.
         forward: `forward(model, batch)` runs the model on a batch instead (e.g.
             `lambda m, b: m(b[0])` for `(image, label)` pairs).
         ids: a callable `batch -> ids` (one per row), or an iterable of ids; recorded as

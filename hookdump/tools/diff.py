@@ -56,7 +56,8 @@ class KeyDiff:
             return None
         if self._norm_a == 0 or self._norm_b == 0:
             return 1.0 if self._norm_a == self._norm_b else 0.0
-        return self._dot / math.sqrt(self._norm_a * self._norm_b)
+        # rounding takes a cosine of equal vectors just past 1 (1 - cos printed as -4e-10)
+        return min(1.0, max(-1.0, self._dot / math.sqrt(self._norm_a * self._norm_b)))
 
     def as_dict(self) -> dict[str, Any]:
         def clean(v: float | None) -> float | None:

@@ -134,7 +134,12 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
             linestyle="--",
             label=f"rtol {result.rtol:g} (and atol {result.atol:g}: |a - b| <= atol + rtol |b|)",
         )
+        axes.axhline(TINY, color="grey", linestyle=":", linewidth=1,
+                     label=f"0 (no error at all), drawn at {TINY:g}")  # fmt: skip
         axes.set_yscale("log")
+        axes.set_ylim(bottom=TINY / 10)
+        # half a key of room each side: a line marking the first key stays off the axis
+        axes.set_xlim(-0.5, len(items) - 0.5)
         _key_axis(axes, [i.key for i in items])
         axes.set_ylabel("error (log scale)")
         axes.set_title(plain(title))

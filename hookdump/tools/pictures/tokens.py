@@ -1,5 +1,6 @@
 """The words of a text sample, for the pictures: each position's token as its tokenizer
-writes it (`convert_tokens_to_string`, so GPT-2's `Ġheads` is ` heads`), with whitespace
+writes it (`convert_tokens_to_string`, so GPT-2's `Ġheads` and SentencePiece's `▁heads`
+are ` heads`), with whitespace
 made visible, and which positions are padding.
 
 Whitespace is shown one way everywhere: a space as `·`, a newline as `↵`, a tab as `→`, and
@@ -17,6 +18,7 @@ from typing import Any
 from hookdump.errors import printable
 from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS, POSITION, RESPONSE, SAMPLE, TOKEN_IDS
 
+_METASPACE = "\u2581"  # "▁": SentencePiece's (and Metaspace's) word start
 _VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "↵"})
 
 
@@ -84,9 +86,19 @@ def written(dump: Any, ids: list[int]) -> list[str]:
         return [str(i) for i in ids]
     try:
         pieces = tokenizer.convert_ids_to_tokens(ids)
-        return [visible(tokenizer.convert_tokens_to_string([piece])) for piece in pieces]
+        return [visible(_piece(tokenizer, piece)) for piece in pieces]
     except Exception:  # a tokenizer that cannot write these ids: the ids will do
         return [str(i) for i in ids]
+
+
+def _piece(tokenizer: Any, piece: str) -> str:
+    """One token as its tokenizer writes it. SentencePiece's space marker (`▁the`) is
+    dropped when a token is written alone (as at the start of a text), so it is put back:
+    a space, drawn as GPT-2's `Ġthe` is."""
+    text = str(tokenizer.convert_tokens_to_string([piece]))
+    if piece.startswith(_METASPACE) and not text.startswith(" "):
+        text = " " + text
+    return text
 
 
 @functools.lru_cache(maxsize=4)
