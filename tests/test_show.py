@@ -280,3 +280,23 @@ def test_sample_is_a_row_number_or_a_sample_id(tmp_path: Path) -> None:
         invoke("show", str(plain), "features.0", "-s", "cat", "-o", str(by_id)),
         "have no ids but their row numbers",
     )
+
+
+def test_a_key_not_there_is_said_before_the_missing_out(convdump: Path) -> None:
+    """`show DUMP conv2` without -o: that conv2 is not a key comes first (--out would not
+    help); a key that is there gets the --out line."""
+    out = convdump
+    assert_usage_error(invoke("show", str(out), "conv2"), "'conv2' is not in")
+    assert_usage_error(invoke("show", str(out), "head"), "give --out FILE")
+
+
+def test_a_misspelt_model_folder_gets_the_nearest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hf:./my-gtp2` beside a model folder `my-gpt2`: did you mean, as the path was written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-gpt2").mkdir()
+    (tmp_path / "my-gpt2" / "config.json").write_text("{}")
+    result = invoke("run", "hf:./my-gtp2", "--text", "x.txt", "-o", str(tmp_path / "d"))
+    assert_usage_error(result, "no such folder (did you mean hf:./my-gpt2?)")
+    assert not (tmp_path / "d").exists()

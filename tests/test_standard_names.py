@@ -164,6 +164,9 @@ def test_the_short_spelling_and_the_manifest(tmp_path: Path) -> None:
     torch.testing.assert_close(dump["transformer.h.0"], hidden[1], rtol=0, atol=0)
     torch.testing.assert_close(dump["blocks.1.hook_resid_post"],
                                model.transformer.h[1](hidden[1]), rtol=0, atol=0)  # fmt: skip
+    # a module's own name, stored under its standard name, is named in the KeyError
+    with pytest.raises(KeyError, match=r"module h\.1 is stored as blocks\.1\.hook_resid_post"):
+        dump["h.1"]
 
 
 def test_a_resnet_names_its_blocks_in_order(tmp_path: Path) -> None:

@@ -102,6 +102,10 @@ def show(
     from hookdump.tools.pictures.grids import Tiling
 
     if out is None:
+        if key is not None and not depth:  # a KEY not there is said first: --out won't help
+            from hookdump.tools.pictures.sample import known_key
+
+            known_key(path, key, storage_options(storage_option))
         raise HookdumpError(f"give {opt('out')} FILE: where to write the picture")
     tiling = Tiling(channels=channels, top=top, scale=scale)
     if depth:

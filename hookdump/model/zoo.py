@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from hookdump.errors import HookdumpError, did_you_mean, opt
+from hookdump.errors import HookdumpError, did_you_mean, nearest, opt
 from hookdump.model.weights import can_download, offline
 
 HF_PREFIX, TIMM_PREFIX = "hf:", "timm:"
@@ -73,7 +74,8 @@ def hf_folder(spec: str) -> Path:
         return Path(target)
     if target.count("/") != 1 or target.startswith((".", "/")):
         raise HookdumpError(
-            f"{opt('model')} {spec}: no such folder, and not a Hugging Face repo id (ORG/NAME)"
+            f"{opt('model')} {spec}: no such folder{_near_folders(target)}, and not a Hugging "
+            "Face repo id (ORG/NAME)"
         )
     hub = require("huggingface_hub", "hf", spec)
     try:
@@ -85,6 +87,20 @@ def hf_folder(spec: str) -> Path:
             f"{opt('model')} {spec} is not in the Hugging Face cache (looked in {where}) and "
             f"{why}; download it once, or give the folder (hf:PATH)"
         ) from exc
+
+
+def _near_folders(target: str) -> str:
+    """A did-you-mean of the folders beside where `target` points that hold a model
+    (config.json), by name, written as the user wrote the path: `hf:./my-gtp2` ->
+    `hf:./my-gpt2`."""
+    path, prefix = Path(target), target[: target.rfind("/") + 1]
+    try:
+        names = [p.name for p in itertools.islice(path.parent.iterdir(), 1000)
+                 if (p / "config.json").is_file()]  # fmt: skip
+    except OSError:
+        return ""
+    found = nearest(path.name, names)
+    return f" (did you mean {', '.join(f'hf:{prefix}{n}' for n in found)}?)" if found else ""
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,21 @@ class ShardReader:
                 f"{type(key).__name__} {str(key)[:40]!r}"
             )
         if key not in self.manifest.tensors:
-            raise KeyError(f"{key!r} is not in {self.path}{did_you_mean(key, self.keys())}")
+            raise KeyError(f"{key!r} is not in {self.path}{self._nearest(key)}")
+
+    def _nearest(self, key: str) -> str:
+        """The keys a missing `key` may mean: those of the module it names (a standard name
+        such as `blocks.2.hook_resid_post` stores `transformer.h.2`), else the nearest."""
+        of_module = [
+            name
+            for name, meta in self.manifest.tensors.items()
+            if isinstance(module := meta.get("module"), str)
+            and (module == key or module.endswith("." + key))
+        ]
+        if of_module:
+            shown = ", ".join(of_module[:3]) + (", ..." if len(of_module) > 3 else "")
+            return f" (module {key} is stored as {shown})"
+        return did_you_mean(key, self.keys())
 
     def info(self, key: str) -> KeyInfo:
         self.check_key(key)

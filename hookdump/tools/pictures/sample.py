@@ -31,6 +31,20 @@ MAX_ROW_BYTES = 256 << 20
 MAX_SUGGESTED = 100_000  # the most sample ids searched for a did-you-mean
 
 
+def known_key(
+    dump_path: str | Path, key: str, storage_options: Mapping[str, Any] | None = None
+) -> Dump:
+    """The dump, opened, once `key` is known to be in it (else one line, the nearest keys
+    named)."""
+    dump = Dump(dump_path, storage_options)
+    if key not in dump:
+        raise HookdumpError(
+            f"KEY {key!r} is not in {dump.path}{did_you_mean(key, dump.keys())}; "
+            f"`hookdump inspect {dump_path}` lists the keys"
+        )
+    return dump
+
+
 def draw_sample(
     dump_path: str | Path,
     key: str,
@@ -46,12 +60,7 @@ def draw_sample(
     tiling = tiling or grids.Tiling()
     check_format(out)
     tiling.check()
-    dump = Dump(dump_path, storage_options)
-    if key not in dump:
-        raise HookdumpError(
-            f"KEY {key!r} is not in {dump.path}{did_you_mean(key, dump.keys())}; "
-            f"`hookdump inspect {dump_path}` lists the keys"
-        )
+    dump = known_key(dump_path, key, storage_options)
     sample = pick_row(dump, sample)
     if not 0 <= sample < dump.num_samples:
         raise HookdumpError(
