@@ -12,6 +12,20 @@ sys.path.insert(0, str(TESTS))  # `import tiny_models` in library tests
 
 torch.set_num_threads(2)
 
+# what the tests that skip without the `s3-test` extra cannot import
+_S3_TEST = ("moto", "s3fs", "ray", "flask", "boto")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say why tests skipped where the count is printed: most need the `s3-test` extra."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    extra = [r for r in skipped if any(f"'{m}" in str(r.longrepr) for m in _S3_TEST)]
+    if extra:
+        terminalreporter.write_line(
+            f"{len(extra)} of the {len(skipped)} skipped tests need an S3 server or Ray: "
+            "pip install -e '.[s3-test]' (after '.[test]', in its own pip command) to run them"
+        )
+
 
 @pytest.fixture
 def in_tests_dir(monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -138,3 +138,21 @@ def test_a_sentencepiece_space_marker_is_drawn_as_a_space(tmp_path: Path) -> Non
 
     dump = SimpleNamespace(manifest={"input": {"tokenizer": str(folder)}})  # what it reads
     assert written(dump, [1, 2, 3]) == ["·the", "·cat", "s"]
+
+
+def test_a_vector_names_its_most_negative_units_too(tmp_path: Path) -> None:
+    """A vector's picture names its largest units and its most negative ones (a row of
+    an SAE or a probe direction matters as much below 0 as above)."""
+    import torch
+
+    from hookdump.tools.pictures.charts import _extreme_units, vector
+
+    data = torch.tensor([0.5, -3.0, 2.0, -1.0, 4.0, 0.0, -0.2])
+    assert _extreme_units(data) == ([4, 2, 0], [1, 3, 6])
+    assert _extreme_units(torch.tensor([3.0, 1.0, 2.0])) == ([0, 2, 1], [])
+    many = torch.linspace(-1, 1, 500)
+    many[17], many[400] = -9.0, 9.0
+    high, low = _extreme_units(many)
+    assert high[0] == 400 and low[0] == 17 and len(high) == len(low) == 5
+    vector(many, tmp_path / "v.png", "a direction")
+    vector(data, tmp_path / "bars.png", "a short one")

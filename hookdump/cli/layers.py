@@ -40,8 +40,8 @@ def layers(
         bool,
         typer.Option(
             "--tree",
-            help="The module tree: every module (containers too), indented by depth, each "
-            "with its parameters, and the model's totals.",
+            help="The module tree as text: every module (containers too), indented by depth, "
+            "each with its parameters, and the model's totals (no picture: pipe it to a file).",
         ),
     ] = False,
     depth: Annotated[

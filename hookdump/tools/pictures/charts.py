@@ -22,7 +22,8 @@ from hookdump.tools.pictures.canvas import CMAP, Picture, plain, pyplot, saved
 
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
 MAX_BARS = 256  # longer vectors are drawn as a sorted profile
-TOP_UNITS = 5  # the largest units named on a vector's picture
+TOP_UNITS = 5  # the largest units named on a vector's picture, and the most negative
+_LABEL_BOX = {"facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
 TOKEN_LABELS = 48  # token strings written on the axis, at most
 PAD_MARK = " [pad]"  # a padding position's label, where padding is drawn
 BINS = 64
@@ -94,36 +95,44 @@ def cls_and_patches(values: torch.Tensor, grid: int, out: Path, title: str) -> P
         plt.close(figure)
 
 
+def _extreme_units(data: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The TOP_UNITS largest units above 0 (all of them, where none is), and the TOP_UNITS
+    most negative below 0."""
+    count = min(TOP_UNITS, data.numel())
+    high = torch.topk(data, count).indices.tolist()
+    low = [u for u in torch.topk(-data, count).indices.tolist() if data[u] < 0]
+    if (data < 0).any():
+        high = [u for u in high if data[u] > 0]
+    return high, [u for u in low if u not in high]
+
+
 def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
     """A `[D]` vector: a bar per unit (at most MAX_BARS), else its values sorted; the
-    TOP_UNITS largest named either way."""
+    TOP_UNITS largest and the TOP_UNITS most negative named either way."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=SIZE, dpi=DPI)
     try:
         data = values.nan_to_num(nan=0.0)
-        top = torch.topk(data, min(TOP_UNITS, data.numel())).indices.tolist()
+        high, low = _extreme_units(data)
         if data.numel() <= MAX_BARS:
             axes.bar(range(data.numel()), data.numpy(), color="tab:blue")
-            for unit in top:
-                axes.annotate(
-                    str(unit), (unit, float(data[unit])), ha="center", va="bottom", fontsize=8
-                )
+            for unit in high + low:
+                value = float(data[unit])
+                axes.annotate(str(unit), (unit, value), ha="center", fontsize=8,
+                              va="bottom" if value >= 0 else "top")  # fmt: skip
             axes.set_xlabel(f"unit (of {data.numel()})")
             chart = "bars"
         else:
             order = torch.argsort(data, descending=True)
             axes.plot(range(data.numel()), data[order].numpy(), color="tab:blue")
-            named = ", ".join(f"{unit} ({float(data[unit]):.4g})" for unit in top)
-            axes.text(
-                0.99,
-                0.97,
-                f"largest units: {named}",
-                transform=axes.transAxes,
-                ha="right",
-                va="top",
-                fontsize=9,
-                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
-            )
+            for units, words, (x, y, ha, va) in (
+                (high, "largest units", (0.99, 0.97, "right", "top")),
+                (low, "most negative units", (0.01, 0.03, "left", "bottom")),
+            ):
+                if units:
+                    named = ", ".join(f"{unit} ({float(data[unit]):.4g})" for unit in units)
+                    axes.text(x, y, f"{words}: {named}", transform=axes.transAxes, ha=ha,
+                              va=va, fontsize=9, bbox=_LABEL_BOX)  # fmt: skip
             axes.set_xlabel(f"units sorted by value (of {data.numel()})")
             chart = "sorted profile"
         axes.set_ylabel("value")
