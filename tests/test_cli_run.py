@@ -278,3 +278,16 @@ def test_the_garbage_collector_is_paused_while_the_model_loads_and_then_back_on(
     assert gc.isenabled()
     result = invoke("run", "tiny_models:NotesGC", "--layers", "nope", "-q")
     assert result.exit_code == 2 and gc.isenabled()  # also after an error
+
+
+def test_the_summary_line_says_why_a_small_dump_has_two_shards(tmp_path: Path) -> None:
+    """Far below --shard-size, 16 batches make two shards: the first batch streams into one
+    of its own; the summary line says so. One batch, one shard: nothing to say."""
+    several = invoke("run", "tiny_models:TwoLinear", "-n", "64", "-b", "4", "-o",
+                     str(tmp_path / "a"))  # fmt: skip
+    assert several.exit_code == 0, several.stderr
+    shards = hookdump.load(tmp_path / "a").manifest.shards
+    assert [s.rows for s in shards] == [4, 60]
+    assert "2 shards + manifest.json; the first batch in a shard of its own" in several.stdout
+    one = invoke("run", "tiny_models:TwoLinear", "-n", "8", "-b", "8", "-o", str(tmp_path / "b"))
+    assert one.exit_code == 0 and "(1 shard + manifest.json)" in one.stdout

@@ -257,8 +257,9 @@ def can_draw_sparklines(console: Console) -> bool:
 def run_footer(result: RunResult) -> str:
     """The line under the table: samples, time, and where the dump went."""
     where = f"dump: {result.out}" if result.out else "not saved (pass --out DIR to keep it)"
-    shards = len(result.manifest["shards"]) if result.manifest else 0
-    files = f" ({counted(shards, 'shard')} + manifest.json)" if shards else ""
+    listed = result.manifest["shards"] if result.manifest else []
+    files = f" ({counted(len(listed), 'shard')} + manifest.json{_why_shards(listed)})"
+    files = files if listed else ""
     rows = (
         f"{counted(result.num_samples, 'token')} from {counted(result.num_sequences, 'sequence')}"
         if result.num_sequences is not None
@@ -277,6 +278,15 @@ def run_footer(result: RunResult) -> str:
             f"{', '.join(names[:3])}{more}"
         )
     return line
+
+
+def _why_shards(listed: list[dict[str, Any]]) -> str:
+    """Why a small dump has a small first shard: the first batch streams into a shard of its
+    own (its size not known before), the later ones are gathered to --shard-size."""
+    rows = [int(shard["stop"]) - int(shard["start"]) for shard in listed[:2]]
+    if len(listed) == 2 and 0 < 2 * rows[0] < rows[1]:
+        return "; the first batch in a shard of its own, then the rest in one"
+    return ""
 
 
 def print_summary(result: RunResult, console: Console) -> None:
