@@ -276,6 +276,7 @@ def test_each_shard_is_on_disk_before_the_manifest_lists_it(
     monkeypatch.setattr(os, "replace", replace)
     args = ["run", "tiny_models:TwoLinear", "-n", "4", "-b", "2", "--shard-size", "1", "-q"]
     assert invoke(*args, "-o", str(out)).exit_code == 0
+    events = [e for e in events if "running.json" not in e]  # the run's note: no dump data
 
     def durable(shard: str) -> list[str]:
         return [f"fsync {shard}.tmp", f"rename {shard}.tmp {shard}", "fsync DIR"]
@@ -332,4 +333,49 @@ def test_the_estimate_is_reported_in_json_and_the_table(tmp_path: Path) -> None:
     # every batch the same size: the estimate from the first is exact
     assert report["estimated_bytes"] == report["total_bytes"] > 0
     table = invoke(*args, "-o", str(tmp_path / "b"))
-    assert f"dump: {tmp_path / 'b'} (2 shards + manifest.json), estimated" in table.stdout
+    line = " ".join(table.stdout.split())  # the footer as one line, however it wraps
+    assert f"dump: {tmp_path / 'b'} (2 shards + manifest.json; the first batch" in line
+    assert "in one), estimated" in line
+
+
+def test_inspect_tells_a_dump_being_written_from_one_stopped(tmp_path: Path) -> None:
+    """While a run writes the dump (held in its third batch by a file barrier), inspect says
+    who writes it and how far it is, not "stopped": before its first shard is listed, and
+    after (over an old dump the first is listed at once); once that run is killed, it says
+    the run stopped and how to finish it."""
+    import signal
+    import socket
+
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = {"HOOKDUMP_TEST_BARRIER_AT": "3", "HOOKDUMP_TEST_BARRIER": str(barrier)}
+    for out, old in ((tmp_path / "new", False), (tmp_path / "old", True)):
+        args = ["run", "tiny_models:Barrier", "-n", "20", "-b", "2", "--shard-size", "1", "-q",
+                "-o", str(out)]  # fmt: skip
+        if old:  # a dump there already: this run's first shard is listed at once
+            assert invoke(*RUN, "-o", str(out)).exit_code == 0
+            before = hookdump.load(out).manifest.run_id
+        (barrier / "ready").unlink(missing_ok=True)
+        first = hookdump_process(*args, *(["--overwrite"] if old else []), env=env)
+        deadline = time.monotonic() + 300  # a bound on a hang, not a guess at the speed
+        while not (barrier / "ready").exists() or (old and _run_id(out) in (before, None)):
+            assert first.poll() is None and time.monotonic() < deadline, finish(first)
+            time.sleep(0.01)
+        during = invoke("inspect", str(out))
+        said = during.stdout + during.stderr
+        assert f"being written by a run on {socket.gethostname()} (pid {first.pid}) since" in said
+        assert ("2 samples (1 complete shard) so far" if old else "no shard is listed yet") in said
+        assert "--resume" not in said
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    after = invoke("inspect", str(out))
+    assert "the run stopped after 2 samples (1 complete shard)" in after.stdout + after.stderr
+    assert "--resume" in after.stdout + after.stderr
+
+
+def _run_id(out: Path) -> str | None:
+    """The run id of the manifest in `out` now (None: none, or being replaced)."""
+    try:
+        return json.loads((out / "manifest.json").read_text()).get("run_id")
+    except (FileNotFoundError, ValueError):
+        return None

@@ -132,12 +132,12 @@ class Destination:
             self.writer.clear_old_dump(here=self.ranks.main)  # before any rank writes
             self.ranks.barrier()
 
-    def mark_running(self, budgeted: bool) -> None:
-        """Beside a dump that replaces another, or under `--max-disk` (`budgeted`), say
-        which run writes it: what a follower (`hookdump.follow`) checks."""
+    def mark_running(self) -> None:
+        """Beside the dump, say which run writes it and whether it replaces the dump there:
+        what a follower (`hookdump.follow`) and `inspect` read."""
         replaces = self.overwrite and self.previous is None
         alone = self.part is None and (self.ranks is None or self.ranks.main)
-        if self.place is not None and self.writer is not None and alone and (replaces or budgeted):
+        if self.place is not None and self.writer is not None and alone:
             self.place.mark_running(self.writer.run_id, replaces)
 
     def summaries_before(self) -> dict[str, KeySummary]:

@@ -349,7 +349,7 @@ def _run(
         options, loaded=loaded, feed=feed, form=form, sources=made_from, processes=processes
     )
     destination.start(shard_bytes=options.dump.shard_bytes, fields=static)
-    destination.mark_running(options.dump.max_disk is not None)
+    destination.mark_running()
     sink = BatchSink(
         destination.writer,
         options.dump.save_dtype,

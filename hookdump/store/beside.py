@@ -165,7 +165,7 @@ def beside(
     text = os.fspath(where)
     if is_url(text):
         return UrlBeside(Remote(text, storage_options))
-    if storage_options is not None:
+    if storage_options:
         raise HookdumpError(
             f"storage_options are for a dump at a URL; {text} is a folder: leave them out"
         )

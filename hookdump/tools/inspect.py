@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import socket
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hookdump.errors import InvalidDump, Message, library_name, opt, render_message
+from hookdump.errors import (
+    HookdumpError,
+    InvalidDump,
+    Message,
+    library_name,
+    opt,
+    printable,
+    render_message,
+)
 from hookdump.format.keys import RESPONSE, SAMPLE, TOKEN_IDS
-from hookdump.format.manifest import Manifest, ShardEntry
-from hookdump.store.folder import leftovers
+from hookdump.format.manifest import RUNNING, Manifest, ShardEntry
+from hookdump.store.beside import Beside, beside, beside_of
+from hookdump.store.folder import leftovers, process_alive
 from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
+from hookdump.store.write.commit import COMMIT_EVERY
+from hookdump.store.write.upload import LOCK
+from hookdump.store.write.url_lock import Holder
 from hookdump.tools.pictures.tokens import decoded
 
 
@@ -71,6 +86,63 @@ class Inspection:
         }
 
 
+def _incomplete(dump: Dump) -> str | Message:
+    """What an incomplete manifest means: a run writing the dump now, or one that stopped."""
+    shards = len(dump.manifest.shards)
+    so_far = f"{dump.num_samples} samples ({shards} complete shard{'s' * (shards != 1)})"
+    writer = _writer_now(beside_of(dump.path, dump.reader.remote), dump.manifest.run_id)
+    if writer is not None:
+        return f"being written by {writer}: {so_far} so far"
+    return Message(
+        f"manifest says incomplete: the run stopped after {so_far}; finish it with the same "
+        f"command and {opt('resume', True)}"
+    )
+
+
+def _writer_now(where: Beside, run_id: str | None = None) -> str | None:
+    """The run writing the dump now, as its note beside the dump names it (a URL's: its
+    lock object), or None where no run is (the note gone, or its process). `run_id`: the
+    manifest's, which the note names (None: no manifest yet)."""
+    try:
+        if where.remote is not None:
+            holder = Holder.parse(where.read(LOCK) or b"")
+            alive = holder is not None and holder.alive(time.time()) is not False
+            return holder.describe() if holder is not None and alive else None
+        running = json.loads(where.read(RUNNING) or b"null")
+    except (HookdumpError, ValueError):
+        return None
+    if not isinstance(running, dict) or running.get("run_id") != (run_id or running["run_id"]):
+        return None
+    pid, host, started = running.get("pid"), running.get("host"), running.get("started")
+    if not isinstance(pid, int) or not isinstance(host, str):
+        return None
+    if host == socket.gethostname() and not process_alive(pid):
+        return None  # killed: its note stays behind
+    since = (
+        time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+        if isinstance(started, int | float) and 0 < started < 1e11
+        else ""
+    )
+    return f"a run on {printable(host)} (pid {pid}){since}"
+
+
+def _open(path: str | Path, storage_options: Mapping[str, Any] | None) -> Dump:
+    """The dump; where it has no manifest yet, one line saying so if a run is writing it."""
+    try:
+        return Dump(path, storage_options)
+    except HookdumpError:
+        try:
+            writer = _writer_now(beside(path, storage_options))
+        except HookdumpError:
+            writer = None
+        if writer is None:
+            raise
+        raise HookdumpError(
+            f"{path} is being written by {writer}, and no shard is listed yet (a folder's "
+            f"are listed every {COMMIT_EVERY:g} s, and at the end): inspect it again then"
+        ) from None
+
+
 def inspect_dump(
     path: str | Path,
     storage_options: Mapping[str, Any] | None = None,
@@ -82,17 +154,11 @@ def inspect_dump(
     (`path` a folder, a .safetensors file or a URL, with fsspec's `storage_options`).
     `check`: first read every shard's bytes against the size and SHA-256 its manifest
     records (`progress(done, total)`: bytes read so far, of all)."""
-    dump = Dump(path, storage_options)
+    dump = _open(path, storage_options)
     folder = isinstance(dump.path, Path) and Path(path).is_dir()
     problems: list[str] = []
     if not dump.complete:
-        problems.append(
-            Message(
-                f"manifest says incomplete: the run stopped after {dump.num_samples} samples "
-                f"({len(dump.manifest.shards)} complete shards); finish it with the same "
-                f"command and {opt('resume', True)}"
-            )
-        )
+        problems.append(_incomplete(dump))
     stray = leftovers(dump.path) if isinstance(dump.path, Path) and folder else []
     if stray:
         problems.append(

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,7 @@ class FolderPlace(DumpPlace):
     def mark_running(self, run_id: str | None, overwrite: bool) -> None:
         self.claim(RUNNING)
         running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
-                   "host": socket.gethostname()}  # fmt: skip
+                   "host": socket.gethostname(), "started": time.time()}  # fmt: skip
         write_durably(self.out / RUNNING, json.dumps(running).encode(), durable=False)
 
     def mark_waiting(self, name: str, waiting: bool) -> None:

@@ -175,9 +175,9 @@ class DumpPlace(ABC):
         records (what is not recorded is not compared)."""
 
     def mark_running(self, run_id: str | None, overwrite: bool) -> None:
-        """Say, beside the dump, which run writes it and whether it replaces the dump
-        there (what a follower checks first: `hookdump.follow`); gone when the place is
-        let go. A place no follower reads says nothing."""
+        """Say, beside the dump, which run writes it (pid, host, since when) and whether it
+        replaces the dump there (what a follower checks first: `hookdump.follow`; and
+        `inspect`); gone when the place is let go. A place no one reads says nothing."""
         return None
 
     def mark_waiting(self, name: str, waiting: bool) -> None:

@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -93,7 +94,7 @@ class UrlPlace(DumpPlace):
     def mark_running(self, run_id: str | None, overwrite: bool) -> None:
         self.upload.keep(RUNNING)  # not an old dump's, to remove at the first commit
         running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
-                   "host": socket.gethostname()}  # fmt: skip
+                   "host": socket.gethostname(), "started": time.time()}  # fmt: skip
         self.upload.put_bytes(RUNNING, json.dumps(running).encode())
         self._marked.add(RUNNING)
 
