@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -65,3 +66,33 @@ def test_readme_example_dumps_resnet50_layer1(tmp_path: Path) -> None:
         dump["layer1.1.bn1"], model.layer1[1].bn1(dump["layer1.1.conv1"]).detach()
     )
     assert (dump["layer1.1.bn1"] < 0).any()
+
+
+def test_the_readmes_language_model_recipe_runs_offline(tmp_path: Path) -> None:
+    """The README's offline recipe, run as written: a small GPT-2 folder with random weights
+    and a tokenizer trained on the spot, then a dump of its residual stream by token,
+    equal to transformers' own hidden states."""
+    import transformers
+
+    text = README.read_text()
+    start = text.index("## A language model, offline")
+    block = text[start:].split("```\n", 2)[1]
+    bin_dir = str(Path(sys.executable).parent)  # its python and hookdump
+    env = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "HF_HUB_OFFLINE": "1",
+           "COLUMNS": "120"}  # fmt: skip
+    proc = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "blocks.5.hook_resid_post" in proc.stdout
+    dump = hookdump.load(tmp_path / "lm")
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "my-gpt2").eval()
+    ids, sample = dump["__token_ids__"], dump["__sample__"]
+    first = ids[sample == 0]
+    with torch.no_grad():
+        hidden = model(first[None], output_hidden_states=True).hidden_states
+    for block in range(5):  # hidden_states[n + 1] is block n's output
+        torch.testing.assert_close(dump[f"blocks.{block}.hook_resid_post"][sample == 0],
+                                   hidden[block + 1][0])  # fmt: skip
+    with torch.no_grad():  # the last hidden state has the final LayerNorm applied
+        last = model.transformer.ln_f(dump["blocks.5.hook_resid_post"][sample == 0])
+    torch.testing.assert_close(last, hidden[6][0])
