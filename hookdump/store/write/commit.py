@@ -45,16 +45,19 @@ class Committer:
     COMMIT_EVERY), on a worker thread, each once its checksum is taken (HASHERS threads).
     The first error stops it: later shards are dropped, as a gap in the dump would be."""
 
-    def __init__(self, writer: DumpWriter) -> None:
+    def __init__(self, writer: DumpWriter, prompt: bool = False) -> None:
+        """`prompt`: each shard committed as soon as it is checksummed, never held for a
+        group (a follower reads them: `--max-disk`)."""
         self.writer = writer
         place = writer.place
         # the shards queued or being committed, at most (besides the one being written)
         self._room = threading.Semaphore(place.in_flight or 1 << 30)
+        self._queued = _Count()  # the shards handed over and not listed (or dropped) yet
         self._hashing = ThreadPoolExecutor(HASHERS, thread_name_prefix="hookdump-checksum")
         self._worker: Worker[_Job] = Worker(
             "hookdump-commit",
             group=self._commit,
-            hold=COMMIT_EVERY if place.groups_commits else 0.0,
+            hold=COMMIT_EVERY if place.groups_commits and not prompt else 0.0,
             hold_first=not writer.replaces_old_dump(),
             drop=self._drop,
         )
@@ -71,12 +74,14 @@ class Committer:
             # drops the shards of its group it did not list
             self.writer.commit_shards([(shard, rows) for shard, rows, _ in jobs])
         finally:
+            self._queued.add(-len(jobs))
             self._room.release(len(jobs))
 
     def _drop(self, job: _Job) -> None:
         try:
             _drop(job)
         finally:
+            self._queued.add(-1)
             self._room.release()
 
     def commit(self, shard: ShardFile | PlannedShard, rows: Rows) -> None:
@@ -86,9 +91,11 @@ class Committer:
             self.raise_if_failed()
             self.writer.fix_keys()  # the first shard's keys are the dump's from now on
             self._room.acquire()
+            self._queued.add(1)
             try:
                 self._worker.submit((shard, rows, self._hashing.submit(shard.take_checksum)))
             except BaseException:
+                self._queued.add(-1)
                 self._room.release()
                 raise
         except BaseException:
@@ -98,6 +105,11 @@ class Committer:
     def wait(self) -> None:
         """Commit every queued shard now and wait for it; raises the first commit's error."""
         self._worker.wait()
+
+    @property
+    def queued(self) -> int:
+        """The shards handed over and not yet listed: on disk, not in the manifest."""
+        return self._queued.value
 
     def close(self) -> None:
         """Commit what is queued (or drop it, after an error) and stop, raising nothing."""
@@ -109,3 +121,15 @@ class Committer:
     def raise_if_failed(self) -> None:
         """Raise the error of a commit that failed, if one did."""
         self._worker.raise_if_failed()
+
+
+class _Count:
+    """An integer two threads change."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self.value += delta

@@ -81,7 +81,7 @@ class ShardFiller:
         self.estimated_bytes: int | None = None  # what the rest of the dump will take
         self._plan = plan
         self._copies = copies
-        self._committer = Committer(writer)
+        self._committer = Committer(writer, prompt=budget is not None)
         self._shard: ShardFile | None = None  # the batch streaming into a shard of its own
         self._planned: PlannedShard | None = None
         # the rows not yet committed: the planned shard's batches, and batches of no row
@@ -98,7 +98,11 @@ class ShardFiller:
         ):
             self._commit_planned()
         if self._budget is not None and (self._plan.streams or self._planned is None):
-            self._budget.wait(self.writer, self._plan.shard_bytes, self._committer.wait)
+            committer = self._committer
+            budget = self._budget
+            budget.wait(
+                self.writer, self._plan.shard_bytes, committer.wait, lambda: committer.queued
+            )
         if self._plan.streams:
             self._shard = self.writer.open_shard(keys_expected)
         elif self._planned is None:

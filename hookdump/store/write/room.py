@@ -1,9 +1,11 @@
 """`--max-disk`: a run keeps no more than a budget of shards under `--out`, waiting for a
 follower (`hookdump.follow(..., consume=True)`) to consume them.
 
-Before a shard is begun, every finished shard is committed and listed, and the run waits
-while the listed shards still present, with the next one, would pass the budget: the bytes
-under `--out` never pass it (the shard being written counted in). It looks again every
+Shards are committed as soon as they are finished (never held for a group: a follower
+reads them). Before a shard is begun, where the shards on disk might not leave room for it,
+every finished shard is committed and listed, and the run waits while the listed shards
+still present, with the next one, would pass the budget: the bytes under `--out` never pass
+it (the shard being written counted in). It looks again every
 `poll_s` (the place's); it says so once, and marks the wait in a file of its own
 (`FileNames.waiting`) for a follower.
 """
@@ -17,6 +19,8 @@ from hookdump.errors import opt
 from hookdump.format.values import format_bytes
 from hookdump.store.write.writer import DumpWriter
 
+HEADER_ROOM = 64 << 10  # a shard file's bytes beyond its rows' data, at most (its header)
+
 
 class DiskBudget:
     """The bytes a run's shards may take under `--out` at once (`limit`), and the wait for
@@ -27,9 +31,21 @@ class DiskBudget:
         self.notice = notice
         self._said = False
 
-    def wait(self, writer: DumpWriter, coming: int, committed: Callable[[], None]) -> None:
+    def wait(
+        self,
+        writer: DumpWriter,
+        coming: int,
+        committed: Callable[[], None],
+        queued: Callable[[], int] = lambda: 0,
+    ) -> None:
         """Wait until the listed shards still present and `coming` bytes fit the budget
-        (`committed`: lists every finished shard first)."""
+        (`committed`: lists every finished shard first; `queued`: how many finished shards
+        are not listed yet). Where the listed shards, the finished ones not listed and the
+        next (each taken as the largest shard so far, or `coming`, and a header) fit, nothing
+        waits."""
+        largest = max([coming, *(shard.bytes or 0 for shard in writer.shards)])
+        if writer.present_bytes() + (queued() + 1) * (largest + HEADER_ROOM) <= self.limit:
+            return
         committed()
         try:
             while (held := writer.present_bytes()) + coming > self.limit and held:
