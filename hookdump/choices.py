@@ -10,15 +10,29 @@ from hookdump.errors import HookdumpError, opt
 
 Reduction = Literal["none", "mean", "max", "flatten", "first", "last"]
 AttentionKind = Literal["pattern", "scores", "q", "k", "v", "z", "q_pre_rope", "k_pre_rope"]
-CaptureKind = Literal["output", "input", "grad", "ops", AttentionKind]
+# inside a mixture-of-experts block: what its router gives (`--capture routing`), and the
+# router's probabilities over every expert (TransformerLens' `mlp.hook_expert_weights`)
+RoutingKind = Literal["router_logits", "topk_ids", "topk_weights", "router_probs"]
+CaptureKind = Literal["output", "input", "grad", "ops", "routing", AttentionKind]
 # what the manifest's `kind` says of a key
-TensorKind = Literal["output", "input", "grad_output", "grad_input", "op", "tokens", AttentionKind]
+TensorKind = Literal[
+    "output", "input", "grad_output", "grad_input", "op", "tokens", AttentionKind, RoutingKind
+]
 ExportTarget = Literal["hf", "saelens", "npy"]
 DiffStatus = Literal["match", "differ", "only in A", "only in B", "shape", "dtype"]
 
 REDUCTIONS: tuple[Reduction, ...] = get_args(Reduction)
 ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
-CAPTURE_KINDS: tuple[CaptureKind, ...] = ("output", "input", "grad", "ops", *ATTENTION_KINDS)
+ROUTING_KINDS: tuple[RoutingKind, ...] = ("router_logits", "topk_ids", "topk_weights")
+ROUTER_VALUES: tuple[RoutingKind, ...] = get_args(RoutingKind)
+CAPTURE_KINDS: tuple[CaptureKind, ...] = (
+    "output",
+    "input",
+    "grad",
+    "ops",
+    "routing",
+    *ATTENTION_KINDS,
+)
 TENSOR_KINDS: tuple[TensorKind, ...] = (
     "output",
     "input",
@@ -27,6 +41,7 @@ TENSOR_KINDS: tuple[TensorKind, ...] = (
     "op",
     "tokens",
     *ATTENTION_KINDS,
+    *ROUTER_VALUES,
 )
 EXPORT_TARGETS: tuple[ExportTarget, ...] = get_args(ExportTarget)
 

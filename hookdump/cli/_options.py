@@ -27,7 +27,8 @@ CaptureOpt = Annotated[
         help="What to capture, a comma list: output, input, grad, ops (the results of the "
         "ops a module's own forward calls: M:op.add), and of attention modules pattern, "
         "scores, q, k, v, z (M:pattern, [heads, T, T] or [heads, T, head_dim] per sample), "
-        "q_pre_rope, k_pre_rope (before the rotary embedding). "
+        "q_pre_rope, k_pre_rope (before the rotary embedding), and of mixture-of-experts "
+        "blocks routing (M:router_logits, M:topk_ids, M:topk_weights per token). "
         "`layers` lists output and ops.",
     ),
 ]

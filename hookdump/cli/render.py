@@ -295,6 +295,20 @@ def print_summary(result: RunResult, console: Console) -> None:
     console.print(run_footer(result), markup=False, highlight=False)
 
 
+def _expert_line(key: str, counts: list[int]) -> str:
+    """An MoE block's load: the most and least chosen experts, as shares of every choice."""
+    total = sum(counts) or 1
+    order = sorted(range(len(counts)), key=lambda e: (-counts[e], e))
+
+    def shares(experts: list[int]) -> str:
+        return ", ".join(f"{e} {counts[e] / total:.0%}" for e in experts)
+
+    module = printable(key.rsplit(":", 1)[0])
+    least = shares(sorted(order[-2:], key=lambda e: (counts[e], e))) if len(order) > 3 else ""
+    least = f"; least {least}" if least else ""
+    return f"experts of {module}: most {shares(order[:3])}{least} (of {len(counts)})"
+
+
 def print_inspection(found: Inspection, console: Console) -> None:
     """The table of a dump on disk, then whether it is complete and what is missing."""
     _print_summary_table(found.keys, console)
@@ -337,7 +351,9 @@ def print_inspection(found: Inspection, console: Console) -> None:
         for line in _generation_lines(found.generation):
             console.print(line, markup=False, highlight=False)
     if found.checked is not None:
-        console.print(f"checked: {found.checked}", markup=False, highlight=False)
+        console.print(f"checked: {found.checked.said}", markup=False, highlight=False)
+    for key, counts in found.experts.items():
+        console.print(_expert_line(key, counts), markup=False, highlight=False)
     for problem in found.problems:
         console.print(f"  - {for_cli(problem)}", markup=False, highlight=False, style="red")
 

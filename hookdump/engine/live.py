@@ -91,8 +91,9 @@ def dump(
         layers, exclude, types: which modules (globs over qualified names, class names).
         capture: any of `output`, `input`, `grad`, `ops` (the results of the ops each
             module's own forward calls, `M:op.add`), and for attention modules `pattern`,
-            `scores`, `q`, `k`, `v`, `z`, `q_pre_rope`, `k_pre_rope`; `ops`: globs of the
-            op names kept.
+            `scores`, `q`, `k`, `v`, `z`, `q_pre_rope`, `k_pre_rope`, and for
+            mixture-of-experts blocks `routing` (`M:router_logits`, `M:topk_ids`,
+            `M:topk_weights`); `ops`: globs of the op names kept.
         repeat_kv_heads: with `capture` `k`, `v` or `k_pre_rope` of grouped-query
             attention, each key-value head repeated for the query heads that share it
             (`[T, heads, head_dim]`, as the scores use them).

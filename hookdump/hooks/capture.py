@@ -23,6 +23,8 @@ from torch.utils.hooks import RemovableHandle
 
 from hookdump.choices import (
     ATTENTION_KINDS,
+    ROUTER_VALUES,
+    ROUTING_KINDS,
     CaptureKind,
     Reduction,
     parse_reduction,
@@ -34,6 +36,8 @@ from hookdump.hooks.calls import Calls, StopForward
 from hookdump.hooks.names import Side, Site, first_names, name_of
 from hookdump.hooks.ops import OpRecorder, check_patterns
 from hookdump.hooks.reduce import channels_first, reduce_attention, reduce_tensor
+from hookdump.hooks.routing import RoutingTap
+from hookdump.hooks.routing import check_selection as check_routing
 from hookdump.hooks.selection import Selection, module_type_name, select
 from hookdump.hooks.values import Receiver, Skipped, Tensors, flatten, parse_capture
 
@@ -51,6 +55,7 @@ class _Attached:
         self.handles: list[RemovableHandle] = []
         self.recorder: OpRecorder | None = None
         self.tap: AttentionTap | None = None
+        self.routing: RoutingTap | None = None
         # module -> its pattern, kept (held until its output is seen: a freed pattern's
         # memory may hold the output by then)
         self.patterns: dict[str, torch.Tensor] = {}
@@ -69,7 +74,7 @@ class _Attached:
 
     def detach(self) -> None:
         stack, self.stack = self.stack, None
-        self.recorder = self.tap = None
+        self.recorder = self.tap = self.routing = None
         if stack is not None:
             stack.close()
 
@@ -157,6 +162,7 @@ class Hooks:
         self.kinds = parse_capture(capture)
         _check_kinds(self.kinds, self.named, selection.sites)
         check_selection(model, self.named, self.kinds)
+        check_routing(model, self.named, self.kinds)
         self.train = train
         self._receiver: Receiver = receiver or Tensors()
         # the current batch's attention mask ([B, T]): token reductions skip the padding
@@ -166,6 +172,7 @@ class Hooks:
         self._inside = _Inside(tuple(ops), repeat_kv_heads)
         sides = [site.side for sites in self.sites.values() for site in sites]
         _check_inside(self._inside, [*self.kinds, *sides])
+        _check_routing_reduce([*self.kinds, *sides], self.reduce)
         self._calls = Calls()
         self._attached = _Attached()
 
@@ -288,6 +295,10 @@ class Hooks:
                 repeat = self._inside.repeat_kv_heads
                 tap = AttentionTap(self.modules, inside, self._record_inside, rows, repeat)
                 attached.tap = stack.enter_context(tap)
+            routed, probs = self._routed_modules()
+            if routed:
+                routing = RoutingTap(routed, self._record_routing, probs)
+                attached.routing = stack.enter_context(routing)
             attached.stack = stack.pop_all()
         return self
 
@@ -304,6 +315,19 @@ class Hooks:
                 if site.side in ATTENTION_KINDS and site.side not in kinds.get(name, []):
                     kinds.setdefault(name, []).append(site.side)
         return kinds
+
+    def _routed_modules(self) -> tuple[dict[str, nn.Module], set[str]]:
+        """The MoE blocks whose routing is taken: those selected by name for `routing`, and
+        those of the standard names selected (`mlp.hook_expert_indices`); and the blocks
+        whose router probabilities a standard name takes (`mlp.hook_expert_weights`)."""
+        routed = dict(self.named) if "routing" in self.kinds else {}
+        probs: set[str] = set()
+        for name, sites in self.sites.items():
+            if any(site.side in ROUTER_VALUES for site in sites):
+                routed[name] = self.modules[name]
+            if any(site.side == "router_probs" for site in sites):
+                probs.add(name)
+        return routed, probs
 
     def next_batch(self, token_mask: torch.Tensor | None) -> None:
         """The next batch's attention mask ([B, T], 1 for real tokens), when reductions are
@@ -489,6 +513,19 @@ class Hooks:
                     key = called(site.name, call)
                     self._keep(key, name, module_type, kind, call, None, value, site.name)
 
+    def _record_routing(self, name: str, kind: str, value: torch.Tensor) -> None:
+        """What MoE block `name`'s router gave (see `hooks.routing`), under its key."""
+        call = self._calls.current(name)
+        module_type = module_type_name(self.modules[name])
+        with self._attached.quiet():
+            if name in self.named and "routing" in self.kinds and kind in ROUTING_KINDS:
+                key = tensor_key(name, kind, None, call)
+                self._keep(key, name, module_type, kind, call, None, value)
+            for site in self.sites.get(name, ()):
+                if site.side == kind:
+                    key = called(site.name, call)
+                    self._keep(key, name, module_type, kind, call, None, value, site.name)
+
     def _grad_hook(
         self, key: str, name: str, module_type: str, kind: str, part: str, call: int
     ) -> Callable[[torch.Tensor], None]:
@@ -509,6 +546,15 @@ def _check_kinds(
             f"{opt('capture')} {','.join(kinds)} is taken of modules selected by their own "
             f"names; {first!r} is a standard name, one value of module "
             f"{sites[first].module!r}: select that module by its name for more of it"
+        )
+
+
+def _check_routing_reduce(kinds: Sequence[str], reduce: Reduction) -> None:
+    """Routing is kept per token: a mean or max of expert ids means nothing."""
+    if {"routing", *ROUTER_VALUES} & set(kinds) and reduce != "none":
+        raise HookdumpError(
+            f"{opt('capture')} routing keeps each token's experts and weights as they are; "
+            f"leave {opt('reduce')} {reduce} out (or dump routing in a run of its own)"
         )
 
 

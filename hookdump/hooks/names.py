@@ -16,15 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from hookdump.choices import ATTENTION_KINDS, AttentionKind
+from hookdump.choices import ATTENTION_KINDS, ROUTER_VALUES, AttentionKind, RoutingKind
 from hookdump.format.keys import ROOT, module_type_name
 from hookdump.hooks.attention import is_attention
+from hookdump.hooks.routing import router_of
 
 if TYPE_CHECKING:
     from torch import nn
 
-# a module's input or output, or an attention kind of an attention module (`hooks.attention`)
-Side = Literal["input", "output", AttentionKind]
+# a module's input or output, an attention kind of an attention module (`hooks.attention`),
+# or what the router of a mixture-of-experts block gives (`hooks.routing`)
+Side = Literal["input", "output", AttentionKind, RoutingKind]
 ALIASES = ("resid_pre", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post")
 # name under the block (`hook_resid_pre`, `attn.hook_z`) -> (the module's path under the
 # block, "" for the block itself; which of its values)
@@ -107,6 +109,17 @@ _BERT = {
 }
 _RESIDUAL: Layout = {"hook_resid_pre": ("", "input"), "hook_resid_post": ("", "output")}
 
+# a mixture-of-experts block (`mlp`, with a router of its own): its stream names as Llama's,
+# and TransformerLens' names inside its MoE component: `hook_expert_indices`, the experts each
+# token chose (`[k]`), and `hook_expert_weights`, the router's softmax over every expert
+# (`[experts]`, float32, before the top k). A dense layer between MoE layers has no router,
+# so no such names (`standard_sites`).
+_MOE = {
+    **_layout("self_attn", "post_attention_layernorm", "mlp"),
+    "mlp.hook_expert_indices": ("mlp", "topk_ids"),
+    "mlp.hook_expert_weights": ("mlp", "router_probs"),
+}
+
 # a block's class name (qualified by its module where the bare name is too common) -> layout
 LAYOUTS: dict[str, Layout] = {
     "GPT2Block": {
@@ -134,12 +147,19 @@ LAYOUTS: dict[str, Layout] = {
         **_layout("ls1", "norm2", "ls2"),
         **_mlp("mlp.fc1", "mlp.fc2"),
     },
+    "MixtralDecoderLayer": _MOE,
+    "Qwen2MoeDecoderLayer": _MOE,
+    "Qwen3MoeDecoderLayer": _MOE,
+    "OlmoeDecoderLayer": _MOE,
     "torchvision.models.resnet.BasicBlock": _RESIDUAL,
     "torchvision.models.resnet.Bottleneck": _RESIDUAL,
     "timm.models.resnet.BasicBlock": _RESIDUAL,
     "timm.models.resnet.Bottleneck": _RESIDUAL,
 }
-FAMILIES = "GPT-2, Llama, Mistral, Qwen 2 and 3, Gemma 1 and 2, BERT, ViT, timm's ViT and ResNet"
+FAMILIES = (
+    "GPT-2, Llama, Mistral, Qwen 2 and 3, Gemma 1 and 2, BERT, ViT, timm's ViT, ResNet, and the "
+    "mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE"
+)
 
 _SHORT = re.compile(rf"^({'|'.join(ALIASES)})(?:\.(.+))?$")
 
@@ -181,11 +201,20 @@ def standard_sites(modules: Mapping[str, nn.Module]) -> dict[str, Site]:
     for number, (block, layout) in enumerate((b, lay) for b, lay in blocks if lay is not None):
         for alias, (path, side) in layout.items():
             module = block if not path else f"{block}.{path}" if block != ROOT else path
-            inside = side not in ("input", "output")
-            if module in modules and (not inside or is_attention(modules[module])):
+            if module in modules and _has(modules[module], side):
                 name = f"blocks.{number}.{alias}"
                 sites[name] = Site(name, module, side)
     return sites
+
+
+def _has(module: nn.Module, side: Side) -> bool:
+    """Whether `module` has the value `side`: an input and an output always; an attention
+    kind if it is an attention module, routing if it is a mixture-of-experts block."""
+    if side in ATTENTION_KINDS:
+        return is_attention(module)
+    if side in ROUTER_VALUES:
+        return router_of(module) is not None
+    return True
 
 
 def first_names(sites: Mapping[str, Site]) -> dict[tuple[str, Side], str]:
@@ -207,6 +236,6 @@ def name_of(
         return names.get((module, "input"))
     if kind == "output" and part in (None, "0"):
         return names.get((module, "output"))
-    if kind in ATTENTION_KINDS and part is None:
+    if (kind in ATTENTION_KINDS or kind in ROUTER_VALUES) and part is None:
         return names.get((module, kind))
     return None

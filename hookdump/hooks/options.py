@@ -16,7 +16,8 @@ class CaptureOptions:
         layers, exclude: globs over qualified module names (`fnmatch`; the root module is
             `__root__`); no `layers` means every leaf module.
         types: keep only modules of these class names.
-        kinds: any of `output`, `input`, `grad`, `ops` (see `hooks.capture.parse_capture`).
+        kinds: any of `output`, `input`, `grad`, `ops`, the attention kinds and `routing`
+            (see `hooks.values.parse_capture`).
         ops: with `ops`, globs of the op names kept (none: every op but views).
         reduce: `none`, `mean`, `max`, `first`, `last` or `flatten` (see `hooks.reduce`).
         grad_target: the objective of `grad`: `sum`, or an index into dim 1 of the output.

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hookdump.errors import (
     HookdumpError,
     InvalidDump,
@@ -22,7 +24,7 @@ from hookdump.errors import (
     printable,
     render_message,
 )
-from hookdump.format.keys import RESPONSE, SAMPLE, TOKEN_IDS
+from hookdump.format.keys import ATTENTION_MASK, RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.format.manifest import RUNNING, Manifest, ShardEntry
 from hookdump.store.beside import Beside, beside, beside_of
 from hookdump.store.folder import leftovers, process_alive
@@ -34,6 +36,15 @@ from hookdump.store.write.commit import COMMIT_EVERY
 from hookdump.store.write.upload import LOCK
 from hookdump.store.write.url_lock import Holder
 from hookdump.tools.pictures.tokens import decoded
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What `inspect --check` verified of the shards' bytes, in words, and whether a shard
+    failed."""
+
+    said: str
+    damaged: bool
 
 
 @dataclass
@@ -49,12 +60,16 @@ class Inspection:
     problems: list[str] = field(default_factory=list)
     # per key with per-feature statistics: features, mean row norm, smallest and largest std
     features: dict[str, dict[str, float]] = field(default_factory=dict)
-    # `check`: what was verified of the shards' bytes, in words; whether one failed
-    checked: str | None = None
-    damaged: bool = False
+    checked: Checked | None = None  # `check`: what was verified of the shards' bytes
     # --generate: how, why each sequence stopped, and the first sequence's text
     generation: dict[str, Any] | None = None
     consumed: dict[str, str] = field(default_factory=dict)  # shard -> the follower's name
+    # an MoE block's `M:topk_ids` key -> how many times each expert was chosen (`experts`)
+    experts: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def damaged(self) -> bool:
+        return self.checked is not None and self.checked.damaged
 
     @property
     def kind(self) -> str:
@@ -76,7 +91,12 @@ class Inspection:
             "shards": self.shards,
             "total_bytes": self.total_bytes,
             "problems": [render_message(p, name) for p in self.problems],
-            **({"checked": self.checked, "damaged": self.damaged} if self.checked else {}),
+            **(
+                {"checked": self.checked.said, "damaged": self.checked.damaged}
+                if self.checked
+                else {}
+            ),
+            **({"experts": self.experts} if self.experts else {}),
             **({"generation": self.generation} if self.generation else {}),
             **({"consumed": sorted(self.consumed)} if self.consumed else {}),
             "model": self.manifest.get("model"),
@@ -176,10 +196,10 @@ def inspect_dump(
             else f"{len(missing):,} of {len(dump.manifest.shards):,} shards are missing, the "
             f"first {where}"
         )
-    checked, damaged = None, False
+    checked = None
     if check and dump.manifest.get("lone_file") is None:
-        checked, readable = _verify(dump, readable, problems, progress)
-        damaged = len(readable) + len(missing) < len(dump.manifest.shards)
+        said, readable = _verify(dump, readable, problems, progress)
+        checked = Checked(said, len(readable) + len(missing) < len(dump.manifest.shards))
     summaries = summarize(dump.reader, readable)
     features = _features(dump, problems)
     lone = dump.manifest.get("lone_file") or {}
@@ -199,9 +219,9 @@ def inspect_dump(
         problems,
         features,
         checked,
-        damaged,
         _generation(dump, readable),
         consumed,
+        _expert_load(dump, readable),
     )
 
 
@@ -216,6 +236,31 @@ def _present(dump: Dump, consumed: Mapping[str, str]) -> tuple[list[ShardEntry],
             continue
         (readable if exists else missing).append(shard)
     return readable, missing
+
+
+def _expert_load(dump: Dump, readable: list[ShardEntry]) -> dict[str, list[int]]:
+    """How many times each expert of each MoE block was chosen over the readable shards
+    (`--capture routing`: its `M:topk_ids`, a few int64 a row, read shard by shard)."""
+    load: dict[str, list[int]] = {}
+    for key, meta in dump.manifest.tensors.items():
+        if meta.get("kind") != "topk_ids":
+            continue
+        logits = dump.manifest.tensors.get(key.replace(":topk_ids", ":router_logits", 1), {})
+        experts = int((logits.get("shape") or [0])[-1])
+        counts = torch.zeros(experts, dtype=torch.int64)
+        masked = ATTENTION_MASK in dump and len(meta.get("shape") or []) == 2  # [T, k] rows
+        for shard in readable:
+            read = dump.reader.read_shard(shard, [key, ATTENTION_MASK] if masked else [key])
+            ids = read[key].long()
+            if masked:  # a padding position's choices are no token's
+                ids = ids[read[ATTENTION_MASK].bool()[:, : ids.shape[1]]]
+            ids = ids.flatten()
+            found = torch.bincount(ids[ids >= 0], minlength=experts)
+            if len(found) > len(counts):  # an id past the logits' width: counted all the same
+                counts = torch.nn.functional.pad(counts, (0, len(found) - len(counts)))
+            counts[: len(found)] += found
+        load[key] = counts.tolist()
+    return load
 
 
 FIRST_ROWS = 4096  # the most rows read for the first sequence's text

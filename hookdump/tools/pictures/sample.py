@@ -5,6 +5,8 @@ the file's extension names (`.png`, `.svg`, `.pdf`).
 - attention patterns and scores `[heads, T, T]`: a heatmap per head (`pictures.grids`);
 - `[T, D]` rows: a heatmap, rows named by their tokens where the dump has them;
 - a vector: bars, or a sorted profile when long; one number: the number;
+- a mixture-of-experts block's routing (`M:topk_ids`, ...): tokens by experts, each cell
+  the weight the token gave the expert (`pictures.routing`);
 - anything else: a histogram of its values.
 
 Other than a map's channels, dimensions of size 1 are dropped first (`[C, 1, W]` is
@@ -20,11 +22,13 @@ from typing import Any
 
 import torch
 
+from hookdump.choices import ROUTING_KINDS
 from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.format.keys import SAMPLE
 from hookdump.store.read.dump import Dump
 from hookdump.tools.pictures import charts, grids
 from hookdump.tools.pictures.canvas import Picture, check_format
+from hookdump.tools.pictures.routing import routing_picture
 from hookdump.tools.pictures.tokens import Tokens, row_token, sample_tokens
 
 MAX_ROW_BYTES = 256 << 20
@@ -136,6 +140,8 @@ def _draw(
     """The picture that suits the sample's shape and kind."""
     info = dump.info(key)
     title = _title(dump, key, info.module_type, sample, values)
+    if info.kind in ROUTING_KINDS and ":" in key:  # tokens by experts, whichever was named
+        return routing_picture(dump, key, sample, out, padding, title)
     words = None if dump.manifest.token_rows else sample_tokens(dump, sample)
     if info.kind in ("pattern", "scores") and values.dim() == 3 and values.numel():
         values, labels, title = _words_kept(values, words, padding, title, (1, 2))

@@ -1,0 +1,105 @@
+"""`show M:topk_ids` (or `M:topk_weights`, `M:router_logits`) of a mixture-of-experts block:
+a sequence's tokens by the block's experts, each cell the weight the token gave the expert
+(blank where it did not choose it), so which experts each token chose, and how much, reads
+at a glance; each expert's column says how many of the tokens shown chose it.
+
+Per-sample routing (`[T, k]`) draws the sample's tokens; token rows draw the rows of the
+row's sequence (its `__sample__`), around the row asked for."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookdump.format.keys import SAMPLE, TOKEN_IDS
+from hookdump.tools.pictures.canvas import Picture, fitted, plain, pyplot, saved
+from hookdump.tools.pictures.tokens import sample_tokens, written
+
+MAX_TOKENS = 512  # the most tokens drawn: a longer sequence's first ones
+MAX_LABELS = 64  # token labels on the rows (every n-th beyond)
+
+
+def routing_picture(dump: Any, key: str, row: int, out: Path, padding: bool, title: str) -> Picture:
+    """Draw the routing of the sample (or the token row's sequence) `row` of the block that
+    wrote `key` (one of its three routing keys)."""
+    stem, _, call = key.partition("@")
+    module = stem.rsplit(":", 1)[0]
+    suffix = f"@{call}" if call else ""
+    ids_key, weights_key = f"{module}:topk_ids{suffix}", f"{module}:topk_weights{suffix}"
+    logits_key = f"{module}:router_logits{suffix}"
+    experts = dump.info(logits_key).shape[-1] if logits_key in dump else None
+    if dump.manifest.token_rows:
+        first, stop = _sequence_rows(dump, row)
+        ids = torch.stack([dump.row(ids_key, r) for r in range(first, stop)])
+        weights = torch.stack([dump.row(weights_key, r) for r in range(first, stop)])
+        labels = _row_words(dump, first, stop)
+    else:
+        ids, weights = dump.row(ids_key, row), dump.row(weights_key, row)
+        tokens = sample_tokens(dump, row)
+        labels = None
+        if tokens is not None:
+            real = torch.tensor(tokens.real[: len(ids)]) | padding
+            ids, weights = ids[real], weights[real]
+            labels = [w for w, r in zip(tokens.strings, real.tolist(), strict=False) if r]
+    ids, weights = ids.long()[:MAX_TOKENS], weights.float()[:MAX_TOKENS]
+    count = experts or (int(ids.max()) + 1 if ids.numel() else 1)
+    grid = torch.full((len(ids), count), math.nan)
+    grid.scatter_(1, ids.clamp(0, count - 1), weights)
+    return _draw(grid, labels, out, title)
+
+
+def _sequence_rows(dump: Any, row: int) -> tuple[int, int]:
+    """The token rows of the sequence row `row` belongs to (at most MAX_TOKENS of them)."""
+    if SAMPLE not in dump:
+        return row, row + 1
+    sequence = int(dump.row(SAMPLE, row))
+    first = row
+    while first > 0 and row - first < MAX_TOKENS and int(dump.row(SAMPLE, first - 1)) == sequence:
+        first -= 1
+    stop = row + 1
+    while (
+        stop < dump.num_samples
+        and stop - first < MAX_TOKENS
+        and int(dump.row(SAMPLE, stop)) == sequence
+    ):
+        stop += 1
+    return first, stop
+
+
+def _row_words(dump: Any, first: int, stop: int) -> list[str] | None:
+    if TOKEN_IDS not in dump:
+        return None
+    return written(dump, [int(dump.row(TOKEN_IDS, r)) for r in range(first, stop)])
+
+
+def _draw(grid: torch.Tensor, labels: list[str] | None, out: Path, title: str) -> Picture:
+    plt = pyplot()
+    tokens, experts = grid.shape
+    size = (max(8.0, min(16.0, 3 + 0.35 * experts)), max(4.5, min(14.0, 2 + 0.22 * tokens)))
+    figure, axes = plt.subplots(figsize=size, dpi=100)
+    try:
+        top = max(1.0, float(grid.nan_to_num(0.0).max()))  # weights of 1 at most, mostly
+        image = axes.imshow(grid.numpy(), aspect="auto", cmap="viridis", vmin=0.0, vmax=top,
+                            interpolation="nearest")  # fmt: skip
+        axes.set_facecolor("white")  # experts not chosen: blank
+        figure.colorbar(image, ax=axes, label="weight (blank: not chosen)")
+        load = (~grid.isnan()).sum(0).tolist()
+        step = max(1, math.ceil(experts / 32))
+        axes.set_xticks(range(0, experts, step))
+        axes.set_xticklabels([f"{e}\n{load[e]}" for e in range(0, experts, step)], fontsize=8)
+        axes.set_xlabel(f"expert (of {experts}), and how many of the {tokens} tokens chose it")
+        shown = range(0, tokens, max(1, math.ceil(tokens / MAX_LABELS)))
+        axes.set_yticks(list(shown))
+        if labels is not None:
+            axes.set_yticklabels([plain(labels[i]) for i in shown], fontsize=8)
+            axes.set_ylabel("token")
+        else:
+            axes.set_ylabel(f"token (of {tokens})")
+        axes.set_title(fitted(plain(title), size[0]), fontsize=10)
+        figure.tight_layout()
+        return saved(figure, axes, out, "routing", (tokens, experts))
+    finally:
+        plt.close(figure)
