@@ -150,8 +150,13 @@ def test_the_cli_takes_routing_as_token_rows_and_while_generating(
 ) -> None:
     """`run --text --per-token --capture routing`: a row per real token, the model's own
     values; `--generate` with `--generate-capture decode` gives what prefill gives."""
+    import json
+
     folder = _folder(tmp_path)
     block = "model.layers.1.mlp"
+    listed = invoke("layers", f"hf:{folder}", "-l", "model.layers.1.*", "--json")
+    marked = {row["name"]: row.get("moe", False) for row in json.loads(listed.stdout)}
+    assert marked[block] and not marked[f"{block}.gate"] and not marked["model.layers.1.self_attn"]
     args = ["run", f"hf:{folder}", "--text", str(corpus), "--layers", block, "--capture",
             "routing", "-q"]  # fmt: skip
     result = invoke(*args, "--per-token", "--out", str(tmp_path / "rows"))

@@ -12,6 +12,7 @@ from hookdump.hooks.attention import is_attention
 from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import forward
 from hookdump.hooks.names import Site
+from hookdump.hooks.routing import router_of
 from hookdump.hooks.selection import ROOT, module_type_name
 from hookdump.inputs.samples import SampleForm, random_batches
 from hookdump.model.loading import LoadedModel
@@ -32,6 +33,7 @@ class LayerRow:
     # asked for (`ops`): the ops its own forward calls in one forward, as keys name them
     ops: list[str] | None = None
     attention: bool = False  # takes --capture pattern, scores, q, k, v, z (hooks.attention)
+    moe: bool = False  # a mixture-of-experts block: takes --capture routing (hooks.routing)
     # a standard name's row (`hooks.names`): the module and which of its values
     site: Site | None = None
 
@@ -41,7 +43,8 @@ class LayerRow:
         standard name, which value of which module it is."""
         if self.site is not None:
             return f"{self.site.side} of {self.site.module}"
-        return self.module_type + (" (attention)" if self.attention else "")
+        mark = " (attention)" if self.attention else " (experts)" if self.moe else ""
+        return self.module_type + mark
 
     @property
     def depth(self) -> int:
@@ -60,6 +63,8 @@ class LayerRow:
         }
         if self.attention:  # marked where true: an attention module
             found["attention"] = True
+        if self.moe:  # and a mixture-of-experts block
+            found["moe"] = True
         if self.site is not None:
             found |= {"module": self.site.module, "side": self.site.side}
         return found if self.ops is None else {**found, "ops": self.ops}
@@ -87,7 +92,14 @@ def list_layers(
     with cap, torch.inference_mode(), cap.counting_only():
         forward(cap, model, batch, loaded.spec)
     rows = {
-        name: _row(name, name, cap, ops=[] if ops else None, attention=is_attention(module))
+        name: _row(
+            name,
+            name,
+            cap,
+            ops=[] if ops else None,
+            attention=is_attention(module),
+            moe=router_of(module) is not None and router_of(module) is not module,
+        )
         for name, module in cap.named.items()
     }
     for sites in cap.sites.values():
