@@ -79,8 +79,9 @@ def follow(
         notice: called with a line for the person (default: written to stderr).
 
     Example:
-        >>> for batch in hookdump.follow("acts/", ["h.5"], 4096, shuffle=True, consume=True):
-        ...     train_step(batch["h.5"])
+        >>> key = "blocks.5.hook_resid_post"  # --layers resid_post.5
+        >>> for batch in hookdump.follow("acts/", [key], 4096, shuffle=True, consume=True):
+        ...     train_step(batch[key])
     """
     source = _FollowPass(beside(path, storage_options), keys, consume, name,
                          notice or _to_stderr)  # fmt: skip
