@@ -5,11 +5,8 @@ place, the manifest replaced atomically with room kept for it on a disk that fil
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import socket
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -115,7 +112,6 @@ class FolderPlace(DumpPlace):
         self.work = out
         self._made: set[str] = set()  # the files this writer makes (`claim`)
         self._old = _OldDump(out, False, self._made, cleared=False)
-        self._waiting: set[str] = set()  # the files that say the run waits (`mark_waiting`)
 
     @classmethod
     def claims(cls, where: str | Path) -> bool:
@@ -142,24 +138,15 @@ class FolderPlace(DumpPlace):
                 yield self.out
             finally:
                 if main:
-                    remove_entry(self.out / RUNNING)
+                    self.drop_notes()
+                    remove_entry(self.out / RUNNING)  # a killed run's, too
 
-    def mark_running(self, run_id: str | None, overwrite: bool) -> None:
-        self.claim(RUNNING)
-        running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
-                   "host": socket.gethostname(), "started": time.time()}  # fmt: skip
-        write_durably(self.out / RUNNING, json.dumps(running).encode(), durable=False)
+    def put_note(self, name: str, raw: bytes) -> None:
+        self.claim(name)
+        write_durably(self.out / name, raw, durable=False)
 
-    def mark_waiting(self, name: str, waiting: bool) -> None:
-        if waiting == (name in self._waiting):
-            return
-        if waiting:
-            self.claim(name)
-            write_durably(self.out / name, b'{"waiting": true}', durable=False)
-            self._waiting.add(name)
-        else:
-            remove_entry(self.out / name)
-            self._waiting.discard(name)
+    def drop_note(self, name: str) -> None:
+        remove_entry(self.out / name)
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
         # a killed run's note of itself is no dump
@@ -240,10 +227,6 @@ class FolderPlace(DumpPlace):
 
     def exists(self) -> bool:
         return self.out.is_dir()
-
-    def gone(self, names: list[str]) -> list[str]:
-        present = set(self.entries())
-        return [name for name in names if name not in present]
 
     def entries(self) -> list[str]:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):

@@ -14,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
+import socket
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hookdump.format.manifest import ShardEntry
+from hookdump.format.manifest import RUNNING, ShardEntry
 from hookdump.store.checksum import Checksum
 from hookdump.store.location import Remote, UrlPath
 
@@ -49,6 +52,7 @@ class DumpPlace(ABC):
 
     def __init__(self) -> None:
         self.work: Path | None = None
+        self._notes: set[str] = set()  # what this run wrote beside the dump (`mark_running`)
 
     @classmethod
     @abstractmethod
@@ -177,19 +181,45 @@ class DumpPlace(ABC):
     def mark_running(self, run_id: str | None, overwrite: bool) -> None:
         """Say, beside the dump, which run writes it (pid, host, since when) and whether it
         replaces the dump there (what a follower checks first: `hookdump.follow`; and
-        `inspect`); gone when the place is let go. A place no one reads says nothing."""
-        return None
+        `inspect`); gone when the place is let go (`drop_notes`)."""
+        note = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
+                "host": socket.gethostname(), "started": time.time()}  # fmt: skip
+        self.put_note(RUNNING, json.dumps(note).encode())
+        self._notes.add(RUNNING)
 
     def mark_waiting(self, name: str, waiting: bool) -> None:
         """Say, in file `name` (a writer's own: `FileNames.waiting`), whether the run waits
         for a follower to consume shards (`--max-disk`), so that a follower holding the
         rows of a shard back gives them out."""
-        return None
+        if waiting == (name in self._notes):
+            return
+        if waiting:
+            self.put_note(name, b'{"waiting": true}')
+            self._notes.add(name)
+        else:
+            self.drop_note(name)
+            self._notes.discard(name)
+
+    def drop_notes(self) -> None:
+        """Remove what this run wrote beside the dump (the place is let go)."""
+        notes, self._notes = sorted(self._notes), set()
+        for name in notes:
+            self.drop_note(name)
+
+    @abstractmethod
+    def put_note(self, name: str, raw: bytes) -> None:
+        """Write a small file of this run's beside the dump (not an old dump's), replaced
+        whole; a crash of the machine may lose it."""
+
+    @abstractmethod
+    def drop_note(self, name: str) -> None:
+        """Remove a small file `put_note` wrote (one not there is no error)."""
 
     def gone(self, names: list[str]) -> list[str]:
         """Of the listed shards `names`, those a follower consumed (deleted: see
-        `hookdump.follow`); a place no follower reads has none."""
-        return []
+        `hookdump.follow`)."""
+        present = set(self.entries())
+        return [name for name in names if name not in present]
 
 
 def open_place(

@@ -9,12 +9,9 @@ is needed to resume: what a run has uploaded and listed is the dump."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import socket
 import tempfile
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -44,7 +41,6 @@ class UrlPlace(DumpPlace):
         super().__init__()
         self.upload = Upload(Remote(url, storage_options), uuid.uuid4().hex)
         self.spool_parent = spool
-        self._marked: set[str] = set()  # running.json, waiting*.json: what this run wrote
 
     @classmethod
     def claims(cls, where: str | Path) -> bool:
@@ -86,32 +82,17 @@ class UrlPlace(DumpPlace):
                 yield spool
         finally:
             with contextlib.suppress(HookdumpError):  # the run's own error comes first
-                self.upload.remove(sorted(self._marked))
+                self.drop_notes()
             if lock is not None:
                 lock.release()
             shutil.rmtree(spool, ignore_errors=True)
 
-    def mark_running(self, run_id: str | None, overwrite: bool) -> None:
-        self.upload.keep(RUNNING)  # not an old dump's, to remove at the first commit
-        running = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
-                   "host": socket.gethostname(), "started": time.time()}  # fmt: skip
-        self.upload.put_bytes(RUNNING, json.dumps(running).encode())
-        self._marked.add(RUNNING)
+    def put_note(self, name: str, raw: bytes) -> None:
+        self.upload.keep(name)  # not an old dump's, to remove at the first commit
+        self.upload.put_bytes(name, raw)
 
-    def mark_waiting(self, name: str, waiting: bool) -> None:
-        if waiting == (name in self._marked):
-            return
-        if waiting:
-            self.upload.keep(name)
-            self.upload.put_bytes(name, b'{"waiting": true}')
-            self._marked.add(name)
-        else:
-            self.upload.remove([name])
-            self._marked.discard(name)
-
-    def gone(self, names: list[str]) -> list[str]:
-        present = set(self.entries())
-        return [name for name in names if name not in present]
+    def drop_note(self, name: str) -> None:
+        self.upload.remove([name])
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
         # a killed run's notes of itself are no dump
