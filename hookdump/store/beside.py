@@ -5,14 +5,17 @@ shards a follower deletes: one interface for a folder and for a prefix at a URL.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError
-from hookdump.store.folder import remove_entry, write_durably
+from hookdump.format.manifest import RUNNING
+from hookdump.store.folder import process_alive, remove_entry, write_durably
 from hookdump.store.location import Remote, UrlPath, is_url
 
 
@@ -175,3 +178,21 @@ def beside(
 def beside_of(root: Path | UrlPath, remote: Remote | None) -> Beside:
     """The place of a dump already opened (a reader's root and client)."""
     return UrlBeside(remote) if remote is not None else FolderBeside(Path(root))
+
+
+def running_note(where: Beside) -> dict[str, Any] | None:
+    """What the run writing the dump says of itself (`running.json`: its run id, pid, host,
+    start, whether it overwrites), if anything readable."""
+    try:
+        note = json.loads(where.read(RUNNING) or b"null")
+    except ValueError:
+        return None
+    return note if isinstance(note, dict) else None
+
+
+def note_alive(note: Mapping[str, Any]) -> bool:
+    """Whether the run that wrote `note` is still going (another host's: assumed)."""
+    pid = note.get("pid")
+    if note.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return True
+    return process_alive(pid)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,9 +23,9 @@ from hookdump.errors import (
     render_message,
 )
 from hookdump.format.keys import ATTENTION_MASK, RESPONSE, SAMPLE, TOKEN_IDS
-from hookdump.format.manifest import RUNNING, Manifest, ShardEntry
-from hookdump.store.beside import Beside, beside, beside_of
-from hookdump.store.folder import leftovers, process_alive
+from hookdump.format.manifest import Manifest, ShardEntry
+from hookdump.store.beside import Beside, beside, beside_of, note_alive, running_note
+from hookdump.store.folder import leftovers
 from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
@@ -128,15 +126,13 @@ def _writer_now(where: Beside, run_id: str | None = None) -> str | None:
             holder = Holder.parse(where.read(LOCK) or b"")
             alive = holder is not None and holder.alive(time.time()) is not False
             return holder.describe() if holder is not None and alive else None
-        running = json.loads(where.read(RUNNING) or b"null")
-    except (HookdumpError, ValueError):
+        running = running_note(where)
+    except HookdumpError:
         return None
-    if not isinstance(running, dict) or running.get("run_id") != (run_id or running["run_id"]):
+    if running is None or running.get("run_id") != (run_id or running.get("run_id")):
         return None
     pid, host, started = running.get("pid"), running.get("host"), running.get("started")
-    if not isinstance(pid, int) or not isinstance(host, str):
-        return None
-    if host == socket.gethostname() and not process_alive(pid):
+    if not isinstance(pid, int) or not isinstance(host, str) or not note_alive(running):
         return None  # killed: its note stays behind
     since = (
         time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))

@@ -19,9 +19,7 @@ manifest then lists it as consumed, and reading it is a one-line error.
 
 from __future__ import annotations
 
-import json
 import re
-import socket
 import sys
 import time
 import zlib
@@ -33,9 +31,8 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, InvalidDump, opt
-from hookdump.format.manifest import MANIFEST, RUNNING, ShardEntry
-from hookdump.store.beside import Beside, beside
-from hookdump.store.folder import process_alive
+from hookdump.format.manifest import MANIFEST, ShardEntry
+from hookdump.store.beside import Beside, beside, note_alive, running_note
 from hookdump.store.location import UrlPath
 from hookdump.store.read.batches import BUFFER_BYTES, ROW, PassOptions, check, check_numbers
 from hookdump.store.read.dataset import DumpDataset
@@ -375,37 +372,19 @@ def _share(file: str, processes: int) -> int:
     return number if number < 1 << 62 else zlib.crc32(file.encode())
 
 
-def _running(where: Beside) -> dict[str, Any] | None:
-    """What the run writing the dump says of itself (`running.json`: under `--overwrite`
-    or `--max-disk`), if anything."""
-    try:
-        running = json.loads(where.read(RUNNING) or b"null")
-    except ValueError:
-        return None
-    return running if isinstance(running, dict) else None
-
-
 def _refuse_overwriting(where: Beside, run_id: str | None) -> None:
     """A run under way that will replace the dump there (`--overwrite`, its first shard
     not committed yet): following the old dump would end in its deletion."""
-    running = _running(where)
+    running = running_note(where)
     if running is None or not running.get("overwrite"):
         return
-    if running.get("run_id") == run_id or not _alive(running):
+    if running.get("run_id") == run_id or not note_alive(running):
         return
     raise HookdumpError(
         f"{where.root} is being overwritten by another run (pid {running.get('pid')}): the "
         "dump there now is about to be replaced; follow the new one once the run has written "
         "its first shard"
     )
-
-
-def _alive(running: dict[str, Any]) -> bool:
-    """Whether the run that wrote `running` is still going (another host's: assumed)."""
-    pid = running.get("pid")
-    if running.get("host") != socket.gethostname() or not isinstance(pid, int):
-        return True
-    return process_alive(pid)
 
 
 def _to_stderr(line: str) -> None:
