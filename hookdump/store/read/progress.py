@@ -115,10 +115,10 @@ def consumed_shards(where: Beside) -> dict[str, str]:
         if not (file.startswith("follow-") and file.endswith(".json")):
             continue
         name = file.removeprefix("follow-").removesuffix(".json")
-        try:
-            progress = Progress.read(where, name)
+        try:  # the shards finished and consumed: not the rows of those it is inside
+            consumed = _read(where, file).get("consumed", [])
         except HookdumpError:
             continue
-        for shard in progress.consumed:
-            found[shard] = name
+        for shard in consumed if isinstance(consumed, list) else []:
+            found[str(shard)] = name
     return found
