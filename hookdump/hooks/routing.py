@@ -39,13 +39,14 @@ def _is_router(module: nn.Module) -> bool:
     return type(module).__name__.lower().endswith("topkrouter")
 
 
+def is_moe_block(module: nn.Module) -> bool:
+    """A transformers MoE block: one holding a top-k router (not the router itself)."""
+    return not _is_router(module) and router_of(module) is not None
+
+
 def moe_blocks(model: nn.Module) -> list[str]:
-    """The qualified names of the model's MoE blocks (those holding a top-k router)."""
-    return [
-        name
-        for name, module in model.named_modules()
-        if not _is_router(module) and router_of(module) is not None
-    ]
+    """The qualified names of the model's MoE blocks."""
+    return [name for name, module in model.named_modules() if is_moe_block(module)]
 
 
 def check_selection(

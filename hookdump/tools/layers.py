@@ -12,7 +12,7 @@ from hookdump.hooks.attention import is_attention
 from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import forward
 from hookdump.hooks.names import Site
-from hookdump.hooks.routing import router_of
+from hookdump.hooks.routing import is_moe_block
 from hookdump.hooks.selection import ROOT, module_type_name
 from hookdump.inputs.samples import SampleForm, random_batches
 from hookdump.model.loading import LoadedModel
@@ -98,7 +98,7 @@ def list_layers(
             cap,
             ops=[] if ops else None,
             attention=is_attention(module),
-            moe=router_of(module) is not None and router_of(module) is not module,
+            moe=is_moe_block(module),
         )
         for name, module in cap.named.items()
     }
