@@ -498,27 +498,24 @@ class Hooks:
         self._keep(key, name, module_type_name(self.modules[name]), "op", call, op, value)
 
     def _record_inside(self, name: str, kind: str, value: torch.Tensor) -> None:
-        """A value from inside attention module `name` (see `hooks.attention`), under its
-        key if the module was selected by name for it, and under its standard names."""
-        call = self._calls.current(name)
-        module_type = module_type_name(self.modules[name])
-        with self._attached.quiet():
-            if name in self.named and kind in self.kinds:
-                key = tensor_key(name, kind, None, call)
-                self._keep(key, name, module_type, kind, call, None, value)
-                if kind == "pattern":
-                    self._attached.patterns[name] = value
-            for site in self.sites.get(name, ()):
-                if site.side == kind:
-                    key = called(site.name, call)
-                    self._keep(key, name, module_type, kind, call, None, value, site.name)
+        """A value from inside attention module `name` (see `hooks.attention`)."""
+        by_name = name in self.named and kind in self.kinds
+        self._record_value(name, kind, value, by_name)
+        if by_name and kind == "pattern":
+            self._attached.patterns[name] = value
 
     def _record_routing(self, name: str, kind: str, value: torch.Tensor) -> None:
-        """What MoE block `name`'s router gave (see `hooks.routing`), under its key."""
+        """What MoE block `name`'s router gave (see `hooks.routing`)."""
+        by_name = name in self.named and "routing" in self.kinds and kind in ROUTING_KINDS
+        self._record_value(name, kind, value, by_name)
+
+    def _record_value(self, name: str, kind: str, value: torch.Tensor, by_name: bool) -> None:
+        """A value of module `name` other than its inputs and outputs, under its key where
+        the module was selected by name for it (`by_name`), and under its standard names."""
         call = self._calls.current(name)
         module_type = module_type_name(self.modules[name])
         with self._attached.quiet():
-            if name in self.named and "routing" in self.kinds and kind in ROUTING_KINDS:
+            if by_name:
                 key = tensor_key(name, kind, None, call)
                 self._keep(key, name, module_type, kind, call, None, value)
             for site in self.sites.get(name, ()):
