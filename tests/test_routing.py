@@ -203,6 +203,14 @@ def test_show_draws_tokens_by_experts_and_inspect_says_each_experts_load(
     shown = invoke("show", str(out), f"{block}:topk_weights", "-s", "1", "-o",
                    str(tmp_path / "w.png"))  # fmt: skip
     assert shown.exit_code == 0 and "routing of" in shown.stdout
+    rows = tmp_path / "rows"
+    result = invoke("run", f"hf:{folder}", "--text", str(corpus), "--layers", block,
+                    "--capture", "routing", "--per-token", "-q", "--out", str(rows))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    sequences = hookdump.load(rows)["__sample__"]
+    last = len(sequences) - 1  # a token row draws every row of its sequence
+    drawn = draw_sample(rows, f"{block}:topk_ids", tmp_path / "t.png", last)
+    assert (drawn.rows, drawn.cols) == (int((sequences == sequences[last]).sum()), EXPERTS)
     counts = torch.bincount(ids[mask].flatten(), minlength=EXPERTS).tolist()
     report = json.loads(invoke("inspect", str(out), "--json").stdout)
     assert report["experts"] == {f"{block}:topk_ids": counts}

@@ -33,9 +33,9 @@ def routing_picture(dump: Any, key: str, row: int, out: Path, padding: bool, tit
     experts = dump.info(logits_key).shape[-1] if logits_key in dump else None
     if dump.manifest.token_rows:
         first, stop = _sequence_rows(dump, row)
-        ids = torch.stack([dump.row(ids_key, r) for r in range(first, stop)])
-        weights = torch.stack([dump.row(weights_key, r) for r in range(first, stop)])
-        labels = _row_words(dump, first, stop)
+        read = _rows(dump, [k for k in (ids_key, weights_key, TOKEN_IDS) if k in dump], first, stop)
+        ids, weights = read[ids_key], read[weights_key]
+        labels = written(dump, read[TOKEN_IDS].tolist()) if TOKEN_IDS in read else None
     else:
         ids, weights = dump.row(ids_key, row), dump.row(weights_key, row)
         tokens = sample_tokens(dump, row)
@@ -52,27 +52,33 @@ def routing_picture(dump: Any, key: str, row: int, out: Path, padding: bool, tit
 
 
 def _sequence_rows(dump: Any, row: int) -> tuple[int, int]:
-    """The token rows of the sequence row `row` belongs to (at most MAX_TOKENS of them)."""
+    """The token rows of the sequence row `row` belongs to (at most MAX_TOKENS of them),
+    found in the rows of `__sample__` around it, read at once."""
     if SAMPLE not in dump:
         return row, row + 1
-    sequence = int(dump.row(SAMPLE, row))
-    first = row
-    while first > 0 and row - first < MAX_TOKENS and int(dump.row(SAMPLE, first - 1)) == sequence:
+    lo, hi = max(0, row - MAX_TOKENS + 1), min(dump.num_samples, row + MAX_TOKENS)
+    same = (_rows(dump, [SAMPLE], lo, hi)[SAMPLE] == dump.row(SAMPLE, row)).tolist()
+    first, stop = row - lo, row - lo + 1
+    while first > 0 and same[first - 1]:
         first -= 1
-    stop = row + 1
-    while (
-        stop < dump.num_samples
-        and stop - first < MAX_TOKENS
-        and int(dump.row(SAMPLE, stop)) == sequence
-    ):
+    while stop < len(same) and stop - first < MAX_TOKENS and same[stop]:
         stop += 1
-    return first, stop
+    return lo + first, lo + stop
 
 
-def _row_words(dump: Any, first: int, stop: int) -> list[str] | None:
-    if TOKEN_IDS not in dump:
-        return None
-    return written(dump, [int(dump.row(TOKEN_IDS, r)) for r in range(first, stop)])
+def _rows(dump: Any, keys: list[str], first: int, stop: int) -> dict[str, torch.Tensor]:
+    """Rows `first:stop` of `keys`, each shard they lie in opened once."""
+    reader = dump.reader
+    parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+    at = first
+    while at < stop:
+        shard = reader.shard_of(at)
+        end = min(stop, shard.stop)
+        with reader.open(shard, keys) as opened:
+            for key in keys:
+                parts[key].append(reader.read_rows(opened, shard, key, at, end))
+        at = end
+    return {key: torch.cat(values) for key, values in parts.items()}
 
 
 def _draw(grid: torch.Tensor, labels: list[str] | None, out: Path, title: str) -> Picture:
