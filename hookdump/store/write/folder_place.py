@@ -14,6 +14,7 @@ from typing import Any
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import MANIFEST, RUNNING, WAITING, ShardEntry
 from hookdump.format.values import format_bytes
+from hookdump.store.beside import FolderBeside
 from hookdump.store.checksum import Checksum, file_checksum
 from hookdump.store.folder import (
     DUMP_FILE,
@@ -112,6 +113,7 @@ class FolderPlace(DumpPlace):
         self.work = out
         self._made: set[str] = set()  # the files this writer makes (`claim`)
         self._old = _OldDump(out, False, self._made, cleared=False)
+        self._beside = FolderBeside(out)  # its entries, and the run's notes in it
 
     @classmethod
     def claims(cls, where: str | Path) -> bool:
@@ -143,10 +145,10 @@ class FolderPlace(DumpPlace):
 
     def put_note(self, name: str, raw: bytes) -> None:
         self.claim(name)
-        write_durably(self.out / name, raw, durable=False)
+        self._beside.write(name, raw)
 
     def drop_note(self, name: str) -> None:
-        remove_entry(self.out / name)
+        self._beside.remove(name)
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
         # a killed run's note of itself is no dump
@@ -229,9 +231,7 @@ class FolderPlace(DumpPlace):
         return self.out.is_dir()
 
     def entries(self) -> list[str]:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            return sorted(path.name for path in self.out.iterdir())
-        return []
+        return self._beside.names()
 
     def matches(self, entry: ShardEntry) -> bool:
         path = self.out / entry.file
