@@ -30,9 +30,6 @@ from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
-from hookdump.store.write.commit import COMMIT_EVERY
-from hookdump.store.write.upload import LOCK
-from hookdump.store.write.url_lock import Holder
 from hookdump.tools.pictures.tokens import decoded
 
 
@@ -123,6 +120,9 @@ def _writer_now(where: Beside, run_id: str | None = None) -> str | None:
     manifest's, which the note names (None: no manifest yet)."""
     try:
         if where.remote is not None:
+            from hookdump.store.write.upload import LOCK  # the write wing: a URL's alone
+            from hookdump.store.write.url_lock import Holder
+
             holder = Holder.parse(where.read(LOCK) or b"")
             alive = holder is not None and holder.alive(time.time()) is not False
             return holder.describe() if holder is not None and alive else None
@@ -153,6 +153,8 @@ def _open(path: str | Path, storage_options: Mapping[str, Any] | None) -> Dump:
             writer = None
         if writer is None:
             raise
+        from hookdump.store.write.commit import COMMIT_EVERY  # (not for every inspect)
+
         raise HookdumpError(
             f"{path} is being written by {writer}, and no shard is listed yet (a folder's "
             f"are listed every {COMMIT_EVERY:g} s, and at the end): inspect it again then"
