@@ -13,7 +13,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable
-from typing import ParamSpec, TypeVar
+from typing import Any, TypeVar, cast
 
 _OPTION = re.compile("\x00([A-Za-z_]+)(?:\x01([^\x00]*))?\x00")
 
@@ -134,24 +134,49 @@ def did_you_mean(word: str, candidates: Iterable[str], n: int = 3) -> str:
     return f" (did you mean {', '.join(found)}?)" if found else ""
 
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def keywords_checked(func: Callable[_P, _R]) -> Callable[_P, _R]:
-    """`func` with Python's own TypeError for an unknown keyword, and a did-you-mean
-    (`hookdump.dump(..., layer=...)`: did you mean layers?). The signature is `func`'s."""
-    parameters = inspect.signature(func).parameters.values()
+def keywords_checked(func: _F) -> _F:
+    """`func` (a function, or a class: its `__init__`) with Python's own TypeError for an
+    unknown keyword, with a did-you-mean (`hookdump.dump(..., layer=...)`: did you mean
+    layers?), and an `ArgumentTypeError` for a flag that is not a bool or a text that is
+    not a str (`consume="false"` is true to Python, and deletes). A class stays a class."""
+    if isinstance(func, type):
+        func.__init__ = keywords_checked(func.__init__)  # type: ignore[misc]
+        return func
+    signature = inspect.signature(func)
+    parameters = signature.parameters.values()
     names = [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    typed = {p.name: p.annotation for p in parameters if p.annotation in _PLAIN}
+    shown = func.__qualname__.removesuffix(".__init__")
 
     @functools.wraps(func)
-    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+    def checked(*args: Any, **kwargs: Any) -> Any:
         for name in kwargs:
             if name not in names:
                 raise TypeError(
-                    f"{func.__name__}() got an unexpected keyword argument {name!r}"
+                    f"{shown}() got an unexpected keyword argument {name!r}"
                     f"{did_you_mean(name, names)}"
                 )
+        if typed:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            for name, annotation in typed.items():
+                if name in bound and not isinstance(bound[name], _PLAIN[annotation]):
+                    raise ArgumentTypeError(
+                        f"{shown}({name}={printable(repr(bound[name])[:80])}): {name} is "
+                        f"{_WHAT[annotation]}, not a {type(bound[name]).__name__}"
+                    )
         return func(*args, **kwargs)
 
-    return checked
+    return cast(_F, checked)
+
+
+# annotations as `from __future__ import annotations` keeps them: the plain ones checked
+_PLAIN: dict[object, type] = {"bool": bool, bool: bool, "str": str, str: str}
+_WHAT: dict[object, str] = {
+    "bool": "True or False",
+    bool: "True or False",
+    "str": "a str",
+    str: "a str",
+}

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,11 +23,12 @@ import torch
 import hookdump
 
 ROWS, BATCH = 96, 8
+DEADLINE_S = 300  # a process of these tests still running then has hung
 SHARD, BUDGET = "8KiB", "40KiB"  # a batch of avgpool is 16 KiB: a shard of its own each
 # a follower: every batch's rows (`__row__`) logged as it comes, then its last line
 FOLLOWER = textwrap.dedent(
     """
-    import json, sys
+    import json, sys, time
     from pathlib import Path
     import hookdump
     out, log, name, stop = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -36,8 +39,7 @@ FOLLOWER = textwrap.dedent(
             f.flush()
             if n + 1 == stop:  # a barrier for the test, which kills it here
                 Path(str(log) + ".stopped").touch()
-                while True:
-                    pass
+                time.sleep(3600)
     """
 )
 
@@ -79,6 +81,30 @@ def _wait_for(process: subprocess.Popen[str], timeout: float = 300) -> tuple[str
     return out, err
 
 
+def _watching(*processes: subprocess.Popen[str]) -> Iterator[None]:
+    """Once per look while any of `processes` runs (every few ms, not a spinning core),
+    failing after DEADLINE_S (a hung process ends the test, not the suite)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while any(p.poll() is None for p in processes):
+        if time.monotonic() > deadline:
+            for p in processes:
+                p.kill()
+            pytest.fail(f"still running after {DEADLINE_S} s")
+        yield
+        time.sleep(0.002)
+
+
+def _until(done: Callable[[], bool], *watched: subprocess.Popen[str]) -> None:
+    """Wait for `done`, failing if a watched process ends first or after DEADLINE_S."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not done():
+        for p in watched:
+            assert p.poll() is None, p.stderr.read() if p.stderr else ""
+        assert time.monotonic() < deadline, f"not done after {DEADLINE_S} s"
+        time.sleep(0.002)
+
+
+@pytest.mark.slow
 def test_every_row_once_within_the_budget(tmp_path: Path) -> None:
     """The follower starts first (it waits for the first shard), consumes as it goes, and
     the writer keeps within --max-disk: the shards' bytes under --out, sampled all along,
@@ -87,7 +113,7 @@ def test_every_row_once_within_the_budget(tmp_path: Path) -> None:
     follower = _follower(out, log)
     writer = _writer(out, "--max-disk", BUDGET)
     most = 0
-    while writer.poll() is None or follower.poll() is None:
+    for _ in _watching(writer, follower):
         if out.is_dir():
             most = max(most, _shard_bytes(out))
     assert writer.returncode == 0, writer.stderr.read() if writer.stderr else ""
@@ -101,14 +127,14 @@ def test_every_row_once_within_the_budget(tmp_path: Path) -> None:
         hookdump.load(out)["avgpool"]
 
 
+@pytest.mark.slow
 def test_a_killed_follower_goes_on_and_says_what_comes_again(tmp_path: Path) -> None:
     out, log = tmp_path / "d", tmp_path / "rows.log"
     writer = _writer(out, "--max-disk", BUDGET)
     stop = 1 + int.from_bytes(os.urandom(1), "little") % 9  # a point in the pass
     first = _follower(out, log, "trainer", stop)
     stopped = Path(str(log) + ".stopped")
-    while not stopped.exists():
-        assert first.poll() is None, first.stderr.read() if first.stderr else ""
+    _until(stopped.exists, first)
     first.send_signal(signal.SIGKILL)
     first.wait()
     before = log.read_text().splitlines()
@@ -126,18 +152,20 @@ def test_a_killed_follower_goes_on_and_says_what_comes_again(tmp_path: Path) -> 
     assert told <= repeats <= told + last
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumed_goes_on_under_its_follower(tmp_path: Path) -> None:
     out, log = tmp_path / "d", tmp_path / "rows.log"
     follower = _follower(out, log)
     writer = _writer(out, "--max-disk", BUDGET)
     listed = 1 + int.from_bytes(os.urandom(1), "little") % 4  # a point in the run
-    while True:
-        assert writer.poll() is None
+
+    def enough() -> bool:
         try:
-            if len(json.loads((out / "manifest.json").read_text())["shards"]) >= listed:
-                break
+            return len(json.loads((out / "manifest.json").read_text())["shards"]) >= listed
         except (FileNotFoundError, ValueError, KeyError):
-            pass  # not written yet, or being replaced
+            return False  # not written yet, or being replaced
+
+    _until(enough, writer)
     writer.send_signal(signal.SIGKILL)
     writer.wait()
     resumed = _writer(out, "--max-disk", BUDGET, "--resume")
@@ -187,8 +215,7 @@ def test_a_dump_being_overwritten_is_refused(tmp_path: Path) -> None:
     )
     writer = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     try:
-        while not (out / "running.json").exists():
-            assert writer.poll() is None
+        _until((out / "running.json").exists, writer)
         with pytest.raises(hookdump.HookdumpError, match="being overwritten"):
             next(hookdump.follow(out, ["__root__"], 4))
     finally:
@@ -255,6 +282,7 @@ def _object_bytes(url: str) -> int:
     return sum(int(e["size"]) for e in listed if "/shard-" in e["name"])
 
 
+@pytest.mark.slow
 def test_at_a_url_every_row_once_within_the_budget(bucket: str, tmp_path: Path) -> None:
     """At an S3 URL: the run keeps its objects within --max-disk (listed all along), the
     follower deletes the objects it consumed, and the dump says which were."""
@@ -262,7 +290,7 @@ def test_at_a_url_every_row_once_within_the_budget(bucket: str, tmp_path: Path) 
     follower = _follower(out, log)
     writer = _writer(out, "--max-disk", BUDGET)
     most = 0
-    while writer.poll() is None or follower.poll() is None:
+    for _ in _watching(writer, follower):
         most = max(most, _object_bytes(out))
     assert writer.returncode == 0, writer.stderr.read() if writer.stderr else ""
     assert follower.returncode == 0, follower.stderr.read() if follower.stderr else ""
@@ -322,7 +350,7 @@ def test_torchrun_writers_each_keep_their_share_of_the_budget(tmp_path: Path) ->
         cwd=tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     most = 0
-    while writer.poll() is None or follower.poll() is None:
+    for _ in _watching(writer, follower):
         if out.is_dir():
             most = max(most, _shard_bytes(out))
     assert writer.returncode == 0, writer.stderr.read() if writer.stderr else ""

@@ -629,6 +629,7 @@ class Capture:
         return repr(self._hooks)
 
 
+@keywords_checked
 def capture(
     model: nn.Module,
     layers: str | Sequence[str] | None = None,

@@ -5,15 +5,17 @@ shards a follower deletes: one interface for a folder and for a prefix at a URL.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
+import stat
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, printable
 from hookdump.format.manifest import RUNNING
 from hookdump.store.folder import process_alive, remove_entry, write_durably
 from hookdump.store.location import Remote, UrlPath, is_url
@@ -54,6 +56,17 @@ class Beside(ABC):
     def names(self) -> list[str]:
         """The entries' names."""
 
+    @abstractmethod
+    def hold(self, name: str, who: str) -> contextlib.AbstractContextManager[None]:
+        """Hold entry `name` as a lock for the `with` block: `who` (a follower) is refused in
+        one line while another process holds it."""
+
+    def _busy(self, who: str, holder: str) -> HookdumpError:
+        return HookdumpError(
+            f"{who} of {self.root} is already running ({printable(holder)[:200]}); wait for it "
+            "to end, or give this one another name"
+        )
+
 
 class FolderBeside(Beside):
     poll_s = 0.2
@@ -84,12 +97,36 @@ class FolderBeside(Beside):
         write_durably(self.folder / name, raw, durable=False)
 
     def remove(self, name: str) -> None:
-        remove_entry(self.folder / name)
+        path = self.folder / name
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                return  # never a folder: a dump's entries that go are files
+        remove_entry(path)
 
     def names(self) -> list[str]:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             return sorted(os.listdir(self.folder))
         return []
+
+    @contextlib.contextmanager
+    def hold(self, name: str, who: str) -> Iterator[None]:
+        try:
+            fd = os.open(self.folder / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o644)  # fmt: skip
+        except OSError as exc:
+            raise HookdumpError(f"cannot open {self.folder / name}: {exc.strerror}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid, host = _holder_of(os.pread(fd, 4096, 0))
+                holder = f"pid {pid} on {host}" if pid else "another process"
+                raise self._busy(who, holder) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _holder().encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # the lock goes with it; the file stays, unlocked
 
 
 class UrlBeside(Beside):
@@ -154,6 +191,44 @@ class UrlBeside(Beside):
             raise HookdumpError(f"cannot list {remote.url}: {remote.reason(exc)}") from None
         return sorted(str(p)[len(root) :] for p in found if str(p).startswith(root))
 
+    @contextlib.contextmanager
+    def hold(self, name: str, who: str) -> Iterator[None]:
+        """A lock object made by a conditional put (as a run's `UrlLock`); one left by a
+        process of this host that is gone is taken over."""
+        remote, me = self._remote, _holder().encode()
+        path = remote.object(name)
+
+        def create() -> bool:
+            try:
+                remote.fs.pipe_file(path, me, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+        made = False
+        for _ in range(2):
+            try:
+                made = create()
+            except Exception as exc:
+                raise HookdumpError(f"cannot write {remote.url / name}: "
+                                    f"{remote.reason(exc)}") from None  # fmt: skip
+            if made:
+                break
+            raw = self.read(name) or b""
+            pid, host = _holder_of(raw)
+            if host != socket.gethostname() or pid is None or process_alive(pid):
+                holder = f"pid {pid} on {host}" if pid else "its lock cannot be read"
+                raise self._busy(who, f"{holder}; delete {remote.url / name} if it is gone")
+            self.remove(name)
+        if not made:
+            raise self._busy(who, "another process took its lock meanwhile")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(HookdumpError):
+                if self.read(name) == me:
+                    self.remove(name)
+
     def _do(self, what: str, action: Any) -> None:
         try:
             action()
@@ -180,19 +255,51 @@ def beside_of(root: Path | UrlPath, remote: Remote | None) -> Beside:
     return UrlBeside(remote) if remote is not None else FolderBeside(Path(root))
 
 
+def _holder() -> str:
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+
+
+def _holder_of(raw: bytes) -> tuple[int | None, str]:
+    """The pid and host a lock names (None: unreadable)."""
+    try:
+        data = json.loads(raw[:4096])
+        pid, host = data["pid"], data["host"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None, "?"
+    if not (type(pid) is int and 0 < pid < 1 << 31 and isinstance(host, str)):
+        return None, "?"
+    return pid, host[:100]
+
+
 def running_note(where: Beside) -> dict[str, Any] | None:
     """What the run writing the dump says of itself (`running.json`: its run id, pid, host,
-    start, whether it overwrites), if anything readable."""
-    try:
-        note = json.loads(where.read(RUNNING) or b"null")
-    except ValueError:
+    start, whether it overwrites), if anything readable: a note that is not what a run
+    writes (a pid that is no process's, a host that is not a short line, a huge or deep
+    file) is a damaged one, and None."""
+    raw = where.read(RUNNING) or b"null"
+    if len(raw) > _NOTE_BYTES:
         return None
-    return note if isinstance(note, dict) else None
+    try:
+        note = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(note, dict):
+        return None
+    pid, host = note.get("pid"), note.get("host")
+    if not (type(pid) is int and 0 < pid < 1 << 31):
+        return None
+    if not (isinstance(host, str) and 0 < len(host) <= 255 and host.isprintable()):
+        return None
+    return note
 
 
 def note_alive(note: Mapping[str, Any]) -> bool:
-    """Whether the run that wrote `note` is still going (another host's: assumed)."""
+    """Whether the run that wrote `note` (one `running_note` read) is still going (another
+    host's: assumed)."""
     pid = note.get("pid")
     if note.get("host") != socket.gethostname() or not isinstance(pid, int):
         return True
     return process_alive(pid)
+
+
+_NOTE_BYTES = 64 << 10  # a run's note is a few hundred bytes

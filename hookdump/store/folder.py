@@ -32,7 +32,7 @@ DUMP_FILE = re.compile(
     r"^(manifest(-(r\d+|p[0-9a-f]+))?\.json(\.tmp)?"
     r"|shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
     r"|stats\.safetensors(\.tmp)?|(running|waiting(-(r\d+|p[0-9a-f]+))?)\.json(\.tmp)?"
-    r"|follow-[A-Za-z0-9_.-]{1,64}\.(json|inside)(\.tmp)?"  # a follower's (hookdump.follow)
+    r"|follow-[A-Za-z0-9_.-]{1,64}\.(json|inside|lock)(\.tmp)?"  # a follower's (hookdump.follow)
     r"|\.hookdump-old-[\w-]+)$"
 )
 # the names that are never part of a finished dump: half-written files and old dumps' trash
@@ -253,6 +253,8 @@ def refuse_reads_inside(out: Path | None, what: str, paths: Iterable[Path]) -> N
 
 def process_alive(pid: int) -> bool:
     """Whether process `pid` of this host exists (another user's counts)."""
+    if not 0 < pid < 1 << 31:  # 0 and -1 are process groups; larger overflows C's pid_t
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

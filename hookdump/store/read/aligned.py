@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hookdump.errors import HookdumpError, opt
+from hookdump.errors import HookdumpError, keywords_checked, opt
 from hookdump.format.keys import SAMPLE, TOKEN_KEYS
 from hookdump.store.read.batches import (
     BUFFER_BYTES,
@@ -117,6 +117,7 @@ class Aligned:
         the same rows (their row counts, sample ids); token rows are compared as read."""
         self.pass_ = AlignedPass(_opened(sources, storage_options))
 
+    @keywords_checked
     def batches(
         self,
         batch_size: int,
@@ -132,6 +133,7 @@ class Aligned:
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
         return self.pass_.batches(options)
 
+    @keywords_checked
     def dataset(
         self,
         batch_size: int,
@@ -150,6 +152,7 @@ class Aligned:
         return DumpDataset(self.pass_, options, rank, world_size)
 
 
+@keywords_checked
 def aligned(
     sources: Mapping[str, tuple[Any, str]], storage_options: Mapping[str, Any] | None = None
 ) -> Aligned:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hookdump.errors import HookdumpError, InvalidDump, printable
+from hookdump.errors import HookdumpError, InvalidDump, keywords_checked, printable
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS
 from hookdump.format.keys import KeyInfo, parse_key
 from hookdump.format.manifest import EXPORT_MARKER, FORMAT, MANIFEST, Manifest
@@ -164,6 +164,7 @@ class Dump(Mapping[str, torch.Tensor]):
         with reader.open(shard, [key]) as f:
             return reader.read_rows(f, shard, key, index, index + 1)[0]
 
+    @keywords_checked
     def batches(
         self,
         keys: list[str],
@@ -202,6 +203,7 @@ class Dump(Mapping[str, torch.Tensor]):
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
         return iter_batches(self.reader, keys, options)
 
+    @keywords_checked
     def dataset(
         self,
         keys: list[str],
@@ -302,6 +304,7 @@ def _no_manifest(where: Path | UrlPath) -> HookdumpError:
     )
 
 
+@keywords_checked
 def load(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> Dump:
     """Open a dump: its manifest now, its tensors when asked for.
 

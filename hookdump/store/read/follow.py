@@ -30,21 +30,23 @@ from typing import Any
 
 import torch
 
-from hookdump.errors import HookdumpError, InvalidDump, opt
+from hookdump.errors import HookdumpError, InvalidDump, keywords_checked, opt
 from hookdump.format.manifest import MANIFEST, ShardEntry
 from hookdump.store.beside import Beside, beside, note_alive, running_note
 from hookdump.store.location import UrlPath
 from hookdump.store.read.batches import BUFFER_BYTES, ROW, PassOptions, check, check_numbers
 from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.manifest import manifest_at
-from hookdump.store.read.progress import Progress, follow_file
+from hookdump.store.read.progress import INSIDE_FILE, Progress, follow_file, lock_file
 from hookdump.store.read.reader import ShardReader
 
 _RANK_MANIFEST = re.compile(r"^manifest-r(\d+)\.json$")  # a torchrun rank's, until joined
 _WAITING = re.compile(r"^waiting(-r\d+)?\.json$")  # a writer waits for room (--max-disk)
 _SHARD = re.compile(r"^shard-(?:r(\d+)-)?(\d+)\.safetensors$")
+WAIT_NOTICE_S = 5.0  # with no dump there this long, a follower says what it waits for
 
 
+@keywords_checked
 def follow(
     path: str | Path,
     keys: list[str],
@@ -59,6 +61,7 @@ def follow(
     name: str = "default",
     storage_options: Mapping[str, Any] | None = None,
     notice: Callable[[str], None] | None = None,
+    timeout: float | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Batches of `keys` from the dump in `path` while it is written (see the module's
     docstring), ending when the run's complete manifest has no shard left.
@@ -73,7 +76,10 @@ def follow(
         name: the follower's name: its progress is kept under it; two followers of
             different names each get every row.
         storage_options: fsspec options for a URL (as `hookdump.load` takes them).
-        notice: called with a line for the person (default: written to stderr).
+        notice: called with a line for the person (default: written to stderr); among
+            them, after WAIT_NOTICE_S seconds with no dump there, what it waits for.
+        timeout: stop with a one-line error after this many seconds with no new shard
+            (None: wait as long as the run takes).
 
     Example:
         >>> key = "blocks.5.hook_resid_post"  # --layers resid_post.5
@@ -81,13 +87,14 @@ def follow(
         ...     train_step(batch[key])
     """
     source = _FollowPass(beside(path, storage_options), keys, consume, name,
-                         notice or _to_stderr)  # fmt: skip
+                         notice or _to_stderr, timeout)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
     source.check(options)  # now, not at the first batch
     return source.batches(options)
 
 
+@keywords_checked
 def follow_dataset(
     path: str | Path,
     keys: list[str],
@@ -103,12 +110,14 @@ def follow_dataset(
     storage_options: Mapping[str, Any] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    timeout: float | None = None,
 ) -> DumpDataset:
     """`follow` as a `torch.utils.data.IterableDataset` for DataLoader workers and
     torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
-    source = _FollowPass(beside(path, storage_options), keys, consume, name, _to_stderr)
+    source = _FollowPass(beside(path, storage_options), keys, consume, name, _to_stderr,
+                         timeout)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
     return DumpDataset(source, options, rank, world_size)
@@ -124,12 +133,22 @@ class _FollowPass:
     consume: bool
     name: str
     say: Callable[[str], None]
+    timeout: float | None = None
 
     def check(self, options: PassOptions) -> None:
         """What can be checked before the run lists a shard (the keys are checked against
         each manifest read, as `Dump.batches` checks them)."""
         follow_file(self.name)
         check_numbers(options)
+        timeout = self.timeout
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        ):
+            raise HookdumpError(f"timeout={timeout!r} must be a number of seconds above 0, "
+                                "or None to wait as long as the run takes")  # fmt: skip
+        if isinstance(self.where.root, Path) and self.where.root.is_file():
+            raise HookdumpError(f"{self.where.root} is a file, not a dump's folder; "
+                                "give the folder a run writes (--out)")  # fmt: skip
 
     def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
         index, count = options.split
@@ -157,11 +176,30 @@ class _Follower:
     def __init__(self, source: _FollowPass, name: str, options: PassOptions) -> None:
         self.where, self.keys, self.say = source.where, source.keys, source.say
         self.consume, self.name, self.options = source.consume, name, options
-        self.progress = Progress.read(self.where, name)
-        self._delete(self.progress.consumed)
+        self.timeout = source.timeout
+        self.progress = Progress(name)  # read once the dump is there and this one holds it
         self._seen: tuple[object, _Listing] | None = None  # the manifests read last
+        self._since = time.monotonic()  # of the last new shard (or the start)
 
     def batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        listing = self._listing()  # the dump is there: its progress and lock are beside it
+        who = f"follower {self.name!r}"
+        with self.where.hold(lock_file(self.name), who):
+            self.progress = Progress.read(self.where, self.name)
+            self._seen = None  # checked again against the progress read
+            listing = self._listing()
+            rows = {shard.file: shard.rows for shard, _ in listing.shards}
+            if any(given > rows.get(file, given) for file, given in self.progress.inside.items()):
+                raise HookdumpError(
+                    f"{self.where.root / INSIDE_FILE.format(self.name)} is not a follower's "
+                    "progress (more rows given out of a shard than it holds); delete it"
+                )
+            if self.consume:  # a follower killed after noting them, before deleting them
+                listed = {shard.file for shard, _ in listing.shards}
+                self._delete([f for f in self.progress.consumed if f in listed])
+            yield from self._batches()
+
+    def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
         how, size = self.options, self.options.batch_size
         again = sum(self.progress.inside.values())
         if again:
@@ -178,6 +216,7 @@ class _Follower:
                     break
                 yield from self._wait(listing, buffer)
                 continue
+            self._since = time.monotonic()
             for shard, reader in group:
                 buffer.add(shard, reader.read_shard(shard, self.keys), how.with_index)
             if how.shuffle:
@@ -195,9 +234,16 @@ class _Follower:
     def _listing(self) -> _Listing:
         """The shards as the run lists them now (waiting for its first manifest); read
         again only once the run has written a new manifest (each a new file or object)."""
+        told = False
         while True:
             names, seen = self._versions()
             if not names:  # the run has not committed a shard yet
+                waited = time.monotonic() - self._since
+                if not told and waited >= WAIT_NOTICE_S:
+                    told = True
+                    self.say(f"no dump at {self.where.root} yet; waiting for a run to write "
+                             "its first shard there")  # fmt: skip
+                self._give_up()
                 time.sleep(self.where.poll_s)
                 continue
             if self._seen is not None and self._seen[0] == seen:
@@ -291,7 +337,17 @@ class _Follower:
             batch, origin = buffer.take(buffer.rows)
             yield batch
             self._given(origin, buffer)
+        self._give_up()
         time.sleep(self.where.poll_s)
+
+    def _give_up(self) -> None:
+        """Stop once `timeout` seconds passed with no new shard."""
+        if self.timeout is not None and time.monotonic() - self._since > self.timeout:
+            what = "no dump there yet" if self._seen is None else "no new shard"
+            raise HookdumpError(
+                f"follower {self.name!r} of {self.where.root}: {what} for {self.timeout:g} s "
+                "(timeout); is the run writing there still going?"
+            )
 
     def _given(self, rows: torch.Tensor, buffer: _Buffer) -> None:
         """`rows` (their shards' indices) were given out: note it, finish the shards that

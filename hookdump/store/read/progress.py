@@ -15,18 +15,21 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, printable
 from hookdump.store.beside import Beside
 
 FOLLOW_FILE = "follow-{}.json"
 INSIDE_FILE = "follow-{}.inside"
+LOCK_FILE = "follow-{}.lock"  # held while the follower runs: one at a time per name
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SHARD = re.compile(r"^shard-(?:r\d+-)?\d+\.safetensors$")  # what a run names its shards
+_MOST_BYTES = 64 << 20  # a progress file's bytes: a shard name each, ~30 bytes
 
 
 def is_progress(name: str) -> bool:
     """Whether `name` is a follower's progress file (never a run's to remove)."""
     return name.startswith("follow-") and name.endswith((".json", ".json.tmp", ".inside",
-                                                         ".inside.tmp"))  # fmt: skip
+                                                         ".inside.tmp", ".lock"))  # fmt: skip
 
 
 def follow_file(name: str) -> str:
@@ -36,6 +39,11 @@ def follow_file(name: str) -> str:
             f"name={name!r}: a follower's name is 1 to 64 letters, digits, '_', '.' or '-'"
         )
     return FOLLOW_FILE.format(name)
+
+
+def lock_file(name: str) -> str:
+    """The lock a follower named `name` holds while it runs."""
+    return LOCK_FILE.format(name)
 
 
 @dataclass
@@ -51,20 +59,29 @@ class Progress:
 
     @classmethod
     def read(cls, where: Beside, name: str) -> Progress:
-        data = _read(where, FOLLOW_FILE.format(name))
+        """The progress kept under `name`; one that is not what a follower writes (a
+        file received with a dump is untrusted: it names the shards deleted with
+        `consume`) is a one-line error."""
+        file = FOLLOW_FILE.format(name)
+        data = _read(where, file)
         progress = cls(
             name,
-            data.get("run_id"),
-            [str(s) for s in data.get("finished", [])],
-            [str(s) for s in data.get("consumed", [])],
+            _run_id(data, where, file),
+            _shards(data, "finished", where, file),
+            _shards(data, "consumed", where, file),
         )
-        rows = _read(where, INSIDE_FILE.format(name))
+        file = INSIDE_FILE.format(name)
+        rows = _read(where, file)
         if not data:  # killed before it finished a shard
-            progress.run_id = rows.get("run_id")
+            progress.run_id = _run_id(rows, where, file)
         if rows.get("run_id") == progress.run_id:
             done = set(progress.finished)
-            inside = dict(rows.get("inside", {}))
-            progress.inside = {str(k): int(v) for k, v in inside.items() if k not in done}
+            inside = rows.get("inside", {})
+            if not isinstance(inside, dict) or not all(
+                _SHARD.match(k) and type(v) is int and 0 <= v < 1 << 53 for k, v in inside.items()
+            ):
+                raise _damaged(where, file, "inside")
+            progress.inside = {k: v for k, v in inside.items() if k not in done}
         return progress
 
     def follows(self, run_id: str | None) -> bool:
@@ -98,14 +115,37 @@ def _read(where: Beside, file: str) -> dict[str, Any]:
     raw = where.read(file)
     if raw is None:
         return {}
+    if len(raw) > _MOST_BYTES:
+        raise _damaged(where, file, f"{len(raw)} bytes")
     try:
         data = json.loads(raw)
-    except ValueError as exc:
-        raise HookdumpError(f"{where.root / file} is not a follower's progress ({exc}); "
-                            "delete it") from None  # fmt: skip
+    except (ValueError, RecursionError) as exc:
+        raise _damaged(where, file, str(exc)[:100]) from None
     if not isinstance(data, dict):
-        raise HookdumpError(f"{where.root / file} is not a follower's progress; delete it")
+        raise _damaged(where, file, "not an object")
     return data
+
+
+def _run_id(data: dict[str, Any], where: Beside, file: str) -> str | None:
+    run_id = data.get("run_id")
+    if run_id is not None and not (isinstance(run_id, str) and len(run_id) <= 64):
+        raise _damaged(where, file, "run_id")
+    return run_id
+
+
+def _shards(data: dict[str, Any], field_name: str, where: Beside, file: str) -> list[str]:
+    """A list of shard file names (a name of anything else is never deleted nor skipped)."""
+    names = data.get(field_name, [])
+    if not isinstance(names, list) or not all(
+        isinstance(n, str) and _SHARD.match(n) for n in names
+    ):
+        raise _damaged(where, file, field_name)
+    return names
+
+
+def _damaged(where: Beside, file: str, what: str) -> HookdumpError:
+    what = printable(what)
+    return HookdumpError(f"{where.root / file} is not a follower's progress ({what}); delete it")
 
 
 def consumed_shards(where: Beside) -> dict[str, str]:
@@ -116,9 +156,9 @@ def consumed_shards(where: Beside) -> dict[str, str]:
             continue
         name = file.removeprefix("follow-").removesuffix(".json")
         try:  # the shards finished and consumed: not the rows of those it is inside
-            consumed = _read(where, file).get("consumed", [])
+            consumed = _shards(_read(where, file), "consumed", where, file)
         except HookdumpError:
             continue
-        for shard in consumed if isinstance(consumed, list) else []:
-            found[str(shard)] = name
+        for shard in consumed:
+            found[shard] = name
     return found

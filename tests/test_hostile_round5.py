@@ -1,0 +1,226 @@
+"""Round 5 of hostile testing (issue 54): each finding, by its mechanism, turned into a test
+that failed before its fix. The reproductions are in shared/reports/hostile5/."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookdump
+from hookdump.errors import ArgumentTypeError
+from hookdump.store.read import follow as follow_module
+
+
+def _dump(out: Path, batches: int = 8) -> str | None:
+    """A small dump of `batches` shards (a shard per batch); its run id."""
+    torch.manual_seed(0)
+    data = [torch.randn(8, 16) for _ in range(batches)]
+    hookdump.dump(torch.nn.Sequential(torch.nn.Linear(16, 16)), data, out, layers="0",
+                  shard_size="1KiB")  # fmt: skip
+    run_id = json.loads((out / "manifest.json").read_text()).get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def _shards(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("shard-*"))
+
+
+@pytest.fixture
+def victims(tmp_path: Path) -> list[Path]:
+    """A folder and a file outside the dump, which no follower may touch."""
+    folder = tmp_path / "victim_dir"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("precious")
+    file = tmp_path / "victim_file"
+    file.write_text("precious")
+    return [folder, file]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("consumed", ["VICTIM_DIR"]),
+        ("consumed", ["../victim_file"]),
+        ("consumed", ["manifest.json"]),
+        ("consumed", [""]),
+        ("consumed", "shard-00000.safetensors"),  # a str, iterated by character down to "."
+        ("finished", 5),
+        ("finished", ["../shard-00000.safetensors"]),
+        ("run_id", {"a": 1}),
+    ],
+)
+@pytest.mark.parametrize("consume", [False, True])
+def test_a_tampered_progress_file_deletes_nothing_and_is_one_line(
+    tmp_path: Path, victims: list[Path], field: str, value: object, consume: bool
+) -> None:
+    out = tmp_path / "d"
+    run_id = _dump(out)
+    before = _shards(out)
+    if value == ["VICTIM_DIR"]:
+        value = [str(victims[0])]
+    (out / "follow-default.json").write_text(json.dumps({"run_id": run_id, field: value}))
+    with pytest.raises(hookdump.HookdumpError, match="is not a follower's progress") as caught:
+        list(hookdump.follow(out, ["0"], 8, consume=consume))
+    assert "\n" not in str(caught.value) and field in str(caught.value)
+    assert all(v.exists() for v in victims) and (victims[0] / "keep.txt").exists()
+    assert (out / "manifest.json").exists() and _shards(out) == before
+
+
+@pytest.mark.parametrize("inside", [{"shard-00000.safetensors": -5}, [1, 2],
+                                    {"shard-00000.safetensors": "abc"},
+                                    {"shard-00000.safetensors": 2.5},
+                                    {"shard-00000.safetensors": 10**9}])  # fmt: skip
+def test_a_tampered_count_of_rows_given_out_is_one_line(tmp_path: Path, inside: object) -> None:
+    out = tmp_path / "d"
+    run_id = _dump(out)
+    (out / "follow-default.inside").write_text(json.dumps({"run_id": run_id, "inside": inside}))
+    with pytest.raises(hookdump.HookdumpError, match="is not a follower's progress"):
+        list(hookdump.follow(out, ["0"], 8))
+
+
+def test_only_listed_shards_noted_as_consumed_are_deleted_and_only_with_consume(
+    tmp_path: Path,
+) -> None:
+    """A follower killed between noting shards consumed and deleting them deletes them when
+    it starts again, with consume; a name the run never listed is never deleted."""
+    out = tmp_path / "d"
+    run_id = _dump(out)
+    (out / "shard-00099.safetensors").write_text("not the run's")
+    noted = ["shard-00000.safetensors", "shard-00099.safetensors"]
+    progress = {"run_id": run_id, "finished": ["shard-00000.safetensors"], "consumed": noted}
+    (out / "follow-default.json").write_text(json.dumps(progress))
+    rows = sum(len(b["0"]) for b in hookdump.follow(out, ["0"], 8))  # consume=False
+    assert rows == 7 * 8 and "shard-00000.safetensors" in _shards(out)
+    (out / "follow-default.json").write_text(json.dumps(progress))
+    rows = sum(len(b["0"]) for b in hookdump.follow(out, ["0"], 8, consume=True))
+    assert rows == 7 * 8
+    assert _shards(out) == ["shard-00099.safetensors"]  # the run's all consumed, not that one
+
+
+def test_consume_given_as_a_string_is_refused_and_deletes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    _dump(out)
+    before = _shards(out)
+    with pytest.raises(ArgumentTypeError, match=r"consume='false'.*True or False"):
+        hookdump.follow(out, ["0"], 8, consume="false")  # type: ignore[arg-type]
+    assert _shards(out) == before
+
+
+def _entry_points() -> list[tuple[str, object]]:
+    """Every public function and method of hookdump that takes a flag or a text."""
+    found = []
+    for name in hookdump.__all__:
+        value = getattr(hookdump, name)
+        if inspect.isfunction(value):
+            found.append((name, value))
+        elif inspect.isclass(value) and name in ("Dump", "Capture", "Aligned"):
+            for attr, member in vars(value).items():
+                if inspect.isfunction(member) and not attr.startswith("_"):
+                    found.append((f"{name}.{attr}", member))
+    return found
+
+
+def test_every_flag_and_text_keyword_of_every_entry_point_is_type_checked() -> None:
+    """A str where a bool goes (`"false"` is true) or a bool where a str goes is an
+    ArgumentTypeError naming the keyword, before anything runs."""
+    checked = 0
+    for shown, func in _entry_points():
+        target = inspect.unwrap(func)  # type: ignore[arg-type]
+        for parameter in inspect.signature(target).parameters.values():
+            wrong = {"bool": "false", "str": True}.get(str(parameter.annotation))
+            if wrong is None or parameter.kind is not parameter.KEYWORD_ONLY:
+                continue
+            args = (object(),) if "." in shown else ()
+            with pytest.raises(ArgumentTypeError, match=parameter.name):
+                func(*args, **{parameter.name: wrong})  # type: ignore[operator]
+            checked += 1
+    assert checked >= 15
+
+
+def test_public_classes_are_classes() -> None:
+    for name in ("Capture", "Dump", "Generation", "RunOptions", "DumpOptions", "KeyInfo"):
+        assert inspect.isclass(getattr(hookdump, name)), name
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with hookdump.capture(model, "0") as captured:
+        model(torch.randn(2, 4))
+    assert isinstance(captured, hookdump.Capture)
+
+
+def test_a_second_follower_of_the_same_name_is_refused_while_the_first_runs(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "d"
+    _dump(out)
+    first = hookdump.follow(out, ["0"], 8, name="x")
+    rows = len(next(first)["0"])
+    with pytest.raises(hookdump.HookdumpError, match=r"follower .x. of .* is already running"):
+        next(hookdump.follow(out, ["0"], 8, name="x"))
+    assert sum(len(b["0"]) for b in hookdump.follow(out, ["0"], 8, name="y")) == 64
+    rows += sum(len(b["0"]) for b in first)
+    assert rows == 64
+    # once the first has ended, the name is free again (nothing left to give out)
+    assert list(hookdump.follow(out, ["0"], 8, name="x")) == []
+
+
+def test_a_follow_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_text("x")
+    with pytest.raises(hookdump.HookdumpError, match="is a file, not a dump's folder"):
+        hookdump.follow(path, ["0"], 8)
+
+
+def test_a_follower_with_no_dump_says_what_it_waits_for_and_stops_at_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(follow_module, "WAIT_NOTICE_S", 0.0)
+    said: list[str] = []
+    follower = hookdump.follow(tmp_path / "typo", ["0"], 8, notice=said.append, timeout=0.3)
+    with pytest.raises(hookdump.HookdumpError, match=r"no dump there yet for 0.3 s \(timeout\)"):
+        next(follower)
+    assert said == [f"no dump at {tmp_path / 'typo'} yet; waiting for a run to write its first "
+                    "shard there"]  # fmt: skip
+    with pytest.raises(hookdump.HookdumpError, match="timeout=-1 must be a number of seconds"):
+        hookdump.follow(tmp_path, ["0"], 8, timeout=-1)
+
+
+@pytest.mark.parametrize(
+    "note",
+    [
+        {"pid": 10**30},
+        {"pid": 2**31},
+        {"pid": 1e30},
+        {"pid": -1},
+        {"pid": 0},
+        {"pid": True},
+        {"host": "evil\nhost"},
+        {"host": "h" * 5_000_000},
+        "deep",
+    ],
+)
+def test_a_forged_running_note_is_a_damaged_note_not_a_live_run(
+    tmp_path: Path, note: object
+) -> None:
+    """inspect of a dump whose running.json was forged: no traceback, no live run reported,
+    one line of output per line of the summary."""
+    from hookdump.tools.inspect import inspect_dump
+
+    out = tmp_path / "d"
+    run_id = _dump(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["complete"] = False  # a killed run's dump, which inspect asks about its note
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    if note == "deep":
+        raw = "[" * 100_000 + "]" * 100_000
+    else:
+        assert isinstance(note, dict)
+        whole = {"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(), **note}
+        raw = json.dumps(whole)
+    (out / "running.json").write_text(raw)
+    problems = [str(p) for p in inspect_dump(out).problems]
+    assert len(problems) == 1 and "the run stopped" in problems[0], problems
