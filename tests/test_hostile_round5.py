@@ -224,3 +224,135 @@ def test_a_forged_running_note_is_a_damaged_note_not_a_live_run(
     (out / "running.json").write_text(raw)
     problems = [str(p) for p in inspect_dump(out).problems]
     assert len(problems) == 1 and "the run stopped" in problems[0], problems
+
+
+def test_a_dump_says_which_shards_were_consumed(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    _dump(out, batches=3)
+    assert hookdump.load(out).consumed == {}
+    follower = hookdump.follow(out, ["0"], 8, consume=True, name="sae")
+    next(follower), next(follower)  # two shards' rows given out: the first is deleted
+    next(follower)
+    follower.close()
+    dump = hookdump.load(out)
+    assert dump.consumed == {"shard-00000.safetensors": "sae", "shard-00001.safetensors": "sae"}
+    assert "2 shards (16 rows) consumed by a follower" in repr(dump).splitlines()[0]
+
+
+def _damage(out: Path, how: str) -> None:
+    """Damage a complete dump of 8 shards as resume_damaged.sh does."""
+    shard = out / "shard-00004.safetensors"
+    if how == "flipped":
+        raw = bytearray(shard.read_bytes())
+        raw[-3] ^= 0x10
+        shard.write_bytes(bytes(raw))
+    elif how == "cut":
+        shard.write_bytes(shard.read_bytes()[:-8])
+    elif how == "appended":
+        shard.write_bytes(shard.read_bytes() + b"\0" * 8)
+    elif how == "deleted":
+        shard.unlink()
+    elif how == "swapped":
+        other = out / "shard-00005.safetensors"
+        a, b = shard.read_bytes(), other.read_bytes()
+        shard.write_bytes(b)
+        other.write_bytes(a)
+    elif how == "symlink":
+        (out.parent / "elsewhere").write_bytes(shard.read_bytes())
+        shard.unlink()
+        shard.symlink_to(out.parent / "elsewhere")
+    elif how == "folder":
+        shard.unlink()
+        shard.mkdir()
+    elif how == "recorded":
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["shards"][4]["sha256"] = "0" * 64
+        (out / "manifest.json").write_text(json.dumps(manifest))
+    elif how == "stats":
+        raw = bytearray((out / "stats.safetensors").read_bytes())
+        raw[-3] ^= 0x10
+        (out / "stats.safetensors").write_bytes(bytes(raw))
+
+
+DAMAGES = ["flipped", "cut", "appended", "deleted", "swapped", "symlink", "folder", "recorded",
+           "stats"]  # fmt: skip
+RESUMABLE = ["run", "tiny_models:TwoLinear", "-n", "64", "-b", "8", "--shard-size", "1", "-q"]
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+@pytest.mark.parametrize("how", DAMAGES)
+def test_resume_repairs_a_complete_dump_that_check_finds_damaged(tmp_path: Path, how: str) -> None:
+    from clitools import invoke
+
+    whole, out = tmp_path / "whole", tmp_path / "d"
+    assert invoke(*RESUMABLE, "-o", str(whole)).exit_code == 0
+    assert invoke(*RESUMABLE, "-o", str(out)).exit_code == 0
+    _damage(out, how)
+    checked = invoke("inspect", str(out), "--check")
+    assert checked.exit_code == 1, checked.stdout
+    assert ("INCOMPLETE" if how == "deleted" else "DAMAGED") in checked.stdout
+    assert "--resume: it keeps the shards" in checked.stdout
+    resumed = invoke(*RESUMABLE, "-o", str(out), "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
+    again = invoke("inspect", str(out), "--check")
+    assert again.exit_code == 0, again.stdout + again.stderr
+    a, b = hookdump.load(whole), hookdump.load(out)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    for key in ("linear_1", "linear_2"):
+        for name, value in a.stats(key).items():
+            assert torch.allclose(value, b.stats(key)[name], equal_nan=True), (key, name)
+    assert not (tmp_path / "elsewhere").exists() or how == "symlink"
+    if how == "symlink":  # the link was replaced, not the file it pointed to
+        assert (tmp_path / "elsewhere").exists() and not (
+            out / "shard-00004.safetensors"
+        ).is_symlink()
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+def test_resume_of_an_intact_complete_dump_has_nothing_to_do(tmp_path: Path) -> None:
+    from clitools import assert_usage_error, invoke
+
+    out = tmp_path / "d"
+    assert invoke(*RESUMABLE, "-o", str(out)).exit_code == 0
+    assert_usage_error(invoke(*RESUMABLE, "-o", str(out), "--resume"), "already complete")
+
+
+def test_check_finds_an_unlisted_shard_and_takes_an_upper_case_digest(tmp_path: Path) -> None:
+    from clitools import invoke
+
+    out = tmp_path / "d"
+    _dump(out, batches=2)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = manifest["shards"][0]["sha256"].upper()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert invoke("inspect", str(out), "--check").exit_code == 0
+    (out / "shard-00099.safetensors").write_bytes((out / "shard-00000.safetensors").read_bytes())
+    result = invoke("inspect", str(out), "--check")
+    assert result.exit_code == 1
+    assert "shard files its manifest does not list" in result.stderr
+    assert "shard-00099.safetensors" in result.stderr
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+@pytest.mark.parametrize("how", ["flipped", "deleted"])
+def test_url_repaired(bucket: str, how: str) -> None:
+    """--resume repairs a damaged dump at a URL (the test's name is short: its bucket's)."""
+    import fsspec
+    from clitools import invoke
+
+    url = f"{bucket}/d"
+    assert invoke(*RESUMABLE, "-o", url).exit_code == 0
+    fs, root = fsspec.core.url_to_fs(url)
+    shard = f"{root}/shard-00004.safetensors"
+    if how == "flipped":
+        raw = bytearray(fs.cat_file(shard))
+        raw[-3] ^= 0x10
+        fs.pipe_file(shard, bytes(raw))
+    else:
+        fs.rm_file(shard)
+    checked = invoke("inspect", url, "--check")
+    assert checked.exit_code == 1 and "--resume: it keeps" in checked.stdout
+    resumed = invoke(*RESUMABLE, "-o", url, "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert invoke("inspect", url, "--check").exit_code == 0

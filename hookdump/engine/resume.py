@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import ShardEntry, samples_fed
+from hookdump.format.manifest import STATS_FILE, ShardEntry, samples_fed
 from hookdump.model.weights import sha256, state_sha256
 from hookdump.store.beside import beside_of
 from hookdump.store.read.manifest import manifest_at
@@ -206,7 +206,10 @@ def _one_process(place: _Looked) -> dict[str, Any] | None:
     if place.has(MANIFEST):
         manifest = place.manifest(MANIFEST)
         if manifest.get("complete"):
-            raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
+            if _intact(place.place, manifest):
+                raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
+            # damaged since: carried on from its first shard that differs, as a killed run's
+            return {**manifest, "complete": False}
         return manifest
     by_ranks = place.rank_manifests()
     if by_ranks:
@@ -216,6 +219,18 @@ def _one_process(place: _Looked) -> dict[str, Any] | None:
             f"torchrun --nproc-per-node {world}"
         )
     return None
+
+
+def _intact(place: DumpPlace, manifest: dict[str, Any]) -> bool:
+    """Whether every listed shard not consumed is there as its entry records it (size and
+    checksum, read back)."""
+    consumed = _consumed(place, manifest)
+    shards = [ShardEntry.of_json(entry) for entry in manifest["shards"]]
+    stats = manifest.get("feature_stats")
+    if isinstance(stats, dict):
+        shards.append(ShardEntry(STATS_FILE, 0, 0, bytes=stats.get("bytes"),
+                                 sha256=str(stats.get("sha256")).lower()))  # fmt: skip
+    return all(entry.file in consumed or place.matches(entry) for entry in shards)
 
 
 def _this_rank(place: _Looked, ranks: Ranks) -> dict[str, Any] | None:

@@ -69,12 +69,10 @@ class ShardEntry:
     @classmethod
     def of_json(cls, entry: Mapping[str, Any]) -> ShardEntry:
         """A (validated) manifest's entry."""
-        return cls(
-            entry["file"],
-            entry["start"],
-            entry["stop"],
-            *(entry.get(name) for name in _SHARD_FIELDS[3:]),
-        )
+        fields = {name: entry.get(name) for name in _SHARD_FIELDS[3:]}
+        if isinstance(fields["sha256"], str):
+            fields["sha256"] = fields["sha256"].lower()
+        return cls(entry["file"], entry["start"], entry["stop"], **fields)
 
     def to_json(self) -> dict[str, Any]:
         """The entry as a manifest lists it (fields not known left out)."""
@@ -265,7 +263,7 @@ def _check_tensor(key: Any, meta: Any, bad: Any) -> None:
             raise bad(f"{where} has {name!r} {_kind(meta[name])}, not a string")
 
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")  # as sha256sum writes it, or upper case
 
 
 def _check_shards(shards: list[Any], bad: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -61,10 +62,11 @@ class Inspection:
     consumed: dict[str, str] = field(default_factory=dict)  # shard -> the follower's name
     # an MoE block's `M:topk_ids` key -> how many times each expert was chosen (`experts`)
     experts: dict[str, list[int]] = field(default_factory=dict)
+    damaged_files: bool = False  # a complete dump's statistics fail their checks
 
     @property
     def damaged(self) -> bool:
-        return self.checked is not None and self.checked.damaged
+        return (self.checked is not None and self.checked.damaged) or self.damaged_files
 
     @property
     def kind(self) -> str:
@@ -184,6 +186,8 @@ def inspect_dump(
             f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
         )
     consumed = dump.reader.consumed()
+    unlisted = _unlisted(dump, consumed)
+    problems.extend(unlisted)
     readable, missing = _present(dump, consumed)
     if missing:
         first = missing[0]
@@ -199,7 +203,15 @@ def inspect_dump(
         said, readable = _verify(dump, readable, problems, progress)
         checked = Checked(said, len(readable) + len(missing) < len(dump.manifest.shards))
     summaries = summarize(dump.reader, readable)
+    stats_problems = len(problems)
     features = _features(dump, problems)
+    stats_damaged = len(problems) > stats_problems
+    damaged_files = dump.complete and stats_damaged  # (a missing shard: incomplete)
+    if dump.complete and (missing or stats_damaged or (checked is not None and checked.damaged)):
+        problems.append(Message(
+            f"to repair it, run the command that made it again with {opt('resume', True)}: it "
+            "keeps the shards that match their records and rewrites the rest"
+        ))  # fmt: skip
     lone = dump.manifest.get("lone_file") or {}
     if lone.get("kind") == "safetensors":  # rows mean nothing here: each tensor whole
         shapes = lone.get("shapes", {})
@@ -220,7 +232,29 @@ def inspect_dump(
         _generation(dump, readable),
         consumed,
         _expert_load(dump, readable),
+        damaged_files,
     )
+
+
+def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
+    """Shard files beside a complete dump that its manifest does not list (another run's,
+    or copied in): not part of the dump, and a leftover as CI counts them."""
+    if not dump.complete or dump.manifest.get("lone_file") is not None:
+        return []
+    where = beside_of(dump.path, dump.reader.remote)
+    listed = {shard.file for shard in dump.manifest.shards} | set(consumed)
+    try:
+        found = [n for n in where.names() if _SHARD_FILE.match(n) and n not in listed]
+    except HookdumpError:
+        return []
+    if not found:
+        return []
+    shown = ", ".join(printable(n) for n in found[:5]) + (", ..." if len(found) > 5 else "")
+    return [f"{len(found):,} shard files its manifest does not list (not part of the dump: "
+            f"move them out): {shown}"]  # fmt: skip
+
+
+_SHARD_FILE = re.compile(r"^shard-[A-Za-z0-9-]+\.safetensors$")
 
 
 def _present(dump: Dump, consumed: Mapping[str, str]) -> tuple[list[ShardEntry], list[ShardEntry]]:

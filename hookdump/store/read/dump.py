@@ -85,6 +85,13 @@ class Dump(Mapping[str, torch.Tensor]):
         ids = self.manifest.sample_ids
         return list(ids) if ids is not None else list(range(self.manifest.samples_fed))
 
+    @property
+    def consumed(self) -> dict[str, str]:
+        """The shards a follower consumed (`hookdump.follow(..., consume=True)` deletes
+        each once its rows were given out), each with the follower's name (`?` where only
+        the run's manifest says so): their rows cannot be read."""
+        return self.reader.consumed()
+
     def info(self, key: str) -> KeyInfo:
         """Where `key` came from (module, class, kind, call, part), its per-sample shape and
         dtype, and its rows in this dump (`info.nbytes`: the bytes they take)."""
@@ -235,6 +242,10 @@ class Dump(Mapping[str, torch.Tensor]):
             rows = f"{self.num_samples} token rows from {manifest.samples_fed} sequences"
         elif manifest.get("lone_file", {}).get("kind") == "safetensors":
             rows = f"{self.num_samples} rows (a safetensors file, not a dump)"
+        gone = self.consumed
+        if gone:
+            gone_rows = sum(s.rows for s in manifest.shards if s.file in gone)
+            state += f", {len(gone)} shards ({gone_rows} rows) consumed by a follower"
         head = f"Dump({str(self.path)!r}, {len(self)} keys, {rows}{state})"
         infos = [self.info(key) for key in self.keys()[:REPR_KEYS]]
         width = max((len(printable(i.key)) for i in infos), default=0)
