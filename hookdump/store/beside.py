@@ -18,7 +18,7 @@ from typing import Any
 from hookdump.errors import HookdumpError, printable
 from hookdump.format.manifest import RUNNING
 from hookdump.store.folder import process_alive, remove_entry, write_durably
-from hookdump.store.location import Remote, UrlPath, is_url
+from hookdump.store.location import Remote, UrlPath, is_url, local
 
 
 class Beside(ABC):
@@ -240,7 +240,7 @@ def beside(
     where: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
 ) -> Beside:
     """The place of the dump in folder or URL `where`."""
-    text = os.fspath(where)
+    text = local(where)
     if is_url(text):
         return UrlBeside(Remote(text, storage_options))
     if storage_options:

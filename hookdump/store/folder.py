@@ -79,6 +79,10 @@ def leftovers(folder: Path) -> list[str]:
     return []
 
 
+class FolderBusy(HookdumpError):
+    """Another run holds the folder's lock."""
+
+
 class FolderLock:
     """An exclusive lock on the `--out` folder, held from before anything in it is looked at
     until the run ends; the folder is made here if it does not exist yet."""
@@ -104,7 +108,7 @@ class FolderLock:
         except BlockingIOError:
             os.close(self._fd)
             self._fd = -1
-            raise HookdumpError(
+            raise FolderBusy(
                 f"{opt('out')} {out} is being written by another hookdump run; wait for it to "
                 "finish, or choose another folder"
             ) from None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from hookdump.errors import HookdumpError, InvalidDump
 
@@ -27,8 +27,22 @@ HEAD_BYTES = 64 << 10  # read of an object's start at once: a shard's header fit
 
 
 def is_url(where: object) -> bool:
-    """Whether `where` names a dump by URL (`scheme://...`) rather than a local path."""
-    return isinstance(where, str) and bool(_URL.match(where))
+    """Whether `where` names a dump by URL (`scheme://...`) rather than a local path (a
+    `file://` URL of this host is a local path: `local`)."""
+    return isinstance(where, str) and bool(_URL.match(where)) and local(where) == where
+
+
+def local(where: str | os.PathLike[str]) -> str:
+    """`where` as a local path where it is one: `file:///data/d` (or `file://localhost/...`)
+    is the folder `/data/d`, so that one place has one lock and one set of notes whichever
+    way it is named; anything else as given."""
+    text = os.fspath(where)
+    if text[:7].lower() != "file://":
+        return text
+    parts = urlsplit(text)
+    if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+        return text  # another host's, or not a plain path: fsspec's to refuse
+    return unquote(parts.path) or "/"
 
 
 def out_place(out: str | os.PathLike[str] | None) -> tuple[Path | None, str | None]:
@@ -36,7 +50,8 @@ def out_place(out: str | os.PathLike[str] | None) -> tuple[Path | None, str | No
     no `--out`."""
     if out is None:
         return None, None
-    return (None, os.fspath(out)) if is_url(os.fspath(out)) else (Path(out), None)
+    text = local(out)
+    return (None, text) if is_url(text) else (Path(text), None)
 
 
 class UrlPath(str):

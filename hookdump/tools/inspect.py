@@ -27,7 +27,7 @@ from hookdump.format.keys import ATTENTION_MASK, RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.store.beside import Beside, beside, beside_of, note_alive, running_note
 from hookdump.store.folder import leftovers
-from hookdump.store.location import UrlPath
+from hookdump.store.location import UrlPath, local
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
@@ -175,6 +175,7 @@ def inspect_dump(
     `check`: first read every shard's bytes against the size and SHA-256 its manifest
     records (`progress(done, total)`: bytes read so far, of all)."""
     dump = _open(path, storage_options)
+    path = local(path)  # a file:// URL of this host: the folder
     folder = isinstance(dump.path, Path) and Path(path).is_dir()
     problems: list[str] = []
     if not dump.complete:

@@ -16,7 +16,7 @@ from hookdump.format.keys import KeyInfo, parse_key
 from hookdump.format.manifest import EXPORT_MARKER, FORMAT, MANIFEST, Manifest
 from hookdump.format.values import format_bytes
 from hookdump.store.features import FIELDS
-from hookdump.store.location import Remote, UrlPath, is_url
+from hookdump.store.location import Remote, UrlPath, is_url, local
 from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
 from hookdump.store.read.dataset import DumpDataset, KeysPass
 from hookdump.store.read.manifest import read_manifest, read_remote_manifest
@@ -59,10 +59,10 @@ class Dump(Mapping[str, torch.Tensor]):
     ) -> None:
         if isinstance(path, ShardReader):  # a reader made already (a torchrun rank's part)
             self.reader = path
-        elif is_url(path):
-            self.reader = _open_url(str(path), storage_options)
+        elif is_url(text := local(path)):  # (a file:// URL of this host: the folder)
+            self.reader = _open_url(text, storage_options)
         else:
-            self.reader = _open(Path(path))
+            self.reader = _open(Path(text))
         self.path, self.manifest = self.reader.path, self.reader.manifest
 
     @property

@@ -11,13 +11,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hookdump.errors import HookdumpError, opt
+from hookdump.errors import HookdumpError, opt, printable
 from hookdump.format.manifest import MANIFEST, RUNNING, WAITING, ShardEntry
 from hookdump.format.values import format_bytes
-from hookdump.store.beside import FolderBeside
+from hookdump.store.beside import FolderBeside, running_note
 from hookdump.store.checksum import Checksum, file_checksum
 from hookdump.store.folder import (
     DUMP_FILE,
+    FolderBusy,
     check_out_dir,
     create_new,
     locked,
@@ -26,7 +27,7 @@ from hookdump.store.folder import (
     remove_entry,
     write_durably,
 )
-from hookdump.store.location import is_url
+from hookdump.store.location import is_url, local
 from hookdump.store.write.direct_io import allocate
 from hookdump.store.write.place import DumpPlace, Stray, manifest_bytes
 from hookdump.store.write.shards import fsync_file
@@ -123,7 +124,7 @@ class FolderPlace(DumpPlace):
     def open(
         cls, where: str | Path, storage_options: Mapping[str, Any], spool: Path | None
     ) -> FolderPlace:
-        return cls(Path(where))
+        return cls(Path(local(where)))
 
     @property
     def label(self) -> str:
@@ -135,13 +136,31 @@ class FolderPlace(DumpPlace):
 
     @contextlib.contextmanager
     def held(self, main: bool, take_over: bool, resumable: bool = True) -> Iterator[Path]:
-        with locked(self.out if main else None):
+        with self._locked(main):
             try:
                 yield self.out
             finally:
                 if main:
                     self.drop_notes()
                     remove_entry(self.out / RUNNING)  # a killed run's, too
+
+    @contextlib.contextmanager
+    def _locked(self, main: bool) -> Iterator[None]:
+        """The folder's lock (whichever way the folder was named: a path or a file:// URL);
+        a refusal names the run that holds it, as its note says."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(locked(self.out if main else None))
+            except FolderBusy as exc:
+                note = running_note(self._beside)
+                if note is None:
+                    raise
+                raise FolderBusy(
+                    f"{opt('out')} {self.out} is being written by run "
+                    f"{printable(str(note.get('run_id')))[:32]} on {note['host']} (pid "
+                    f"{note['pid']}); wait for it to finish, or choose another folder"
+                ) from exc
+            yield
 
     def put_note(self, name: str, raw: bytes) -> None:
         self.claim(name)

@@ -187,7 +187,12 @@ class Upload:
         prefix = f"{key}/" if key else ""
 
         def abort() -> int:
-            listed = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+            try:
+                listed = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+            except Exception as exc:
+                if _cannot_list_uploads(exc):
+                    return 0  # a server that cannot list them has none to abort
+                raise
             done = 0
             for upload in listed.get("Uploads", []) or []:
                 name = str(upload.get("Key", ""))[len(prefix) :]
@@ -201,7 +206,24 @@ class Upload:
                     done += 1
             return done
 
-        return self.attempt(f"list the unfinished uploads under {self.url}", abort)
+        return self.attempt(f"list the unfinished uploads under {self.url}", abort, writing=False)
+
+
+# what servers that keep no list of multipart uploads answer a listing with: rclone's `serve
+# s3` NoSuchUpload, others NotImplemented
+_NO_UPLOAD_LISTING = {"NoSuchUpload", "NotImplemented", "MethodNotAllowed"}
+
+
+def _cannot_list_uploads(exc: BaseException) -> bool:
+    """Whether `exc` (s3fs's, or the botocore error behind it) says the server does not
+    list multipart uploads."""
+    for err in (exc, exc.__cause__, exc.__context__):
+        response = getattr(err, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in (
+            _NO_UPLOAD_LISTING
+        ):
+            return True
+    return str(exc) in _NO_UPLOAD_LISTING
 
 
 def _etag(info: Mapping[str, Any]) -> str:
