@@ -352,15 +352,36 @@ def _json_document(chunks: Iterator[bytes], where: str, field: str, chat: bool) 
 
 
 def _messages(value: Any, where: str, field: str) -> list[dict[str, str]]:
-    """A conversation: a non-empty list of messages, each a `role` and a `content` string."""
+    """A conversation: a non-empty list of messages, each a `role` and a `content` string
+    (or a list of text parts, `{"type": "text", "text": ...}`, joined)."""
     ok = isinstance(value, list) and bool(value)
-    ok = ok and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in value
-    )
+    ok = ok and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
     if not ok:
         raise HookdumpError(
             f"{opt('text')}: {where} has no conversation in {field!r} (a list of "
             f'{{"role": ..., "content": ...}} messages); choose the field with {opt("text_field")}'
         )
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    return [{"role": m["role"], "content": _content(m.get("content"), where, n)}
+            for n, m in enumerate(value)]  # fmt: skip
+
+
+def _content(content: Any, where: str, index: int) -> str:
+    """A message's text: its content string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else None
+    if parts is not None and all(isinstance(p, dict) for p in parts):
+        kinds = [p.get("type") for p in parts]
+        other = [k for k in kinds if k != "text"]
+        if not other and all(isinstance(p.get("text"), str) for p in parts):
+            return "".join(p["text"] for p in parts)
+        if other:
+            raise HookdumpError(
+                f"{opt('text')}: message {index} of {where} has a part of type "
+                f"{printable(repr(other[0]))[:40]}; {opt('chat', True)} reads text only "
+                '(content as a string, or parts {"type": "text", "text": ...})'
+            )
+    raise HookdumpError(
+        f"{opt('text')}: message {index} of {where} has no text content (a string, or a "
+        'list of {"type": "text", "text": ...} parts)'
+    )

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS
+from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE
 from hookdump.format.manifest import recipe
 from hookdump.format.rows import SampleIds
 from hookdump.inputs.chat import check_template, conversation_tokens
@@ -354,6 +354,7 @@ def _batch(
     response = None
     if any(r is not None for r in responses):
         response = torch.tensor([(r or []) + [0] * (width - len(r or [])) for r in responses])
+        stored[RESPONSE] = response.to(torch.uint8)  # per sample; --per-token: per token
     return Batch(
         (),
         {"input_ids": tokens, "attention_mask": mask},
