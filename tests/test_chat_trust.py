@@ -64,8 +64,8 @@ def _tokenizer(kind: str, template: str) -> Any:
 
 
 def _marked(tokenizer: Any, conversation: list[dict[str, str]], length: int = 512) -> str:
-    ids, mask = chat.conversation_tokens(tokenizer, json.dumps(conversation), "line 1", length,
-                                         False)  # fmt: skip
+    ids, mask, _ = chat.conversation_tokens(tokenizer, json.dumps(conversation), "line 1",
+                                            length, False)  # fmt: skip
     return "|".join(tokenizer.decode([i]) for i, m in zip(ids, mask, strict=True) if m)
 
 
@@ -87,8 +87,8 @@ def test_the_answers_first_token_is_marked_after_a_header_ending_in_a_space(kind
 @pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
 def test_with_generation_blocks_the_mask_is_transformers_own(kind: str) -> None:
     tokenizer = _tokenizer(kind, CHATML)
-    ids, mask = chat.conversation_tokens(tokenizer, json.dumps(CONVERSATION), "line 1", 512,
-                                         False)  # fmt: skip
+    ids, mask, _ = chat.conversation_tokens(tokenizer, json.dumps(CONVERSATION), "line 1", 512,
+                                            False)  # fmt: skip
     want = tokenizer.apply_chat_template(CONVERSATION, tokenize=True, return_dict=True,
                                          return_assistant_tokens_mask=True)  # fmt: skip
     assert ids == list(want["input_ids"])
@@ -153,7 +153,8 @@ def test_a_long_conversation_renders_only_its_kept_turns(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(chat_template.ChatTemplate, "render", counted)
     turns = [{"role": ("user", "assistant")[i % 2], "content": f"the dog {i}"} for i in range(2000)]
-    ids, mask = chat.conversation_tokens(tokenizer, json.dumps(turns), "line 1", 64, False)
+    ids, mask, cut = chat.conversation_tokens(tokenizer, json.dumps(turns), "line 1", 64, False)
+    assert cut
     assert len(ids) == 64 and sum(mask) > 0
     assert len(renders) < 30 and max(renders[1:]) < 30, renders
 
@@ -170,7 +171,8 @@ def test_a_huge_message_is_tokenized_in_a_window(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(chat, "_tokenize", recorded)
     huge = [{"role": "user", "content": "the fox " * 1_000_000},
             {"role": "assistant", "content": "jumps"}]  # fmt: skip
-    ids, _ = chat.conversation_tokens(tokenizer, json.dumps(huge), "line 1", 64, False)
+    ids, _, cut = chat.conversation_tokens(tokenizer, json.dumps(huge), "line 1", 64, False)
+    assert cut
     assert len(ids) == 64 and max(seen) <= 64 * chat.WINDOW_CHARS + 64
     whole = tokenizer(tokenizer.apply_chat_template(huge, tokenize=False),
                       add_special_tokens=False)["input_ids"]  # fmt: skip

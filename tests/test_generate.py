@@ -309,3 +309,66 @@ def test_on_cuda_decode_and_prefill_give_the_cpus_tokens(
         assert torch.equal(cpu["__token_ids__"], cuda["__token_ids__"])
         for key in cpu:
             torch.testing.assert_close(cuda[key], cpu[key], **TOLERANCE, msg=key)
+
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Gemma 2: a sliding window of 4 on every other layer (its cache keeps the last
+    few tokens there), soft-capped logits; the CORPUS tokenizer."""
+    folder = tiny_causal_lm(tmp_path_factory.mktemp("gemma2") / "m", "gpt2")
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=32, max_position_embeddings=64,
+        sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+    )  # fmt: skip
+    for name in ("model.safetensors", "config.json", "generation_config.json"):
+        (folder / name).unlink(missing_ok=True)
+    transformers.Gemma2ForCausalLM(config).eval().save_pretrained(folder)
+    return folder
+
+
+def test_decode_gives_prefills_rows_on_sliding_window_layers_and_the_lm_head(
+    gemma2: Path, tmp_path: Path
+) -> None:
+    """A sliding-window layer's cache holds its last few tokens: a generated token's pattern
+    has the window's weights as in prefill (they were all zero); the LM head's logits are
+    every position's in decode too (generate computes the last position's alone)."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the\nthe cat sat on the mat and a dog ran in the park\ndog\nthe park\n")
+    args = [f"hf:{gemma2}", "--text", str(prompts), "--generate", "10", "--layers",
+            "model.layers.*.self_attn", "--layers", "lm_head", "--capture",
+            "output,pattern,scores,z", "--batch-size", "4"]  # fmt: skip
+    _run(*args, "--out", str(tmp_path / "prefill"))
+    _run(*args, "--generate-capture", "decode", "--out", str(tmp_path / "decode"))
+    prefill, decode = hookdump.load(tmp_path / "prefill"), hookdump.load(tmp_path / "decode")
+    assert decode.keys() == prefill.keys() and "lm_head" in prefill
+    pattern = prefill["model.layers.0.self_attn:pattern"]
+    assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)  # every row, prefill
+    for key in prefill:
+        a, b = prefill[key], decode[key]
+        if key.endswith(":scores"):
+            a, b = a.clamp(min=-1e30), b.clamp(min=-1e30)
+        torch.testing.assert_close(b, a, **TOLERANCE, msg=key)
+
+
+def test_prompts_cut_to_leave_room_for_the_new_tokens_are_counted_and_recorded(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """64 positions and --generate 60 leave 4 tokens per prompt: the run says how many
+    prompts were cut, and the manifest records the length they were cut to."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat\na dog ran in the park and the cat sat on the mat\nhooks\n")
+    result = CliRunner().invoke(app, ["run", f"hf:{models['gpt2']}", "--text", str(prompts),
+                                      "--generate", "60", "--layers", "transformer.h.0",
+                                      "--out", str(tmp_path / "d")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if "prompts" in line]
+    assert len(lines) == 1 and "1 of 3 prompts had more than 4 tokens" in lines[0], result.stderr
+    assert "takes 64 positions, and --generate 60 leaves 4 for a prompt" in lines[0]
+    dump = hookdump.load(tmp_path / "d")
+    assert dump.manifest["input"]["max_length"] == 4
+    tokenizer = transformers.AutoTokenizer.from_pretrained(models["gpt2"])
+    real = [len(tokenizer(p)["input_ids"]) for p in prompts.read_text().splitlines()]
+    kept = [int((r == 0).sum()) for r in _by_sample(dump, "__response__")]
+    assert kept == [min(n, 4) for n in real] and sum(n > 4 for n in real) == 1

@@ -145,8 +145,25 @@ class Generator:
             processors.append(PerPromptSampler(g, self.seed, list(index)))
         return self.module.generate(  # type: ignore[operator]
             input_ids=ids, attention_mask=mask, generation_config=config,
-            logits_processor=processors,
+            logits_processor=processors, **self._every_logit(),
         )  # fmt: skip
+
+    def _every_logit(self) -> dict[str, int]:
+        """Decode under hooks on the LM head (or the whole model): its first pass computes
+        every prompt position's logits, as a forward over the sequence does (`generate`
+        asks for the last position's alone), so decode gives prefill's rows there too."""
+        if not self.decodes:
+            return {}
+        get_head = getattr(self.module, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
+        hooked = self.hooks.modules.values()
+        if not any(m is self.module or (head is not None and m is head) for m in hooked):
+            return {}
+        takes = _parameters(self.module)
+        for name in ("logits_to_keep", "num_logits_to_keep"):  # transformers' names in turn
+            if name in takes:
+                return {name: 0}
+        return {}
 
     def _next_pass(self, module: nn.Module, args: Any) -> None:
         self.hooks.clear()  # each pass counts its calls afresh: its keys are the first pass's

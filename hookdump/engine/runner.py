@@ -422,12 +422,33 @@ def _result(
         skipped=whole.skipped,
         manifest=manifest,
         skipped_inputs=whole.skipped_inputs,
-        warnings=[*loaded.warnings, *(f"skipped {s['path']}: {s['error']}" for s in skips)],
+        warnings=[
+            *loaded.warnings,
+            *(f"skipped {s['path']}: {s['error']}" for s in skips),
+            *_cut_prompts(options, loaded, feed),
+        ],
         timings=timings,
         num_sequences=len(whole.ids) if options.tokens is not None else None,
         estimated_bytes=sink.estimated_bytes,
         real_tokens=feed.padding.fraction if feed.padding is not None else None,
     )
+
+
+def _cut_prompts(options: RunOptions, loaded: LoadedModel, feed: Feed) -> list[str]:
+    """What `--generate` cut to fit the model's positions, in a line (none: nothing cut)."""
+    cuts, generation = feed.cuts, options.generate
+    if cuts is None or not cuts.cut or generation is None:
+        return []
+    kept = "the last (the turn to answer)" if options.text and options.text.chat else "the first"
+    why = f"{opt('max_length')} {cuts.length}"
+    if options.text is not None and options.text.max_length is None and loaded.positions:
+        why = (f"{loaded.spec} takes {loaded.positions} positions, and {opt('generate')} "
+               f"{generation.max_new_tokens} leaves {cuts.length} for a prompt")  # fmt: skip
+    return [
+        f"{cuts.cut} of {cuts.seen} prompts had more than {cuts.length} tokens and kept "
+        f"{kept} {cuts.length} ({why}); give {opt('generate')} fewer new tokens, or shorter "
+        "prompts"
+    ]
 
 
 def _hooks(capture: CaptureOptions, loaded: LoadedModel, receiver: Receiver) -> Hooks:

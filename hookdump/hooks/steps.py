@@ -60,20 +60,27 @@ def _joined(
     if not alike:
         return first
     width = prompt_width + len(values) - 1
-    if kind in ("pattern", "scores"):
-        values = [_keys_aligned(v, kind, pads, width) for v in values]
+    if kind in ("pattern", "scores"):  # pass i's cache ends at token prompt_width + i
+        values = [_keys_aligned(v, kind, pads, width, prompt_width + i if i else prompt_width)
+                  for i, v in enumerate(values)]  # fmt: skip
     try:
         return torch.cat(values, dim=1)
     except RuntimeError:  # passes of other shapes past the tokens
         return first
 
 
-def _keys_aligned(value: torch.Tensor, kind: str, pads: torch.Tensor, width: int) -> torch.Tensor:
+def _keys_aligned(
+    value: torch.Tensor, kind: str, pads: torch.Tensor, width: int, end: int
+) -> torch.Tensor:
     """`[B, t, heads, keys]` with each row's keys moved left past its padding and filled
-    to `width` as a masked key is."""
+    to `width` as a masked key is. The pass's keys are the last of the `end` (padded) tokens
+    its cache holds: all of them, or a sliding window's last few (Gemma 2, Mistral), whose
+    earlier tokens are then masked keys."""
     fill = 0.0 if kind == "pattern" else torch.finfo(value.dtype).min
-    most = int(pads.max()) if len(pads) else 0
-    wide = torch.nn.functional.pad(value, (0, width + most - value.shape[-1]), value=fill)
+    held = value.shape[-1]
     index = torch.arange(width, device=value.device)[None, :] + pads.to(value.device)[:, None]
-    index = index[:, None, None, :].expand(*value.shape[:3], width)
-    return wide.gather(-1, index)
+    index = index - (end - held)  # the pass's key k is padded token end - held + k
+    inside = (index >= 0) & (index < held)
+    index = index.clamp(0, max(held - 1, 0))[:, None, None, :].expand(*value.shape[:3], width)
+    taken = value.gather(-1, index)
+    return taken.masked_fill(~inside[:, None, None, :], fill)

@@ -43,11 +43,12 @@ def check_template(tokenizer: Any, where: str) -> None:
 
 def conversation_tokens(
     tokenizer: Any, raw: str, where: str, length: int, generation_prompt: bool
-) -> tuple[list[int], list[int]]:
-    """The tokens of conversation `raw` (its messages' JSON) and, for each, 1 where it is the
-    assistant's. `generation_prompt` (`--generate`): the template's opening of the
-    assistant's turn is added, no token is the response yet, and a conversation longer than
-    `length` keeps its last tokens (the turn to answer); else its first, as documents do."""
+) -> tuple[list[int], list[int], bool]:
+    """The tokens of conversation `raw` (its messages' JSON), for each 1 where it is the
+    assistant's, and whether it had more than `length` tokens. `generation_prompt`
+    (`--generate`): the template's opening of the assistant's turn is added, no token is
+    the response yet, and a conversation longer than `length` keeps its last tokens (the
+    turn to answer); else its first, as documents do."""
     messages: list[dict[str, str]] = json.loads(raw)
     if generation_prompt and messages[-1]["role"] == "assistant":
         raise HookdumpError(
@@ -56,14 +57,14 @@ def conversation_tokens(
         )
     template = _template(tokenizer)
     rendered = template.render(messages, generation_prompt, where)
-    ids, offsets = _tokens(tokenizer, rendered.text, length, keep_last=generation_prompt)
+    ids, offsets, cut = _tokens(tokenizer, rendered.text, length, keep_last=generation_prompt)
     if generation_prompt:
-        return ids, [0] * len(ids)
+        return ids, [0] * len(ids), cut
     if template.has_generation:  # as transformers' return_assistant_tokens_mask
         spans = rendered.spans
     else:  # only the turns that start within the tokens kept are rendered alone
         spans = _assistant_spans(template, messages, rendered.text, where, offsets[-1][1])
-    return ids, _overlapping(offsets, spans)
+    return ids, _overlapping(offsets, spans), cut
 
 
 def _template(tokenizer: Any) -> ChatTemplate:
@@ -79,8 +80,9 @@ def _compiled(source: str, where: str) -> ChatTemplate:
 
 def _tokens(
     tokenizer: Any, text: str, length: int, keep_last: bool
-) -> tuple[list[int], list[tuple[int, int]]]:
-    """The first (`keep_last`: last) `length` tokens of `text` with their characters. A long
+) -> tuple[list[int], list[tuple[int, int]], bool]:
+    """The first (`keep_last`: last) `length` tokens of `text` with their characters, and
+    whether it has more. A long
     text is tokenized in a window of its characters first (a token spans a few characters,
     so a window of WINDOW_CHARS per token kept holds them): its memory is bounded as plain
     text's is, and the whole text is tokenized only where the window holds too few."""
@@ -91,11 +93,12 @@ def _tokens(
         if len(ids) > length + 8:  # only the tokens at the window's cut can differ
             if keep_last:
                 shift = len(text) - window
-                return ids[-length:], [(a + shift, b + shift) for a, b in offsets[-length:]]
-            return ids[:length], offsets[:length]
+                kept = [(a + shift, b + shift) for a, b in offsets[-length:]]
+                return ids[-length:], kept, True
+            return ids[:length], offsets[:length], True
     ids, offsets = _tokenize(tokenizer, text)
-    cut = slice(-length, None) if keep_last else slice(None, length)
-    return ids[cut], offsets[cut] or [(0, 0)]
+    part = slice(-length, None) if keep_last else slice(None, length)
+    return ids[part], offsets[part] or [(0, 0)], len(ids) > length
 
 
 def _tokenize(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:

@@ -102,6 +102,8 @@ class Feed:
     # samples expected in all when `total` is not known (text: from the corpus's size)
     estimate: Callable[[], int | None] = lambda: None
     padding: Padding | None = None  # text: how much of what the model computed was padding
+    cuts: Cuts | None = None  # --generate: how many prompts were cut to fit
+    length: int | None = None  # text: a document sample's most tokens (its --max-length)
     width: int | None = None  # text: the most tokens a sample has (a batch pads up to it)
     ends: Ends = field(default_factory=lambda: Ends())  # text: the tokenizer's pad and EOS
 
@@ -130,6 +132,20 @@ class Padding:
     def fraction(self) -> float | None:
         """Real tokens per position computed (None before any)."""
         return self.real / self.positions if self.positions else None
+
+
+@dataclass
+class Cuts:
+    """Of the prompts read so far (`--generate`), how many had more than `length` tokens and
+    were cut to it."""
+
+    length: int
+    cut: int = 0
+    seen: int = 0
+
+    def count(self, cut: bool) -> None:
+        self.seen += 1
+        self.cut += int(cut)
 
 
 def takes_position_ids(module: Any) -> bool:

@@ -42,7 +42,7 @@ from hookdump.inputs.corpus import (
     documents,
     text_files,
 )
-from hookdump.inputs.samples import Batch, Ends, Feed, Padding, share_of
+from hookdump.inputs.samples import Batch, Cuts, Ends, Feed, Padding, share_of
 from hookdump.worker import prefetch
 
 # a sample: its id, token ids, how many are real, and which are the response (or None)
@@ -121,11 +121,12 @@ def samples(
     stop: int | None = None,
     progress: ReadProgress | None = None,
     num_samples: int | None = None,
+    cuts: Cuts | None = None,
 ) -> Iterator[Sample]:
     """(sample id, token ids, real tokens, response mask) for samples `first:stop` of the
     corpus, in order, as many as the limits allow; samples before `first` are passed over
     (one document per sample: without tokenizing them). The response mask: a conversation's
-    assistant tokens (`chat`), None for other samples."""
+    assistant tokens (`chat`), None for other samples. `cuts`: count the documents cut."""
     limit = sample_limit(options, model_positions, num_samples)
     if limit is not None:
         stop = limit if stop is None else min(stop, limit)
@@ -133,7 +134,7 @@ def samples(
     if options.context_size is not None:
         made = _packed(options, tokenizer, progress)
     else:
-        made = _per_document(options, tokenizer, model_positions, first, progress)
+        made = _per_document(options, tokenizer, model_positions, first, progress, cuts)
         first, stop = 0, None if stop is None else max(0, stop - first)
     yield from itertools.islice(made, first, stop)
 
@@ -182,6 +183,7 @@ def _per_document(
     model_positions: int | None,
     first: int,
     progress: ReadProgress,
+    cuts: Cuts | None = None,
 ) -> Iterator[Sample]:
     length = sample_length(options, model_positions)
     bos = _bos(options, tokenizer)
@@ -196,8 +198,13 @@ def _per_document(
         if options.chat:
             raw = "".join(document.pieces)
             prompt = options.generation_prompt
-            return conversation_tokens(tokenizer, raw, document.id, length, prompt)
-        return _head(tokenizer, document.pieces, length, bos), None
+            ids, response, cut = conversation_tokens(tokenizer, raw, document.id, length, prompt)
+        else:
+            ids, cut = _head(tokenizer, document.pieces, length, bos, tell=cuts is not None)
+            response = None
+        if cuts is not None:
+            cuts.count(cut)
+        return ids, response
 
     while group := [(d.id, *tokens(d)) for d in itertools.islice(docs, window)]:
         if options.sort_by_length:
@@ -229,12 +236,15 @@ def _tokens(tokenizer: Any, text: str, special: bool, **truncation: Any) -> list
     return ids
 
 
-def _head(tokenizer: Any, pieces: Iterator[str], length: int, bos: list[int]) -> list[int]:
+def _head(
+    tokenizer: Any, pieces: Iterator[str], length: int, bos: list[int], tell: bool = False
+) -> tuple[list[int], bool]:
     """The tokens of a document truncated to `length` (as `truncation=True` does), from as
     little of its head as holds them: the head is read in growing steps until its tokens
     (without special ones) reach `length` or the document ends (or `LONGEST_HEAD`
     characters were read: the rest of a document of whitespace is never read). `bos`: put
-    first unless the tokenizer's template already starts with it."""
+    first unless the tokenizer's template already starts with it. `tell`: also whether the
+    document had more tokens (else False: finding out costs a tokenization more)."""
     head, ended, budget = "", False, max(PIECE, 16 * length)
     while True:
         while len(head) < budget and not ended:
@@ -244,7 +254,10 @@ def _head(tokenizer: Any, pieces: Iterator[str], length: int, bos: list[int]) ->
         enough = ended or budget >= LONGEST_HEAD
         if enough or len(_tokens(tokenizer, head, special=False)) >= length:
             ids = _tokens(tokenizer, head, special=True, truncation=True, max_length=length)
-            return ids if ids[:1] == bos else (bos + ids)[:length]
+            whole = ids if ids[:1] == bos else bos + ids
+            cut = tell and (not ended or len(whole) > length
+                            or len(_tokens(tokenizer, head, special=True)) > len(ids))  # fmt: skip
+            return whole[:length], cut
         budget *= 4
 
 
@@ -285,6 +298,8 @@ def text_feed(
         progress = ReadProgress(sum(content_bytes(path) for path in corpus))
     width = None if dynamic else sample_length(options, model_positions)
     padding = None if options.packed else Padding()  # packed windows hold no padding
+    length = sample_length(options, model_positions)
+    cuts = Cuts(length) if options.generation_prompt else None
 
     def batches(batch_size: int) -> Iterator[Batch]:
         rows = len(done or [])  # resuming: the samples already in the dump are passed over
@@ -296,6 +311,7 @@ def text_feed(
             stop=stop,
             progress=progress,
             num_samples=num_samples,
+            cuts=cuts,
         )
         for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
             sample_ids, tokens, real, responses = zip(*chunk, strict=True)
@@ -313,6 +329,8 @@ def text_feed(
         batches,
         first=first,
         padding=padding,
+        cuts=cuts,
+        length=None if options.packed else length,
         width=sample_length(options, model_positions),
         files=corpus + list(tokenizer_files or []),
         special_ids=list(getattr(tokenizer, "all_special_ids", [])),
