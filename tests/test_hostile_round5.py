@@ -458,3 +458,52 @@ def test_a_run_to_rclone_serve_s3_writes_resumes_and_checks(
     resumed = hookdump_cli(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert hookdump_cli("inspect", "s3://bkt/x", "--check").returncode == 0
+
+
+def _retamper(out: Path, key: str, value: int) -> None:
+    """Set every id of `key` in every shard to `value`, the shards' sizes and checksums in
+    the manifest made to match (a consistent, hostile dump; as retamper.py)."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        path = out / entry["file"]
+        tensors = load_file(path)
+        with safe_open(str(path), "pt") as opened:
+            meta = opened.metadata()
+        tensors[key] = torch.full_like(tensors[key], value)
+        save_file(tensors, str(path), metadata=meta)
+        raw = path.read_bytes()
+        entry["bytes"], entry["sha256"] = len(raw), hashlib.sha256(raw).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("value", [10**12, 4, -1])
+def test_expert_ids_outside_the_block_are_one_line_when_read(tmp_path: Path, value: int) -> None:
+    """An MoE dump whose chosen experts were forged: inspect and show name the key and
+    where, sizing nothing by the forged id."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    from clitools import invoke
+
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                        num_hidden_layers=1, num_attention_heads=4,
+                                        num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2)  # fmt: skip
+    model = transformers.MixtralForCausalLM(config).eval()
+    batch = {"input_ids": torch.randint(0, 64, (2, 6)), "attention_mask": torch.ones(2, 6).long()}
+    out, block = tmp_path / "d", "model.layers.0.mlp"
+    hookdump.dump(model, [batch], out, layers=[block], capture=["routing"], per_token=True)
+    key = f"{block}:topk_ids"
+    _retamper(out, key, value)
+    for args in (["inspect", str(out)], ["show", str(out), key, "-s", "0", "-o",
+                                         str(tmp_path / "r.png")]):  # fmt: skip
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"holds expert id {value}, outside 0 to 3" in lines[0]
+        assert key in lines[0]

@@ -31,6 +31,7 @@ from hookdump.store.location import UrlPath, local
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
+from hookdump.tools.experts import checked_ids, experts_of
 from hookdump.tools.pictures.tokens import decoded
 
 
@@ -278,18 +279,16 @@ def _expert_load(dump: Dump, readable: list[ShardEntry]) -> dict[str, list[int]]
     for key, meta in dump.manifest.tensors.items():
         if meta.get("kind") != "topk_ids":
             continue
-        logits = dump.manifest.tensors.get(key.replace(":topk_ids", ":router_logits", 1), {})
-        experts = int((logits.get("shape") or [0])[-1])
-        counts = torch.zeros(experts, dtype=torch.int64)
+        experts = experts_of(dump, key)
+        counts = torch.zeros(experts or 0, dtype=torch.int64)
         masked = ATTENTION_MASK in dump and len(meta.get("shape") or []) == 2  # [T, k] rows
         for shard in readable:
             read = dump.reader.read_shard(shard, [key, ATTENTION_MASK] if masked else [key])
-            ids = read[key].long()
+            ids = checked_ids(read[key], experts, key, str(dump.path / shard.file))
             if masked:  # a padding position's choices are no token's
                 ids = ids[read[ATTENTION_MASK].bool()[:, : ids.shape[1]]]
-            ids = ids.flatten()
-            found = torch.bincount(ids[ids >= 0], minlength=experts)
-            if len(found) > len(counts):  # an id past the logits' width: counted all the same
+            found = torch.bincount(ids.flatten(), minlength=len(counts))
+            if len(found) > len(counts):  # no logits kept: as many as the ids name
                 counts = torch.nn.functional.pad(counts, (0, len(found) - len(counts)))
             counts[: len(found)] += found
         load[key] = counts.tolist()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from hookdump.format.keys import SAMPLE, TOKEN_IDS
+from hookdump.tools.experts import checked_ids, experts_of
 from hookdump.tools.pictures.canvas import Picture, fitted, plain, pyplot, saved
 from hookdump.tools.pictures.tokens import sample_tokens, written
 
@@ -29,8 +30,7 @@ def routing_picture(dump: Any, key: str, row: int, out: Path, padding: bool, tit
     module = stem.rsplit(":", 1)[0]
     suffix = f"@{call}" if call else ""
     ids_key, weights_key = f"{module}:topk_ids{suffix}", f"{module}:topk_weights{suffix}"
-    logits_key = f"{module}:router_logits{suffix}"
-    experts = dump.info(logits_key).shape[-1] if logits_key in dump else None
+    experts = experts_of(dump, ids_key)
     if dump.manifest.token_rows:
         first, stop = _sequence_rows(dump, row)
         read = _rows(dump, [k for k in (ids_key, weights_key, TOKEN_IDS) if k in dump], first, stop)
@@ -44,10 +44,11 @@ def routing_picture(dump: Any, key: str, row: int, out: Path, padding: bool, tit
             real = torch.tensor(tokens.real[: len(ids)]) | padding
             ids, weights = ids[real], weights[real]
             labels = [w for w, r in zip(tokens.strings, real.tolist(), strict=False) if r]
-    ids, weights = ids.long()[:MAX_TOKENS], weights.float()[:MAX_TOKENS]
+    ids, weights = ids[:MAX_TOKENS], weights.float()[:MAX_TOKENS]
+    ids = checked_ids(ids, experts, ids_key, f"{dump.path} (row {row}'s sequence)")
     count = experts or (int(ids.max()) + 1 if ids.numel() else 1)
     grid = torch.full((len(ids), count), math.nan)
-    grid.scatter_(1, ids.clamp(0, count - 1), weights)
+    grid.scatter_(1, ids, weights)
     return _draw(grid, labels, out, title)
 
 
