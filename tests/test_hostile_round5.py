@@ -507,3 +507,58 @@ def test_expert_ids_outside_the_block_are_one_line_when_read(tmp_path: Path, val
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and f"holds expert id {value}, outside 0 to 3" in lines[0]
         assert key in lines[0]
+
+
+class _Place:
+    poll_s = 0.0
+
+    def __init__(self) -> None:
+        self.marks: list[bool] = []
+
+    def mark_waiting(self, name: str, waiting: bool) -> None:
+        self.marks.append(waiting)
+
+
+class _Writer:
+    """What DiskBudget reads of a writer: a listed shard of 5,000 bytes (data and header),
+    consumed by a follower once the run has looked twice."""
+
+    def __init__(self) -> None:
+        from hookdump.format.manifest import ShardEntry
+
+        self.shards = [ShardEntry("shard-00000.safetensors", 0, 8, bytes=5_000)]
+        self.tensors = {"layer": {}}
+        self.place = _Place()
+        self.names = type("Names", (), {"waiting": "waiting.json"})()
+        self.looks = 0
+
+    def present_bytes(self) -> int:
+        self.looks += 1
+        return 5_000 if self.looks <= 2 else 0
+
+
+def test_the_disk_budget_counts_the_next_shards_header() -> None:
+    """5,000 bytes on disk and a next shard of 5,000 bytes of rows fill a 10,000-byte budget
+    only without the shard's header: with it, the run waits for room, and says so once."""
+    from hookdump.store.write.room import DiskBudget
+
+    said: list[str] = []
+    budget = DiskBudget(10_000, said.append)
+    writer = _Writer()
+    budget.wait(writer, 5_000, lambda: None)  # type: ignore[arg-type]
+    assert writer.looks == 3 and writer.place.marks[0] is True and writer.place.marks[-1] is False
+    assert len(said) == 1 and said[0].startswith("waiting for room")
+
+
+def test_a_wait_for_room_is_said_even_when_quiet() -> None:
+    import io
+
+    from rich.console import Console
+
+    from hookdump.engine.progress import Progress
+
+    stream = io.StringIO()
+    quiet = Progress(False, Console(file=stream, width=80))
+    quiet.notice("an estimate")
+    quiet.alert("waiting for room: \x1b[31m")
+    assert stream.getvalue() == "waiting for room: \\x1b[31m\n"

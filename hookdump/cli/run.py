@@ -418,7 +418,8 @@ def run(
         reads_stdin = "-" in (input, text)
         bar = progress_bar(show_progress, options.model.model)
         with bar as progress, _stdin_unless(reads_stdin):
-            result = run_dump(options, on_batch=pause.chain(progress), on_notice=bar.notice)
+            result = run_dump(options, on_batch=pause.chain(progress), on_notice=bar.notice,
+                              on_wait=bar.alert)  # fmt: skip
         _report(result, quiet, json_output, fail_on_nonfinite)
     finally:
         pause.end()

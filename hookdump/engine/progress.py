@@ -89,6 +89,12 @@ class Progress:
             self._end_status()
             self.console.print(printable(line), markup=False, highlight=False)
 
+    def alert(self, line: str) -> None:
+        """Print `line` on stderr even where notices are not shown (`-q`): a run that
+        stops to wait says so."""
+        self._end_status()
+        self.console.print(printable(line), markup=False, highlight=False)
+
     def __exit__(self, *exc: object) -> None:
         self._end_status()
         if self.bar is not None:

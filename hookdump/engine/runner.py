@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,7 +36,7 @@ from hookdump.engine.place import held
 from hookdump.engine.progress import Notice, ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
-from hookdump.errors import HookdumpError, opt
+from hookdump.errors import HookdumpError, opt, printable
 from hookdump.format.values import format_bytes
 from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import out_of_memory
@@ -66,6 +67,7 @@ def run(
     model: nn.Module | None = None,
     data: PythonData | Any = None,
     on_notice: Notice | None = None,
+    on_wait: Notice | None = None,
 ) -> RunResult:
     """Dump what the selected modules produce for the input, as `options` say.
 
@@ -78,6 +80,9 @@ def run(
             is taken as `PythonData(data)`), instead of `options.input` or `options.text`.
         on_notice: called with a line for the person running it: at a URL, after the first
             batch, the bytes the dump will upload.
+        on_wait: called with a line when the run starts waiting for room under
+            `max_disk` (default: `on_notice`, else written to stderr: a wait is never
+            silent).
 
     Returns:
         A `RunResult`: per-key statistics, the sample count, what was skipped, the
@@ -121,7 +126,15 @@ def run(
     with interrupts_once(), held(options, main) as (options, place):
         try:
             return dataclasses.replace(
-                _run(options, ranks, started, (on_batch, on_notice), model, data, place),
+                _run(
+                    options,
+                    ranks,
+                    started,
+                    (on_batch, on_notice, on_wait or on_notice or _to_stderr),
+                    model,
+                    data,
+                    place,
+                ),  # fmt: skip
                 out=given_out,
             )
         except Exception as exc:
@@ -131,13 +144,13 @@ def run(
 
 
 def _announcing(
-    shown: tuple[ProgressCallback | None, Notice | None],
+    shown: tuple[ProgressCallback | None, Notice | None, Notice],
     sink: BatchSink,
     place: DumpPlace | None,
 ) -> ProgressCallback | None:
     """`on_batch`, which first says what the place has to say of the dump's size once the
     first batch has made the estimate (at a URL: how many bytes it will upload)."""
-    on_batch, on_notice = shown
+    on_batch, on_notice, _ = shown
     if on_notice is None or place is None:
         return on_batch
     said = False
@@ -234,6 +247,10 @@ def _check_budget(options: RunOptions) -> None:
         )
 
 
+def _to_stderr(line: str) -> None:
+    print(printable(line), file=sys.stderr)
+
+
 def _budget(options: RunOptions, ranks: Ranks | None, notice: Notice | None) -> DiskBudget | None:
     """`--max-disk`, each torchrun process keeping its share."""
     limit = options.dump.max_disk
@@ -326,7 +343,7 @@ def _run(
     options: RunOptions,
     ranks: Ranks | None,
     started: float,
-    shown: tuple[ProgressCallback | None, Notice | None],
+    shown: tuple[ProgressCallback | None, Notice | None, Notice],
     module: nn.Module | None,
     data: PythonData | None,
     place: DumpPlace | None,
@@ -357,7 +374,7 @@ def _run(
         expected=lambda: feed.total if feed.total is not None else feed.estimate(),
         copies=ranks.world if ranks else 1,
         summaries=destination.summaries_before(),  # resuming: the whole dump's statistics
-        budget=_budget(options, ranks, shown[1]),
+        budget=_budget(options, ranks, shown[2]),
     )
     cap, loop = _loop(options, loaded, sink, feed)
     batches = _on_device(feed.batches(options.input.batch_size), loaded.device)

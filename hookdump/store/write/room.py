@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from hookdump.errors import opt
 from hookdump.format.values import format_bytes
+from hookdump.store.write.shards import header_room
 from hookdump.store.write.writer import DumpWriter
 
 HEADER_ROOM = 64 << 10  # a shard file's bytes beyond its rows' data, at most (its header)
@@ -47,6 +48,7 @@ class DiskBudget:
         if writer.present_bytes() + (queued() + 1) * (largest + HEADER_ROOM) <= self.limit:
             return
         committed()
+        coming += header_room(writer.tensors)  # the next shard's file: its header too
         try:
             while (held := writer.present_bytes()) + coming > self.limit and held:
                 # a follower gives out the rows it holds back
