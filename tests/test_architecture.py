@@ -296,6 +296,7 @@ def test_a_dump_shows_a_small_documented_face() -> None:
     assert own == {
         "batches",
         "complete",
+        "consumed",
         "dataset",
         "info",
         "keys",

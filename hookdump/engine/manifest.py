@@ -100,7 +100,7 @@ def _input(
             "mode": "packed" if text.context_size else "documents",
             "context_size": text.context_size,
             "bos": text.starts_with_bos,
-            "max_length": text.max_length if feed.length is None else feed.length,
+            "max_length": feed.tally.length if feed.tally is not None else text.max_length,
             "padding": None if text.packed else ("longest" if options.tokens else "max_length"),
             "sort_by_length": text.sort_by_length,
             "tokenizer": text.tokenizer or loaded.about.get("folder"),

@@ -123,20 +123,11 @@ def run(
     ranks = from_environment(options.model.device)  # set when run under torchrun
     # a part's process writes into a dump another process has locked and finishes
     main = (ranks is None or ranks.main) and options.dump.part is None
+    shown = (on_batch, on_notice, on_wait or on_notice or _to_stderr)
     with interrupts_once(), held(options, main) as (options, place):
         try:
-            return dataclasses.replace(
-                _run(
-                    options,
-                    ranks,
-                    started,
-                    (on_batch, on_notice, on_wait or on_notice or _to_stderr),
-                    model,
-                    data,
-                    place,
-                ),  # fmt: skip
-                out=given_out,
-            )
+            made = _run(options, ranks, started, shown, model, data, place)
+            return dataclasses.replace(made, out=given_out)
         except Exception as exc:
             if out_of_memory(exc):
                 raise _out_of_memory(options) from exc
@@ -447,13 +438,13 @@ def _result(
         timings=timings,
         num_sequences=len(whole.ids) if options.tokens is not None else None,
         estimated_bytes=sink.estimated_bytes,
-        real_tokens=feed.padding.fraction if feed.padding is not None else None,
+        real_tokens=feed.tally.fraction if feed.tally is not None else None,
     )
 
 
 def _cut_prompts(options: RunOptions, loaded: LoadedModel, feed: Feed) -> list[str]:
     """What `--generate` cut to fit the model's positions, in a line (none: nothing cut)."""
-    cuts, generation = feed.cuts, options.generate
+    cuts, generation = feed.tally, options.generate
     if cuts is None or not cuts.cut or generation is None:
         return []
     kept = "the last (the turn to answer)" if options.text and options.text.chat else "the first"

@@ -101,9 +101,7 @@ class Feed:
     first: int = 0  # a torchrun rank's first sample in the whole dump
     # samples expected in all when `total` is not known (text: from the corpus's size)
     estimate: Callable[[], int | None] = lambda: None
-    padding: Padding | None = None  # text: how much of what the model computed was padding
-    cuts: Cuts | None = None  # --generate: how many prompts were cut to fit
-    length: int | None = None  # text: a document sample's most tokens (its --max-length)
+    tally: TextTally | None = None  # text: what was padding; prompts cut, and to what
     width: int | None = None  # text: the most tokens a sample has (a batch pads up to it)
     ends: Ends = field(default_factory=lambda: Ends())  # text: the tokenizer's pad and EOS
 
@@ -118,34 +116,29 @@ class Feed:
 
 
 @dataclass
-class Padding:
-    """Of the token positions fed so far (text input), how many were real tokens."""
+class TextTally:
+    """What a text feed counted so far: of the token positions fed, how many were real
+    tokens; and of the documents read as prompts (`--generate`), how many had more than
+    `length` tokens (a document sample's most) and were cut to it."""
 
+    length: int | None = None
     real: int = 0
     positions: int = 0
+    cut: int = 0
+    seen: int = 0
 
     def count(self, real: int, positions: int) -> None:
         self.real += real
         self.positions += positions
 
+    def count_prompt(self, cut: bool) -> None:
+        self.seen += 1
+        self.cut += int(cut)
+
     @property
     def fraction(self) -> float | None:
         """Real tokens per position computed (None before any)."""
         return self.real / self.positions if self.positions else None
-
-
-@dataclass
-class Cuts:
-    """Of the prompts read so far (`--generate`), how many had more than `length` tokens and
-    were cut to it."""
-
-    length: int
-    cut: int = 0
-    seen: int = 0
-
-    def count(self, cut: bool) -> None:
-        self.seen += 1
-        self.cut += int(cut)
 
 
 def takes_position_ids(module: Any) -> bool:

@@ -42,7 +42,7 @@ from hookdump.inputs.corpus import (
     documents,
     text_files,
 )
-from hookdump.inputs.samples import Batch, Cuts, Ends, Feed, Padding, share_of
+from hookdump.inputs.samples import Batch, Ends, Feed, TextTally, share_of
 from hookdump.worker import prefetch
 
 # a sample: its id, token ids, how many are real, and which are the response (or None)
@@ -121,7 +121,7 @@ def samples(
     stop: int | None = None,
     progress: ReadProgress | None = None,
     num_samples: int | None = None,
-    cuts: Cuts | None = None,
+    cuts: TextTally | None = None,
 ) -> Iterator[Sample]:
     """(sample id, token ids, real tokens, response mask) for samples `first:stop` of the
     corpus, in order, as many as the limits allow; samples before `first` are passed over
@@ -183,7 +183,7 @@ def _per_document(
     model_positions: int | None,
     first: int,
     progress: ReadProgress,
-    cuts: Cuts | None = None,
+    cuts: TextTally | None = None,
 ) -> Iterator[Sample]:
     length = sample_length(options, model_positions)
     bos = _bos(options, tokenizer)
@@ -203,7 +203,7 @@ def _per_document(
             ids, cut = _head(tokenizer, document.pieces, length, bos, tell=cuts is not None)
             response = None
         if cuts is not None:
-            cuts.count(cut)
+            cuts.count_prompt(cut)
         return ids, response
 
     while group := [(d.id, *tokens(d)) for d in itertools.islice(docs, window)]:
@@ -297,9 +297,8 @@ def text_feed(
     if total is None and corpus:  # estimated from the corpus's size (none for stdin)
         progress = ReadProgress(sum(content_bytes(path) for path in corpus))
     width = None if dynamic else sample_length(options, model_positions)
-    padding = None if options.packed else Padding()  # packed windows hold no padding
-    length = sample_length(options, model_positions)
-    cuts = Cuts(length) if options.generation_prompt else None
+    # packed windows hold no padding, and cut no document
+    tally = None if options.packed else TextTally(sample_length(options, model_positions))
 
     def batches(batch_size: int) -> Iterator[Batch]:
         rows = len(done or [])  # resuming: the samples already in the dump are passed over
@@ -311,14 +310,14 @@ def text_feed(
             stop=stop,
             progress=progress,
             num_samples=num_samples,
-            cuts=cuts,
+            cuts=tally if options.generation_prompt else None,
         )
         for chunk in prefetch(_chunks(made, batch_size), PREFETCH, "hookdump-tokenize"):
             sample_ids, tokens, real, responses = zip(*chunk, strict=True)
             ids.extend(sample_ids)
             batch = _batch(tokens, width or max(real), ends.pad, rows, options.packed, responses)
-            if padding is not None:
-                padding.count(sum(real), batch.kwargs["input_ids"].numel())
+            if tally is not None:
+                tally.count(sum(real), batch.kwargs["input_ids"].numel())
             yield batch
             rows += len(chunk)
 
@@ -328,9 +327,7 @@ def text_feed(
         ids,
         batches,
         first=first,
-        padding=padding,
-        cuts=cuts,
-        length=None if options.packed else length,
+        tally=tally,
         width=sample_length(options, model_positions),
         files=corpus + list(tokenizer_files or []),
         special_ids=list(getattr(tokenizer, "all_special_ids", [])),

@@ -26,7 +26,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.rows import SampleIds
 from hookdump.inputs.files import TENSOR_SUFFIXES, open_tensor_file
-from hookdump.inputs.samples import Batch, Feed, Padding, left_padded_positions, share_of
+from hookdump.inputs.samples import Batch, Feed, TextTally, left_padded_positions, share_of
 from hookdump.inputs.tables import is_table, record_batches, table_files
 
 IDS, MASK = "input_ids", "attention_mask"
@@ -79,7 +79,7 @@ def token_input(
     total = count if limit is None else min(limit, count)
     first, stop = share_of(total, share)
     ids = SampleIds(done or [])
-    padding = Padding()
+    tally = TextTally()
 
     def batches(batch_size: int) -> Iterator[Batch]:
         start = first + len(ids)
@@ -89,7 +89,7 @@ def token_input(
             _check_lengths(chunk, first + row, model.positions, source)
             batch = _batch(chunk, row, model, source, first)
             ids.extend(range(first + row, first + row + len(chunk)))
-            padding.count(sum(int(m.sum()) for _, m in chunk), batch.kwargs[IDS].numel())
+            tally.count(sum(int(m.sum()) for _, m in chunk), batch.kwargs[IDS].numel())
             yield batch
             row += len(chunk)
 
@@ -99,7 +99,7 @@ def token_input(
         ids,
         batches,
         first=first,
-        padding=padding,
+        tally=tally,
         files=files + list(tokenizer_files or []),
         special_ids=list(special_ids or []),
     )

@@ -44,6 +44,11 @@ class Checked:
     damaged: bool
 
 
+class Damage(str):
+    """A problem that makes a complete dump damaged (its files changed since written), not
+    incomplete."""
+
+
 @dataclass
 class Inspection:
     """A dump's keys with statistics, and the problems that make it incomplete."""
@@ -63,11 +68,11 @@ class Inspection:
     consumed: dict[str, str] = field(default_factory=dict)  # shard -> the follower's name
     # an MoE block's `M:topk_ids` key -> how many times each expert was chosen (`experts`)
     experts: dict[str, list[int]] = field(default_factory=dict)
-    damaged_files: bool = False  # a complete dump's statistics fail their checks
 
     @property
     def damaged(self) -> bool:
-        return (self.checked is not None and self.checked.damaged) or self.damaged_files
+        checked = self.checked is not None and self.checked.damaged
+        return checked or any(isinstance(p, Damage) for p in self.problems)
 
     @property
     def kind(self) -> str:
@@ -188,28 +193,17 @@ def inspect_dump(
             f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
         )
     consumed = dump.reader.consumed()
-    unlisted = _unlisted(dump, consumed)
-    problems.extend(unlisted)
+    problems.extend(_unlisted(dump, consumed))
     readable, missing = _present(dump, consumed)
-    if missing:
-        first = missing[0]
-        where = f"{first.file} (samples {first.start}:{first.stop})"
-        problems.append(
-            f"{where} is missing"
-            if len(missing) == 1
-            else f"{len(missing):,} of {len(dump.manifest.shards):,} shards are missing, the "
-            f"first {where}"
-        )
+    problems.extend(_missing(dump, missing))
     checked = None
     if check and dump.manifest.get("lone_file") is None:
         said, readable = _verify(dump, readable, problems, progress)
         checked = Checked(said, len(readable) + len(missing) < len(dump.manifest.shards))
     summaries = summarize(dump.reader, readable)
-    stats_problems = len(problems)
     features = _features(dump, problems)
-    stats_damaged = len(problems) > stats_problems
-    damaged_files = dump.complete and stats_damaged  # (a missing shard: incomplete)
-    if dump.complete and (missing or stats_damaged or (checked is not None and checked.damaged)):
+    if dump.complete and (missing or (checked is not None and checked.damaged) or
+                          any(isinstance(p, Damage) for p in problems)):  # fmt: skip
         problems.append(Message(
             f"to repair it, run the command that made it again with {opt('resume', True)}: it "
             "keeps the shards that match their records and rewrites the rest"
@@ -234,8 +228,19 @@ def inspect_dump(
         _generation(dump, readable),
         consumed,
         _expert_load(dump, readable),
-        damaged_files,
     )
+
+
+def _missing(dump: Dump, missing: list[ShardEntry]) -> list[str]:
+    """The listed shards not there, in a problem (none: no problem)."""
+    if not missing:
+        return []
+    first = missing[0]
+    where = f"{first.file} (samples {first.start}:{first.stop})"
+    if len(missing) == 1:
+        return [f"{where} is missing"]
+    shards = len(dump.manifest.shards)
+    return [f"{len(missing):,} of {shards:,} shards are missing, the first {where}"]
 
 
 def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
@@ -382,8 +387,8 @@ def _features(dump: Dump, problems: list[str]) -> dict[str, dict[str, float]]:
     its checks is a problem."""
     try:
         found = dump.reader.feature_stats() or {}
-    except InvalidDump as exc:
-        problems.append(str(exc))
+    except InvalidDump as exc:  # a complete dump's: changed since (a missing shard: incomplete)
+        problems.append(Damage(exc) if dump.complete else str(exc))
         return {}
     brief = {}
     for key in [k for k in dump if k in found]:  # in the manifest's order
