@@ -19,6 +19,8 @@ TensorKind = Literal[
     "output", "input", "grad_output", "grad_input", "op", "tokens", AttentionKind, RoutingKind
 ]
 ExportTarget = Literal["hf", "saelens", "npy"]
+# what a manifest records of each shard: its CRC32C (the default), or its SHA-256
+ChecksumKind = Literal["crc32c", "sha256"]
 DiffStatus = Literal["match", "differ", "only in A", "only in B", "shape", "dtype"]
 
 REDUCTIONS: tuple[Reduction, ...] = get_args(Reduction)
@@ -44,6 +46,7 @@ TENSOR_KINDS: tuple[TensorKind, ...] = (
     *ROUTER_VALUES,
 )
 EXPORT_TARGETS: tuple[ExportTarget, ...] = get_args(ExportTarget)
+CHECKSUMS: tuple[ChecksumKind, ...] = get_args(ChecksumKind)
 
 C = TypeVar("C", bound=str)
 
@@ -64,3 +67,7 @@ def parse_reduction(value: object) -> Reduction:
 
 def parse_export_target(value: object) -> ExportTarget:
     return choose(value, EXPORT_TARGETS, "to", "a format")
+
+
+def parse_checksum(value: object) -> ChecksumKind:
+    return choose(value, CHECKSUMS, "checksum", "a checksum hookdump records")

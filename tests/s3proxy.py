@@ -43,6 +43,7 @@ class FaultProxy:
     def __init__(self, upstream: str) -> None:
         self.rules: list[Rule] = []
         self.seen: list[tuple[str, str]] = []
+        self.headers: list[tuple[str, str, dict[str, str]]] = []  # each request's, as sent
         self._lock = threading.Lock()
         target = urlsplit(upstream)
         proxy = self
@@ -56,6 +57,9 @@ class FaultProxy:
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                with proxy._lock:
+                    sent = {k.lower(): v for k, v in self.headers.items()}
+                    proxy.headers.append((self.command, self.path, sent))
                 fault = proxy._fault(self.command, self.path)
                 if fault == "drop":
                     self.close_connection = True

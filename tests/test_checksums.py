@@ -1,8 +1,9 @@
-"""Every shard checksummed, everywhere (issue 44): each shard entry of a manifest records
-the shard's size and SHA-256, in a folder and at a URL (compared with `hashlib` over the
-file's bytes), and `inspect --check` reads every shard against them: one byte flipped
-inside a shard (its size unchanged) is exit 1 naming the shard; a dump from before the
-checksums is checked by size and says so."""
+"""Every shard checksummed, everywhere (issues 44, 55): each shard entry of a manifest
+records the shard's size and CRC32C (or, with `checksum="sha256"`, its SHA-256), in a folder
+and at a URL (compared with awscrt's CRC32C and `hashlib` over the file's bytes), and
+`inspect --check` reads every shard against them: one byte flipped inside a shard (its size
+unchanged) is exit 1 naming the shard; a dump from before the checksums is checked by size
+and says so."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import fsspec
 import pytest
 import torch
-from clitools import invoke
+from clitools import independent_checksum, invoke
 
 import hookdump
 
@@ -27,11 +28,12 @@ def _fs(where: Path | str) -> tuple[Any, str]:
     return fs, where.removeprefix("s3://")
 
 
-def _dump(where: Path | str, samples: int = 24) -> dict[str, Any]:
+def _dump(where: Path | str, samples: int = 24, checksum: str = "crc32c") -> dict[str, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     data = [torch.randn(4, 4) for _ in range(samples // 4)]
-    hookdump.dump(model, data, where, layers=["0", "2"], shard_size="1KiB")
+    hookdump.dump(model, data, where, layers=["0", "2"], shard_size="1KiB",
+                  checksum=checksum)  # type: ignore[arg-type]  # fmt: skip
     fs, root = _fs(where)
     return dict(json.loads(fs.cat_file(f"{root}/manifest.json")))
 
@@ -44,20 +46,39 @@ def _flip(where: Path | str, name: str, at: int) -> None:
     fs.pipe_file(f"{root}/{name}", bytes(data))
 
 
-def test_every_shard_entry_records_its_size_and_sha256(
+def test_every_shard_entry_records_its_size_and_crc32c(
     place: Callable[[str], Path | str],
 ) -> None:
+    """The CRC32C taken as the shard was written (hookdump's) is awscrt's of the whole file."""
     where = place("recorded")
     listed = _dump(where)
     fs, root = _fs(where)
     assert len(listed["shards"]) > 2
     for entry in listed["shards"]:
         data = fs.cat_file(f"{root}/{entry['file']}")
-        assert (entry["bytes"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+        assert "sha256" not in entry and len(entry["crc32c"]) == 8
+        assert (entry["bytes"], entry["crc32c"]) == (len(data), independent_checksum(data))
     ok = invoke("inspect", str(where), "--check")
     assert ok.exit_code == 0, ok.stderr
-    assert f"checked: sizes and SHA-256 of {len(listed['shards'])} shards" in ok.stdout
+    assert f"checked: sizes and CRC32C of {len(listed['shards'])} shards" in ok.stdout
     assert ok.stderr == ""
+
+
+def test_checksum_sha256_records_sha256_and_either_verifies(tmp_path: Path) -> None:
+    where = tmp_path / "sha"
+    listed = _dump(where, checksum="sha256")
+    for entry in listed["shards"]:
+        data = (where / entry["file"]).read_bytes()
+        assert "crc32c" not in entry
+        assert (entry["bytes"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+    ok = invoke("inspect", str(where), "--check")
+    assert ok.exit_code == 0 and "sizes and SHA-256 of" in ok.stdout
+    bad = listed["shards"][1]
+    _flip(where, bad["file"], bad["bytes"] - 3)
+    result = invoke("inspect", str(where), "--check")
+    assert result.exit_code == 1 and "SHA-256" in result.stderr and bad["file"] in result.stderr
+    with pytest.raises(hookdump.HookdumpError, match="checksum 'md5' is not a checksum hookdump"):
+        _dump(tmp_path / "x", checksum="md5")
 
 
 def test_a_flipped_byte_is_exit_1_naming_the_shard(place: Callable[[str], Path | str]) -> None:
@@ -71,7 +92,7 @@ def test_a_flipped_byte_is_exit_1_naming_the_shard(place: Callable[[str], Path |
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"warning: {where} is a damaged dump: shard ")
     assert bad["file"] in line and f"samples {bad['start']}:{bad['stop']}" in line
-    assert "SHA-256" in line
+    assert "CRC32C" in line
     as_json = json.loads(invoke("inspect", str(where), "--check", "--json").stdout)
     assert as_json["damaged"] is True and as_json["complete"] is False
     # without --check the shards are read for their statistics, not hashed: exit 0
@@ -92,12 +113,12 @@ def test_a_dump_from_before_the_checksums_is_checked_by_size(tmp_path: Path) -> 
     out = tmp_path / "old"
     listed = _dump(out)
     for entry in listed["shards"]:
-        del entry["bytes"], entry["sha256"]
+        del entry["bytes"], entry["crc32c"]
     (out / "manifest.json").write_text(json.dumps(listed))
     result = invoke("inspect", str(out), "--check")
     assert result.exit_code == 0, result.stderr
     assert "checked: sizes only of" in result.stdout
-    assert "records no SHA-256" in result.stdout
+    assert "records no checksum" in result.stdout
     cut = listed["shards"][0]["file"]
     with open(out / cut, "r+b") as file:  # a shard cut short is still found
         file.truncate(100)
@@ -138,4 +159,56 @@ def test_resume_rechecks_what_it_keeps_and_redoes_a_damaged_shard(
     assert invoke("inspect", str(out), "--check").exit_code == 0
     final = json.loads((out / "manifest.json").read_text())["shards"]
     assert final[0] == listed[0]  # kept as it was
-    assert final[1]["sha256"] == damaged["sha256"]  # written again, the same bytes
+    assert final[1]["crc32c"] == damaged["crc32c"]  # written again, the same bytes
+
+
+def test_the_crc_taken_as_written_is_the_whole_files(tmp_path: Path) -> None:
+    """Appended shards (a header that outgrows its room: the data moved once) and planned
+    shards (rows written in place, key by key; one that ends short compacted): the CRC32C
+    folded from the pieces as they were written is awscrt's over the finished file."""
+    from hookdump.store.write.shards import PlannedShard, ShardFile
+
+    torch.manual_seed(0)
+    appended = ShardFile(tmp_path / "a.safetensors", reserve=64)  # far too small a header
+    for n in range(40):
+        appended.write(f"key.{n}", torch.randn(3, 5 + n))
+    appended.finish({"format": "test"})
+    layout = [("x", torch.float32, [7]), ("y", torch.int64, [2]), ("z", torch.float16, [3])]
+    planned = PlannedShard(tmp_path / "p.safetensors", layout, rows=10)
+    for start in (0, 3):  # 6 of the 10 rows planned: compacted when finished
+        planned.write_rows("x", start, torch.randn(3, 7))
+        planned.write_rows("y", start, torch.randint(0, 9, (3, 2)))
+        planned.write_rows("z", start, torch.randn(3, 3).half())
+    planned.finish({"format": "test"})
+    for shard in (appended, planned):
+        assert shard.sealed is not None and shard.crc is not None
+        data = shard.sealed.read_bytes()
+        taken = shard.take_checksum("crc32c")
+        assert (taken.bytes, taken.crc32c) == (len(data), independent_checksum(data))
+    from safetensors.torch import load_file
+
+    assert load_file(planned.sealed)["y"].shape == (6, 2)  # a real, compacted file
+
+
+def test_a_planned_shard_written_out_of_order_is_read_back(tmp_path: Path) -> None:
+    from hookdump.store.write.shards import PlannedShard
+
+    planned = PlannedShard(tmp_path / "p.safetensors", [("x", torch.float32, [4])], rows=6)
+    planned.write_rows("x", 3, torch.randn(3, 4))
+    planned.write_rows("x", 0, torch.randn(3, 4))
+    planned.finish({"format": "test"})
+    assert planned.crc is None  # not every byte was seen in order
+    data = planned.sealed.read_bytes() if planned.sealed else b""
+    assert planned.take_checksum("crc32c").crc32c == independent_checksum(data)
+
+
+def test_crc32c_combine_is_the_crc_of_the_whole() -> None:
+    import os
+
+    from awscrt.checksums import crc32c
+
+    from hookdump.store.checksum import combine
+
+    for first, second in [(0, 0), (0, 9), (9, 0), (1, 1), (100, 4096), (4097, 1 << 20)]:
+        a, b = os.urandom(first), os.urandom(second)
+        assert combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)

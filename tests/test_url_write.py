@@ -6,7 +6,6 @@ one line. Each test checks the bucket object by object afterwards."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,7 +21,7 @@ from typing import Any
 import fsspec
 import pytest
 import torch
-from clitools import assert_usage_error, finish, hookdump_process, invoke
+from clitools import assert_recorded, assert_usage_error, finish, hookdump_process, invoke
 from s3proxy import FaultProxy, Rule
 from tiny_models import TwoLinear
 
@@ -66,7 +65,7 @@ def only_the_dump(bucket: str, prefix: str, others: tuple[str, ...] = ()) -> Non
     fs = _fs()
     for entry in files:
         data = fs.cat_file(f"{bucket.removeprefix('s3://')}/{prefix}/{entry['file']}")
-        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["bytes"], entry["sha256"])
+        assert_recorded(entry, data)
 
 
 def same_dump(a: str | Path, b: str | Path) -> None:
@@ -355,6 +354,7 @@ def test_the_spool_holds_a_few_shards_at_most() -> None:
 
     class Writer:  # a DumpWriter whose uploads wait for `release`
         place = Place()
+        checksum = "crc32c"
 
         def replaces_old_dump(self) -> bool:
             return False
@@ -367,7 +367,7 @@ def test_the_spool_holds_a_few_shards_at_most() -> None:
             committed.extend(jobs)
 
     class Shard:  # a finished shard, its checksum taken
-        def take_checksum(self) -> None:
+        def take_checksum(self, algorithm: str) -> None:
             pass
 
     shards = [Shard() for _ in range(SPOOL_SHARDS - 1)]
@@ -396,3 +396,39 @@ def test_other_protocols_write_through_the_same_code(tmp_path: Path) -> None:
         shards = [f"shard-{i:05d}.safetensors" for i in range(3)]
         assert names == ["manifest.json", *shards, "stats.safetensors"]
     assert torch.equal(hookdump.load(tmp_path / "via-url" / "d")["linear_1"], local["linear_1"])
+
+
+@pytest.mark.parametrize("parts", [False, True], ids=["one_put", "multipart"])
+def test_crc_sent(
+    bucket: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, parts: bool
+) -> None:
+    """Every shard upload carries its CRC32C (the test's name is short: its bucket's): the
+    request that stores a shard sends `x-amz-checksum-crc32c`, the manifest's CRC32C
+    (base64 of its 4 bytes), for the server to check; a multipart upload sends each part's
+    and, when it completes, the whole object's (FULL_OBJECT)."""
+    import base64
+
+    from hookdump.store.write import upload
+
+    if parts:  # parts of 5 MiB (S3's least), a shard of about 12 MiB
+        monkeypatch.setattr(upload, "PART_BYTES", 5 << 20)
+    torch.manual_seed(2)
+    rows = 3 << 20 if parts else 64  # float32 rows of 1: 12 MiB, or 256 bytes
+    url = f"{bucket}/crc"
+    model = torch.nn.Sequential(torch.nn.Identity())
+    dump = hookdump.dump(model, [torch.randn(rows, 1)], url, layers=["0"], shard_size="1GiB")
+    (entry,) = dump.manifest.shards
+    want = base64.b64encode(int(str(entry.crc32c), 16).to_bytes(4, "big")).decode()
+    sent = [(method, path, headers) for method, path, headers in proxy.headers
+            if entry.file in path]  # fmt: skip
+    if not parts:
+        (put,) = [h for m, p, h in sent if m == "PUT"]
+        assert put["x-amz-checksum-crc32c"] == want
+        return
+    uploaded = [h for m, p, h in sent if m == "PUT" and "partNumber=" in p]
+    assert len(uploaded) == 3 and all("x-amz-checksum-crc32c" in h for h in uploaded)
+    (completed,) = [h for m, p, h in sent if m == "POST" and "uploadId=" in p]
+    assert completed["x-amz-checksum-crc32c"] == want
+    assert completed.get("x-amz-checksum-type") == "FULL_OBJECT"
+    data = _fs().cat_file(f"{url.removeprefix('s3://')}/{entry.file}")
+    assert_recorded(entry.to_json(), data)

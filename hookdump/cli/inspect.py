@@ -25,7 +25,8 @@ def inspect(
         bool,
         typer.Option(
             "--check",
-            help="Also read every shard against the size and SHA-256 its manifest records; "
+            help="Also read every shard against the size and checksum (CRC32C or SHA-256) its "
+            "manifest records; "
             "exit 1 when the dump is incomplete, damaged or holds leftovers (for CI).",
         ),
     ] = False,

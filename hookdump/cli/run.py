@@ -335,6 +335,15 @@ def run(
             "--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."
         ),
     ] = "1GiB",
+    checksum: Annotated[
+        str,
+        typer.Option(
+            "--checksum",
+            metavar="KIND",
+            help="What the manifest records of each shard: crc32c (taken as it is written) "
+            "or sha256 (a content address, read back).",
+        ),
+    ] = "crc32c",
     max_disk: Annotated[
         str | None,
         typer.Option(
@@ -406,7 +415,15 @@ def run(
             ),
             generate=_generation(generate, *sampling),
             dump=_dump_options(
-                out, spool, storage_option, overwrite, resume, shard_size, save_dtype, max_disk
+                out,
+                spool,
+                storage_option,
+                overwrite,
+                resume,
+                shard_size,
+                save_dtype,
+                max_disk,
+                checksum,
             ),
             dtype=resolve_dtype(dtype, "dtype"),
             command=tuple(ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]])),
@@ -551,7 +568,9 @@ def _dump_options(
     shard_size: str,
     save_dtype: str | None,
     max_disk: str | None,
+    checksum: str = "crc32c",
 ) -> DumpOptions:
+    from hookdump.choices import parse_checksum
     from hookdump.engine.options import parse_size
     from hookdump.model.prepare import resolve_dtype
     from hookdump.store.write.writer import DumpOptions
@@ -567,4 +586,5 @@ def _dump_options(
         shard_bytes=parse_size(shard_size),
         save_dtype=resolve_dtype(save_dtype, "save_dtype") if save_dtype else None,
         max_disk=parse_size(max_disk) if max_disk is not None else None,
+        checksum=parse_checksum(checksum),
     )

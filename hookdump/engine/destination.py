@@ -32,6 +32,7 @@ from hookdump.engine.parts import clear_part
 from hookdump.engine.resume import check_sources, keep_verified, previous_dump
 from hookdump.errors import opt
 from hookdump.format.manifest import Manifest, samples_fed
+from hookdump.store.checksum import DEFAULT, Algorithm
 from hookdump.store.features import stats_file
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.summary import summarize
@@ -108,8 +109,11 @@ class Destination:
         if self.previous is not None and self.out is not None:
             check_sources(self.where, self.previous.get("sources"), made_from)
 
-    def start(self, *, shard_bytes: int, fields: dict[str, Any]) -> None:
-        """Make the writer (`fields`: what the manifest records of the run)."""
+    def start(
+        self, *, shard_bytes: int, fields: dict[str, Any], checksum: Algorithm = DEFAULT
+    ) -> None:
+        """Make the writer (`fields`: what the manifest records of the run; `checksum`:
+        of each shard)."""
         if self.place is None:
             return
         names = self.part.names if self.part is not None else rank_names(self.ranks)
@@ -121,6 +125,7 @@ class Destination:
             self.writer = DumpWriter(
                 self.place, shard_bytes=shard_bytes, fields=fields, names=names
             )
+        self.writer.checksum = checksum
         if self.part is not None:  # the dump's process has moved an old dump aside
             self.writer.clear_old_dump(here=False)
             self.writer.share_run_id(self.part.run_id)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookdump.choices import Reduction
+from hookdump.choices import ChecksumKind, Reduction, parse_checksum
 from hookdump.engine.options import RunOptions, parse_size
 from hookdump.engine.progress import Progress
 from hookdump.engine.runner import run
@@ -64,6 +64,7 @@ def dump(
     train: bool | None = None,
     shard_size: int | str = "1GiB",
     max_disk: int | str | None = None,
+    checksum: ChecksumKind = "crc32c",
     overwrite: bool = False,
     resume: bool = False,
     early_stop: bool = True,
@@ -120,6 +121,8 @@ def dump(
         max_disk: the most bytes of shards kept in `out` at once (an int, or `"8GiB"`): the
             run waits while a follower (`hookdump.follow(..., consume=True)`) has not
             consumed them.
+        checksum: what the manifest records of each shard: `"crc32c"` (taken as it is
+            written) or `"sha256"` (a content address, read back).
         overwrite: replace a dump in `out`. resume: finish an interrupted dump in `out`:
             `data` is skipped up to the samples already dumped, which needs the same data
             in the same order; given `ids`, the skipped ones must equal the dump's (without
@@ -170,6 +173,7 @@ def dump(
         train=train,
         shard_size=shard_size,
         max_disk=max_disk,
+        checksum=checksum,
         overwrite=overwrite,
         resume=resume,
         early_stop=early_stop,
@@ -221,6 +225,7 @@ def run_options(
     train: bool | None = None,
     shard_size: int | str = "1GiB",
     max_disk: int | str | None = None,
+    checksum: ChecksumKind = "crc32c",
     overwrite: bool = False,
     resume: bool = False,
     early_stop: bool = True,
@@ -276,7 +281,15 @@ def run_options(
         else None,
         generate=as_generation(generate),
         dump=_dump_options(
-            out, storage_options, spool, overwrite, resume, shard_size, save_dtype, max_disk
+            out,
+            storage_options,
+            spool,
+            overwrite,
+            resume,
+            shard_size,
+            save_dtype,
+            max_disk,
+            checksum,
         ),
         dtype=_dtype(dtype, "dtype") or torch.float32,
     )
@@ -291,6 +304,7 @@ def _dump_options(
     shard_size: int | str,
     save_dtype: str | torch.dtype | None,
     max_disk: int | str | None = None,
+    checksum: object = "crc32c",
 ) -> DumpOptions:
     return DumpOptions(
         *out_place(out),
@@ -301,6 +315,7 @@ def _dump_options(
         _size(shard_size),
         _dtype(save_dtype, "save_dtype"),
         max_disk=None if max_disk is None else _size(max_disk, "max_disk"),
+        checksum=parse_checksum(checksum),
     )
 
 

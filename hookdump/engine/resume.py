@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import STATS_FILE, ShardEntry, samples_fed
+from hookdump.format.manifest import ShardEntry, samples_fed
 from hookdump.model.weights import sha256, state_sha256
 from hookdump.store.beside import beside_of
 from hookdump.store.read.manifest import manifest_at
@@ -228,8 +228,7 @@ def _intact(place: DumpPlace, manifest: dict[str, Any]) -> bool:
     shards = [ShardEntry.of_json(entry) for entry in manifest["shards"]]
     stats = manifest.get("feature_stats")
     if isinstance(stats, dict):
-        shards.append(ShardEntry(STATS_FILE, 0, 0, bytes=stats.get("bytes"),
-                                 sha256=str(stats.get("sha256")).lower()))  # fmt: skip
+        shards.append(ShardEntry.of_json({**stats, "start": 0, "stop": 0}))
     return all(entry.file in consumed or place.matches(entry) for entry in shards)
 
 

@@ -356,7 +356,8 @@ def _run(
     static = manifest_fields(
         options, loaded=loaded, feed=feed, form=form, sources=made_from, processes=processes
     )
-    destination.start(shard_bytes=options.dump.shard_bytes, fields=static)
+    destination.start(shard_bytes=options.dump.shard_bytes, fields=static,
+                      checksum=options.dump.checksum)  # fmt: skip
     destination.mark_running()
     sink = BatchSink(
         destination.writer,

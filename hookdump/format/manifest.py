@@ -44,7 +44,8 @@ def samples_fed(manifest: dict[str, Any]) -> int:
 class ShardEntry:
     """A listed shard, as the writer lists it and the readers take it: its file and the
     dump rows `start:stop` it holds (token rows: the sequences whose tokens end in it end
-    at `sequences`), its size and SHA-256 (none in a dump from before them), the ETag of
+    at `sequences`), its size and checksum (a CRC32C, or with `--checksum sha256` a SHA-256;
+    neither in a dump from before them), the ETag of
     its object at a URL, and the inputs skipped up to its end (what `--resume` needs to
     drop it and those after it)."""
 
@@ -56,6 +57,7 @@ class ShardEntry:
     sha256: str | None = None
     etag: str | None = None
     inputs_skipped: int | None = None
+    crc32c: str | None = None
 
     @property
     def rows(self) -> int:
@@ -70,8 +72,10 @@ class ShardEntry:
     def of_json(cls, entry: Mapping[str, Any]) -> ShardEntry:
         """A (validated) manifest's entry."""
         fields = {name: entry.get(name) for name in _SHARD_FIELDS[3:]}
-        if isinstance(fields["sha256"], str):
-            fields["sha256"] = fields["sha256"].lower()
+        for digest in ("sha256", "crc32c"):
+            value = fields[digest]
+            if isinstance(value, str):
+                fields[digest] = value.lower()
         return cls(entry["file"], entry["start"], entry["stop"], **fields)
 
     def to_json(self) -> dict[str, Any]:
@@ -92,7 +96,8 @@ class ShardEntry:
         )
 
 
-_SHARD_FIELDS = ("file", "start", "stop", "sequences", "bytes", "sha256", "etag", "inputs_skipped")
+_SHARD_FIELDS = ("file", "start", "stop", "sequences", "bytes", "sha256", "etag", "inputs_skipped",
+                 "crc32c")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,7 @@ def _check_tensor(key: Any, meta: Any, bad: Any) -> None:
 
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")  # as sha256sum writes it, or upper case
+_CRC32C = re.compile(r"^[0-9a-fA-F]{8}$")
 
 
 def _check_shards(shards: list[Any], bad: Any) -> int:
@@ -294,6 +300,10 @@ def _check_shards(shards: list[Any], bad: Any) -> int:
             isinstance(shard["sha256"], str) and _SHA256.match(shard["sha256"])
         ):
             raise bad(f"shard {name!r} 'sha256' is not 64 hexadecimal digits")
+        if "crc32c" in shard and not (
+            isinstance(shard["crc32c"], str) and _CRC32C.match(shard["crc32c"])
+        ):
+            raise bad(f"shard {name!r} 'crc32c' is not 8 hexadecimal digits")
         if "etag" in shard and not (isinstance(shard["etag"], str) and len(shard["etag"]) <= 200):
             raise bad(f"shard {name!r} 'etag' is not a short string")
         rows = stop

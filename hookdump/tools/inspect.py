@@ -26,6 +26,7 @@ from hookdump.errors import (
 from hookdump.format.keys import ATTENTION_MASK, RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.store.beside import Beside, beside, beside_of, note_alive, running_note
+from hookdump.store.checksum import recorded
 from hookdump.store.folder import leftovers
 from hookdump.store.location import UrlPath, local
 from hookdump.store.read.dump import Dump
@@ -178,8 +179,8 @@ def inspect_dump(
 ) -> Inspection:
     """Read every shard once (never the whole dump at a time) and summarise each key
     (`path` a folder, a .safetensors file or a URL, with fsspec's `storage_options`).
-    `check`: first read every shard's bytes against the size and SHA-256 its manifest
-    records (`progress(done, total)`: bytes read so far, of all)."""
+    `check`: first read every shard's bytes against the size and checksum (CRC32C or
+    SHA-256) its manifest records (`progress(done, total)`: bytes read so far, of all)."""
     dump = _open(path, storage_options)
     path = local(path)  # a file:// URL of this host: the folder
     folder = isinstance(dump.path, Path) and Path(path).is_dir()
@@ -229,6 +230,9 @@ def inspect_dump(
         consumed,
         _expert_load(dump, readable),
     )
+
+
+_NAMES = {"crc32c": "CRC32C", "sha256": "SHA-256"}
 
 
 def _missing(dump: Dump, missing: list[ShardEntry]) -> list[str]:
@@ -341,7 +345,7 @@ def _verify(
     problems: list[str],
     progress: Callable[[int, int], None] | None,
 ) -> tuple[str, list[ShardEntry]]:
-    """Every shard's bytes against the size and SHA-256 its manifest records, in order:
+    """Every shard's bytes against the size and checksum its manifest records, in order:
     the first that fails is a problem (with how many more do); what was checked, in words,
     and the shards that passed."""
     total = sum(shard.bytes or 0 for shard in shards)
@@ -361,24 +365,27 @@ def _verify(
                 continue
             failed.append(
                 f"shard {dump.path / shard.file} (samples {shard.start}:{shard.stop}) does not "
-                "match the SHA-256 its manifest records: its bytes changed after it was written"
+                f"match the {_NAMES[recorded(shard) or 'sha256']} its manifest records: its "
+                "bytes changed after it was written"
             )
         except InvalidDump as exc:
             failed.append(str(exc))
     if failed:
         more = f" (and {len(failed) - 1:,} more shards fail)" if len(failed) > 1 else ""
         problems.append(failed[0] + more)
-    unrecorded = sum(shard.sha256 is None for shard in shards)
+    kinds = {_NAMES[k] for k in (recorded(shard) for shard in shards) if k is not None}
+    unrecorded = sum(recorded(shard) is None for shard in shards)
     shards_word = f"{len(shards):,} shard{'s' if len(shards) != 1 else ''}"
+    named = " and ".join(sorted(kinds)) or "checksums"
     if unrecorded == len(shards) and shards:
         said = (
-            f"sizes only of {shards_word}: the manifest records no SHA-256 (a dump written "
+            f"sizes only of {shards_word}: the manifest records no checksum (a dump written "
             "before hookdump recorded them)"
         )
     elif unrecorded:
-        said = f"sizes of {shards_word}, SHA-256 of the {len(shards) - unrecorded:,} recorded"
+        said = f"sizes of {shards_word}, {named} of the {len(shards) - unrecorded:,} recorded"
     else:
-        said = f"sizes and SHA-256 of {shards_word}"
+        said = f"sizes and {named} of {shards_word}"
     return said, passed
 
 

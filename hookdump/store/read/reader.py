@@ -22,7 +22,7 @@ from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.format.keys import KeyInfo
 from hookdump.format.manifest import STATS_FILE, Manifest, ShardEntry
 from hookdump.store.beside import beside_of
-from hookdump.store.checksum import CHUNK, checksum_of
+from hookdump.store.checksum import CHUNK, checksum_of, matches, recorded
 from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, RemoteBlob, UrlPath
 from hookdump.store.read.manifest import resolved_inside
@@ -191,10 +191,10 @@ class ShardReader:
         return opened
 
     def verify(self, shard: ShardEntry, progress: Callable[[int], None] | None = None) -> bool:
-        """Whether a listed shard's bytes have the SHA-256 its manifest records (read whole,
-        a CHUNK at a time; True where none is recorded). A size that differs, a header that
-        disagrees with the manifest or the file's size, or a file that is not there or not
-        a regular file, raises InvalidDump (`blob`, `open`)."""
+        """Whether a listed shard's bytes have the checksum its manifest records (CRC32C or
+        SHA-256; read whole, a CHUNK at a time; True where none is recorded). A size that
+        differs, a header that disagrees with the manifest or the file's size, or a file
+        that is not there or not a regular file, raises InvalidDump (`blob`, `open`)."""
         blob = self.blob(shard)
         try:
             with self.open(shard, [], blob):
@@ -213,15 +213,18 @@ class ShardReader:
                     yield view[:got]
                     offset += got
 
+            algorithm = recorded(shard)
+            if algorithm is None:  # a dump from before checksums: its size alone
+                return True
             try:
-                found = checksum_of(chunks(), progress)
+                found = checksum_of(chunks(), algorithm, progress)
             except OSError as exc:
                 raise InvalidDump(
                     f"cannot read shard {self.path / shard.file}: {exc.strerror or exc}"
                 ) from None
         finally:
             blob.close()
-        return shard.sha256 is None or found.sha256 == shard.sha256
+        return matches(shard, found)
 
     def feature_stats(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """Every key's per-feature statistics from the dump's `stats.safetensors` (None: the

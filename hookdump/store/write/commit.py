@@ -13,9 +13,10 @@ once, as it is what moves the old dump aside: the disk holds both only until the
 A dump at a URL has no syncs to spare: each shard is uploaded as soon as it is finished,
 and a new shard waits while SPOOL_SHARDS are in the spool (`store.write.upload`).
 
-Each shard's size and SHA-256 (`store.checksum`) are taken as soon as it is finished, on
-threads of their own: taken when its group commits, the last group's would all be read at
-the end of the run, one after the other."""
+Each shard's size and checksum (`store.checksum`) are taken as soon as it is finished, on
+threads of their own: a CRC32C is known already (taken as the bytes were written), a
+SHA-256 is read back, and taken when its group commits, the last group's would all be read
+at the end of the run, one after the other."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ class Committer:
             self._room.acquire()
             self._queued.add(1)
             try:
-                self._worker.submit((shard, rows, self._hashing.submit(shard.take_checksum)))
+                taken = self._hashing.submit(shard.take_checksum, self.writer.checksum)
+                self._worker.submit((shard, rows, taken))
             except BaseException:
                 self._queued.add(-1)
                 self._room.release()

@@ -15,7 +15,7 @@ from hookdump.errors import HookdumpError, opt, printable
 from hookdump.format.manifest import MANIFEST, RUNNING, WAITING, ShardEntry
 from hookdump.format.values import format_bytes
 from hookdump.store.beside import FolderBeside, running_note
-from hookdump.store.checksum import Checksum, file_checksum
+from hookdump.store.checksum import Checksum, file_checksum, matches, recorded
 from hookdump.store.folder import (
     DUMP_FILE,
     FolderBusy,
@@ -259,7 +259,8 @@ class FolderPlace(DumpPlace):
                 return False
             if entry.bytes is not None and path.stat().st_size != entry.bytes:
                 return False
-            return entry.sha256 is None or file_checksum(path).sha256 == entry.sha256
+            algorithm = recorded(entry)
+            return algorithm is None or matches(entry, file_checksum(path, algorithm))
         except OSError:
             return False
 

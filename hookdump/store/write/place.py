@@ -137,7 +137,7 @@ class DumpPlace(ABC):
     @abstractmethod
     def commit_shard(self, sealed: Path, name: str, checksum: Checksum) -> dict[str, Any]:
         """Make the finished shard file `sealed` (of `checksum`) the dump's `name`, checked;
-        what its manifest entry records of it (size, SHA-256, ...)."""
+        what its manifest entry records of it (size, checksum, ...)."""
 
     @abstractmethod
     def put_manifest(self, name: str, data: Mapping[str, Any], complete: bool) -> None:
@@ -175,7 +175,7 @@ class DumpPlace(ABC):
 
     @abstractmethod
     def matches(self, entry: ShardEntry) -> bool:
-        """Whether the listed shard's file is there with the size and SHA-256 its entry
+        """Whether the listed shard's file is there with the size and checksum its entry
         records (what is not recorded is not compared)."""
 
     def mark_running(self, run_id: str | None, overwrite: bool) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from hookdump.errors import HookdumpError
 from hookdump.format.dtypes import SAFETENSORS_DTYPES, dtype_name
-from hookdump.store.checksum import Checksum, file_checksum
+from hookdump.store.checksum import DEFAULT, Algorithm, Checksum, Crc, crc_hex, file_checksum
 from hookdump.store.folder import create_new, open_existing, remove_entry
 from hookdump.store.write.direct_io import AppendFile, PositionalFile, pwrite_all, round_up
 
@@ -34,17 +34,31 @@ def header_room(keys: Iterable[str]) -> int:
 
 
 class _Sealed:
-    """What a finished shard file (`sealed`) shares: its size and SHA-256, read once."""
+    """What a finished shard file (`sealed`) shares: its size and checksum, taken once: a
+    CRC32C from the bytes as they were written (`crc`, once sealed), anything else by
+    reading the file back."""
 
     sealed: Path | None
     checksum: Checksum | None
+    crc: Crc | None = None  # the whole file's, where every byte was seen as written
 
-    def take_checksum(self) -> Checksum:
-        """The finished file's size and SHA-256 (`store.checksum`), read on first ask."""
+    def take_checksum(self, algorithm: Algorithm = DEFAULT) -> Checksum:
+        """The finished file's size and `algorithm`'s checksum (`store.checksum`)."""
         if self.checksum is None:
             assert self.sealed is not None, "a finished shard"
-            self.checksum = file_checksum(self.sealed)
+            if algorithm == "crc32c" and self.crc is not None:
+                self.checksum = Checksum(self.crc.size, crc32c=crc_hex(self.crc.value))
+            else:
+                self.checksum = file_checksum(self.sealed, algorithm)
         return self.checksum
+
+    def _seal(self, prefix: bytes, body: Crc | None) -> None:
+        """The file is `prefix` (its header) then the bytes `body` saw: its CRC32C."""
+        if body is not None:
+            whole = Crc()
+            whole.add(prefix)
+            whole.join(body)
+            self.crc = whole
 
 
 class ShardFile(_Sealed):
@@ -64,6 +78,7 @@ class ShardFile(_Sealed):
         self.reserve = round_up(reserve)  # data starts block-aligned (and so 8-byte aligned)
         self.entries: dict[str, dict[str, Any]] = {}
         self.size = 0
+        self.body = Crc()  # of the data, in file order: every tensor is appended
         self.file = AppendFile(self.tmp, self.reserve)
 
     def write(
@@ -84,7 +99,9 @@ class ShardFile(_Sealed):
                 release()
             raise
         if tensor.numel():
-            self.file.write(tensor.reshape(-1).view(torch.uint8).numpy().data, release)
+            data = tensor.reshape(-1).view(torch.uint8).numpy().data
+            self.body.add(data)  # before the write may hand the memory back
+            self.file.write(data, release)
         elif release is not None:
             release()
         nbytes = tensor.numel() * tensor.element_size()
@@ -95,7 +112,8 @@ class ShardFile(_Sealed):
         """Write the last bytes and the header (into room allocated when the file was made:
         a full disk cannot stop it), still under the temporary name `sealed`."""
         self.file.close()
-        _write_header(self.tmp, self.reserve, self.entries, metadata)
+        prefix = _write_header(self.tmp, self.reserve, self.entries, metadata)
+        self._seal(prefix, self.body)
         self.sealed = self.tmp
 
     def abort(self) -> None:
@@ -106,17 +124,20 @@ class ShardFile(_Sealed):
 
 def _write_header(
     tmp: Path, reserve: int, entries: dict[str, Any], metadata: dict[str, str]
-) -> None:
-    """Write the header into the `reserve` bytes before the data."""
+) -> bytes:
+    """Write the header into the `reserve` bytes before the data; the bytes written (what
+    comes before the data)."""
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     if len(header) + 8 > reserve:  # keys past the estimate (`header_room`): move the data once
         reserve = _move_data(tmp, reserve, round_up(len(header) + 8 + 4096))
     room = reserve - 8
+    prefix = struct.pack("<Q", room) + header + b" " * (room - len(header))
     fd = open_existing(tmp, os.O_WRONLY)
     try:
-        os.pwrite(fd, struct.pack("<Q", room) + header + b" " * (room - len(header)), 0)
+        pwrite_all(fd, memoryview(prefix), 0)
     finally:
         os.close(fd)
+    return prefix
 
 
 def _move_data(tmp: Path, reserve: int, grown_reserve: int) -> int:
@@ -165,6 +186,8 @@ class PlannedShard(_Sealed):
             offset += row_bytes * rows
         self.reserve = header_room(key for key, _, _ in layout)
         self.file = PositionalFile(self.tmp, self.reserve + offset)
+        # each key's rows, as written from row 0 on (None: written out of order)
+        self.keys_crc: dict[str, Crc | None] = {key: Crc() for key in self.layout}
 
     def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:
         """Rows `row:row + len(tensor)` of `key` (contiguous, on the CPU)."""
@@ -173,6 +196,11 @@ class PlannedShard(_Sealed):
             raise ValueError(f"{key!r}: rows {row}:{row + tensor.shape[0]} past {self.rows}")
         if tensor.numel():
             data = tensor.reshape(-1).view(torch.uint8).numpy().data
+            crc = self.keys_crc[key]
+            if crc is not None and crc.size == row * row_bytes:
+                crc.add(data)
+            else:
+                self.keys_crc[key] = None  # read back once finished
             self.file.pwrite(data, self.reserve + offset + row * row_bytes)
         self.filled = max(self.filled, row + tensor.shape[0])
 
@@ -190,8 +218,20 @@ class PlannedShard(_Sealed):
             size += nbytes
         os.ftruncate(self.file.fileno(), self.reserve + size)  # the rows planned, not filled
         self.file.close()
-        _write_header(self.tmp, self.reserve, entries, metadata)
+        prefix = _write_header(self.tmp, self.reserve, entries, metadata)
+        self._seal(prefix, self._body())
         self.sealed = self.tmp
+
+    def _body(self) -> Crc | None:
+        """The CRC32C of the data as compacted: each key's filled rows, in layout order
+        (None: a key's rows were not all seen in order)."""
+        body = Crc()
+        for key, (_, _, _, row_bytes) in self.layout.items():
+            crc = self.keys_crc[key]
+            if crc is None or crc.size != row_bytes * self.filled:
+                return None
+            body.join(crc)
+        return body
 
     def abort(self) -> None:
         """Drop the file."""

@@ -3,7 +3,7 @@ the local layout, byte for byte, on a store that has no rename and no lock.
 
 - Each shard is finished in a local spool folder (`--spool`), then uploaded whole with the
   client's own `put_file` (s3fs sends large files as multipart uploads), checked (the
-  object's size), and deleted from the spool. Its size and SHA-256 go into the manifest.
+  object's size), and deleted from the spool. Its size and checksum go into the manifest.
 - A manifest is one PUT, made only after every shard it lists is uploaded and checked; the
   complete one is written last. Between them, manifests say `complete: false`.
 - Only names a dump uses are ever written or removed, and only directly under the prefix:
@@ -21,7 +21,16 @@ from typing import Any, TypeVar
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import MANIFEST, ShardEntry
-from hookdump.store.checksum import CHUNK, Checksum, stream_checksum
+from hookdump.store.checksum import (
+    CHUNK,
+    Checksum,
+    crc32c,
+    crc_base64,
+    crc_hex,
+    matches,
+    recorded,
+    stream_checksum,
+)
 from hookdump.store.folder import DUMP_FILE, check_entries
 from hookdump.store.location import Remote
 from hookdump.store.write.place import manifest_bytes
@@ -127,11 +136,11 @@ class Upload:
 
     def put_shard(self, local: Path, name: str, checksum: Checksum) -> dict[str, Any]:
         """Upload a finished shard file (of that `checksum`) as object `name`, check it, and
-        delete the local file; its size and SHA-256, for the manifest."""
+        delete the local file; its size and checksum, for the manifest."""
         size = checksum.bytes
         path, fs = self.remote.object(name), self.remote.fs
-        self.attempt(f"upload {self.url / name}", lambda: fs.put_file(str(local), path))
-        info = self.attempt(f"check {self.url / name}", lambda: fs.info(path))
+        self.attempt(f"upload {self.url / name}", lambda: self._put(local, path, checksum))
+        info = self.attempt(f"check {self.url / name}", lambda: fs.info(path, refresh=True))
         if int(info.get("size") or 0) != size:
             raise HookdumpError(
                 f"{self.url / name} holds {info.get('size')} bytes after its upload, not "
@@ -142,6 +151,23 @@ class Upload:
         if _etag(info):  # what this version of the object is: `--resume` compares it
             entry["etag"] = _etag(info)
         return entry
+
+    def _put(self, local: Path, path: str, checksum: Checksum) -> None:
+        """Upload `local` as object `path`; to S3 with its CRC32C, which the server checks
+        before it stores the object (a multipart upload's as one full-object checksum,
+        each part's beside it), so a shard damaged on the way is refused, not stored."""
+        fs = self.remote.fs
+        if checksum.crc32c is None or not hasattr(fs, "call_s3"):
+            fs.put_file(str(local), path)
+            return
+        bucket, key = path.split("/", 1)
+        whole = crc_base64(checksum.crc32c)
+        if checksum.bytes <= PART_BYTES:
+            body = local.read_bytes()
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, ChecksumCRC32C=whole)
+        else:
+            _put_parts(fs, local, bucket, key, whole)
+        fs.invalidate_cache(path)
 
     def put_json(self, name: str, data: Mapping[str, Any]) -> int:
         """One PUT of a JSON object (a manifest); the bytes written."""
@@ -155,13 +181,13 @@ class Upload:
         self.attempt(f"write {self.url / name}", lambda: fs.pipe_file(path, raw))
 
     def matches(self, entry: ShardEntry) -> bool:
-        """Whether the listed shard's object is there with the size and SHA-256 its entry
+        """Whether the listed shard's object is there with the size and checksum its entry
         records: the object uploaded then (the ETag recorded, where the store gives one)
         is taken as checked; another is read back whole. What is not recorded is not
         compared."""
         name = entry.file
         fs, path = self.remote.fs, self.remote.object(name)
-        size, sha256 = entry.bytes, entry.sha256
+        size, algorithm = entry.bytes, recorded(entry)
 
         def check() -> bool:
             try:
@@ -170,10 +196,10 @@ class Upload:
                 return False
             if size is not None and int(info.get("size") or 0) != size:
                 return False
-            if sha256 is None or (entry.etag and entry.etag == _etag(info)):
+            if algorithm is None or (entry.etag and entry.etag == _etag(info)):
                 return True
             with fs.open(path, "rb", block_size=CHUNK) as file:
-                return stream_checksum(file.read).sha256 == sha256
+                return matches(entry, stream_checksum(file.read, algorithm))
 
         return self.attempt(f"read {self.url / name}", check)
 
@@ -224,6 +250,33 @@ def _cannot_list_uploads(exc: BaseException) -> bool:
         ):
             return True
     return str(exc) in _NO_UPLOAD_LISTING
+
+
+PART_BYTES = 64 << 20  # a shard larger than this goes up in parts of this size
+
+
+def _put_parts(fs: Any, local: Path, bucket: str, key: str, whole: str) -> None:
+    """A multipart upload of `local`, each part with its CRC32C and the whole object's
+    (`whole`, base64) checked once joined; aborted on any error."""
+    started = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key,
+                         ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT")  # fmt: skip
+    upload = started["UploadId"]
+    try:
+        parts: list[dict[str, Any]] = []
+        with local.open("rb") as file:
+            while chunk := file.read(PART_BYTES):
+                number = len(parts) + 1
+                crc = crc_base64(crc_hex(crc32c(chunk)))
+                done = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload,
+                                  PartNumber=number, Body=chunk, ChecksumCRC32C=crc)  # fmt: skip
+                parts.append({"PartNumber": number, "ETag": done["ETag"], "ChecksumCRC32C": crc})
+        fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
+                   MultipartUpload={"Parts": parts}, ChecksumCRC32C=whole,
+                   ChecksumType="FULL_OBJECT")  # fmt: skip
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
+        raise
 
 
 def _etag(info: Mapping[str, Any]) -> str:

@@ -24,7 +24,7 @@ from hookdump.format.manifest import (
     samples_fed,
 )
 from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
-from hookdump.store.checksum import checksum_of
+from hookdump.store.checksum import DEFAULT, Algorithm, checksum_of
 from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.shards import PlannedShard, ShardFile, header_room
 
@@ -51,6 +51,8 @@ class DumpOptions:
             finishes (a Ray task's): its files are named for the part.
         max_disk: the most bytes of shards kept under `out` at once: the run waits for a
             follower to consume them (`hookdump.follow`; None: no limit).
+        checksum: what the manifest records of each shard: its CRC32C, taken as it is
+            written, or its SHA-256 (a content address), read back.
     """
 
     out: Path | None = None
@@ -63,6 +65,7 @@ class DumpOptions:
     save_dtype: torch.dtype | None = field(default=None, metadata=recipe())
     part: Part | None = None
     max_disk: int | None = None
+    checksum: Algorithm = DEFAULT
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class DumpWriter:
         self.shard_bytes = shard_bytes
         self.fields = dict(fields or {})
         self.tensors: dict[str, dict[str, Any]] = {}
+        self.checksum: Algorithm = DEFAULT  # each shard's, as the manifest records it
         self.shards: list[ShardEntry] = []
         # the ids of the samples listed, and the inputs skipped before them (see `Rows`)
         self.fed: tuple[SampleIds, list[dict[str, str]]] = (SampleIds(), [])
@@ -215,7 +219,7 @@ class DumpWriter:
             ids.extend(rows.ids)  # first: ids that the manifest could not hold refuse it
             self.generated.extend(list(g) for g in rows.generated)
             assert shard.sealed is not None  # finished (`finish_shard`)
-            checksum = shard.take_checksum()
+            checksum = shard.take_checksum(self.checksum)
             stored = self.place.commit_shard(shard.sealed, shard.path.name, checksum)
         except BaseException:
             ids.truncate(before)
@@ -333,7 +337,7 @@ class DumpWriter:
     def _write_stats(self, raw: bytes) -> dict[str, Any]:
         """Write the per-feature statistics' file; its manifest entry."""
         self.place.put_file(STATS_FILE, raw)
-        return {"file": STATS_FILE, **checksum_of([raw]).entry()}
+        return {"file": STATS_FILE, **checksum_of([raw], "sha256").entry()}
 
     def present_bytes(self) -> int:
         """The bytes of the listed shards still under `out` (not consumed by a follower)."""
