@@ -385,6 +385,7 @@ def run(
         # the strings of the command line become typed options here, and nowhere else
         corpus = (text_field, tokenizer, context_size, bos, max_length, max_tokens, sort_by_length)
         sampling = (do_sample, temperature, top_p, top_k, generate_capture)
+        how_written = (shard_size, save_dtype, max_disk, checksum)  # of the shards
         options = RunOptions(
             model=model_options(
                 model, weights, model_arg, seed, device, train, not no_strict, unsafe_pickle
@@ -414,17 +415,7 @@ def run(
                 per_token or generate is not None, positions, skip_special_tokens
             ),
             generate=_generation(generate, *sampling),
-            dump=_dump_options(
-                out,
-                spool,
-                storage_option,
-                overwrite,
-                resume,
-                shard_size,
-                save_dtype,
-                max_disk,
-                checksum,
-            ),
+            dump=_dump_options(out, spool, storage_option, overwrite, resume, *how_written),
             dtype=resolve_dtype(dtype, "dtype"),
             command=tuple(ctx.meta.get("hookdump.argv", ["hookdump", *sys.argv[1:]])),
             config=config,
