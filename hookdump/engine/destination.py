@@ -119,13 +119,13 @@ class Destination:
         names = self.part.names if self.part is not None else rank_names(self.ranks)
         if self.previous is not None:
             self.writer = DumpWriter.resume(
-                self.place, self.previous, shard_bytes=shard_bytes, fields=fields, names=names
-            )
+                self.place, self.previous, shard_bytes=shard_bytes, fields=fields, names=names,
+                checksum=checksum,
+            )  # fmt: skip
         else:
             self.writer = DumpWriter(
-                self.place, shard_bytes=shard_bytes, fields=fields, names=names
+                self.place, shard_bytes=shard_bytes, fields=fields, names=names, checksum=checksum
             )
-        self.writer.checksum = checksum
         if self.part is not None:  # the dump's process has moved an old dump aside
             self.writer.clear_old_dump(here=False)
             self.writer.share_run_id(self.part.run_id)

@@ -116,15 +116,15 @@ class DumpWriter:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         names: FileNames = FileNames(),
         fields: dict[str, Any] | None = None,
+        checksum: Algorithm = DEFAULT,
     ) -> None:
         assert place.work is not None, "the place is held"
         self.place = place
-        self.out = place.work  # where shards are finished (a dump at a URL: its spool)
         self.names = names
         self.shard_bytes = shard_bytes
         self.fields = dict(fields or {})
         self.tensors: dict[str, dict[str, Any]] = {}
-        self.checksum: Algorithm = DEFAULT  # each shard's, as the manifest records it
+        self.checksum = checksum  # each shard's, as the manifest records it
         self.shards: list[ShardEntry] = []
         # the ids of the samples listed, and the inputs skipped before them (see `Rows`)
         self.fed: tuple[SampleIds, list[dict[str, str]]] = (SampleIds(), [])
@@ -133,6 +133,12 @@ class DumpWriter:
         self._keys_fixed = False  # the first shard is complete: its keys are the dump's
         # in the manifest and every shard: a reader can tell a shard of another run
         self.run_id: str | None = place.run_id or uuid.uuid4().hex
+
+    @property
+    def out(self) -> Path:
+        """Where shards are finished (a dump at a URL: its spool)."""
+        assert self.place.work is not None, "the place is held"
+        return self.place.work
 
     def open_shard(self, keys_expected: list[str]) -> ShardFile:
         """A new shard file; `keys_expected` (names) size the room kept for its header.
@@ -371,10 +377,12 @@ class DumpWriter:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         names: FileNames = FileNames(),
         fields: dict[str, Any] | None = None,
+        checksum: Algorithm = DEFAULT,
     ) -> DumpWriter:
         """Carry on an incomplete (validated) dump, keeping its listed shards (the engine
         has removed what else a killed run left: `engine.resume.keep_verified`)."""
-        writer = cls(place, shard_bytes=shard_bytes, names=names, fields=fields)
+        writer = cls(place, shard_bytes=shard_bytes, names=names, fields=fields,
+                     checksum=checksum)  # fmt: skip
         writer.tensors = dict(manifest["tensors"])
         writer.shards = [ShardEntry.of_json(entry) for entry in manifest["shards"]]
         listed_ids = manifest.get("sample_ids")
