@@ -162,21 +162,33 @@ def test_resume_rechecks_what_it_keeps_and_redoes_a_damaged_shard(
     assert final[1]["crc32c"] == damaged["crc32c"]  # written again, the same bytes
 
 
-def test_the_crc_taken_as_written_is_the_whole_files(tmp_path: Path) -> None:
-    """Appended shards (a header that outgrows its room: the data moved once) and planned
-    shards (rows written in place, key by key; one that ends short compacted): the CRC32C
-    folded from the pieces as they were written is awscrt's over the finished file."""
+@pytest.mark.parametrize("direct", ["1", "0"], ids=["o_direct", "page_cache"])
+def test_the_crc_taken_as_written_is_the_whole_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: str
+) -> None:
+    """Appended shards (a header that outgrows its room: the data moved once; a block-aligned
+    tensor written from its own memory) and planned shards (rows written in place, key by
+    key, across several staging buffers and partial blocks; one that ends short compacted):
+    the CRC32C folded from the pieces as they were written (on the disk thread, where
+    O_DIRECT is used) is awscrt's over the finished file."""
+    from hookdump.store.write import direct_io
     from hookdump.store.write.shards import PlannedShard, ShardFile
 
+    monkeypatch.setenv("HOOKDUMP_DIRECT_IO", direct)
+    monkeypatch.setattr(direct_io, "STAGE_BYTES", 4 * direct_io.BLOCK)
     torch.manual_seed(0)
+    released: list[int] = []
     appended = ShardFile(tmp_path / "a.safetensors", reserve=64)  # far too small a header
     for n in range(40):
-        appended.write(f"key.{n}", torch.randn(3, 5 + n))
+        appended.write(f"key.{n}", torch.randn(30, 5 + n))
+        aligned = torch.randn(8 * direct_io.BLOCK + 3)  # whole blocks lent, a tail staged
+        appended.write(f"big.{n}", aligned, lambda n=n: released.append(n))
     appended.finish({"format": "test"})
-    layout = [("x", torch.float32, [7]), ("y", torch.int64, [2]), ("z", torch.float16, [3])]
+    assert released == list(range(40))
+    layout = [("x", torch.float32, [7001]), ("y", torch.int64, [2]), ("z", torch.float16, [3])]
     planned = PlannedShard(tmp_path / "p.safetensors", layout, rows=10)
     for start in (0, 3):  # 6 of the 10 rows planned: compacted when finished
-        planned.write_rows("x", start, torch.randn(3, 7))
+        planned.write_rows("x", start, torch.randn(3, 7001))
         planned.write_rows("y", start, torch.randint(0, 9, (3, 2)))
         planned.write_rows("z", start, torch.randn(3, 3).half())
     planned.finish({"format": "test"})

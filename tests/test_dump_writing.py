@@ -326,16 +326,21 @@ def test_aligned_buffers_are_written_from_where_they_lie_and_released_once(
     lent: list[int] = []
     real_lend = direct_io._DiskThread.lend
 
-    def spy(self: direct_io._DiskThread, data: memoryview, offset: int, release: object) -> None:
+    def spy(
+        self: direct_io._DiskThread, data: memoryview, offset: int, release: object, crc: object
+    ) -> None:
         lent.append(len(data))
-        real_lend(self, data, offset, release)  # type: ignore[arg-type]
+        real_lend(self, data, offset, release, crc)  # type: ignore[arg-type]
 
     monkeypatch.setattr(direct_io._DiskThread, "lend", spy)
     # aligned, aligned with a tail, then (past the tail) aligned but staged, and too small
     sizes = [3 * block, 2 * block + 100, 4 * block, 50]
     tensors = _aligned_bytes([(i + 1, n) for i, n in enumerate(sizes)])
     released: list[int] = []
-    file = direct_io.AppendFile(tmp_path / "f", start=block)
+    from hookdump.store.checksum import Crc
+
+    crc = Crc()  # taken on the disk thread, the lent blocks and the staged tails in order
+    file = direct_io.AppendFile(tmp_path / "f", start=block, crc=crc)
     if not file.direct:
         file.abort()
         pytest.skip("this file system refuses O_DIRECT")
@@ -346,6 +351,9 @@ def test_aligned_buffers_are_written_from_where_they_lie_and_released_once(
     assert sorted(released) == [0, 1, 2, 3]  # each exactly once
     data = (tmp_path / "f").read_bytes()[block:]
     assert data == b"".join(bytes([i + 1]) * n for i, n in enumerate(sizes))
+    from clitools import independent_checksum
+
+    assert (crc.size, f"{crc.value:08x}") == (len(data), independent_checksum(data))
 
 
 def test_a_lent_buffer_is_released_when_its_write_fails(

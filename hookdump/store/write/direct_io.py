@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from hookdump.store.checksum import Crc
 from hookdump.store.folder import create_new, open_existing, remove_entry
 from hookdump.worker import Worker
 
@@ -94,21 +95,45 @@ class _DiskThread:
         self._worker.raise_if_failed()
         return self._free.get()
 
-    def put(self, buffer: memoryview, nbytes: int, offset: int) -> None:
-        """Write `buffer[:nbytes]` at `offset` (both multiples of BLOCK), then free it."""
-        self._submit((buffer[:nbytes], offset, lambda: self._free.put(buffer)))
+    def put(
+        self, buffer: memoryview, nbytes: int, offset: int, crc: Crc | None = None, real: int = 0
+    ) -> None:
+        """Write `buffer[:nbytes]` at `offset` (both multiples of BLOCK), then free it; with
+        `crc`, its first `real` bytes are added to it first (on this thread, in the order
+        the buffers were handed over: off the caller's path)."""
 
-    def lend(self, data: memoryview, offset: int, release: Callable[[], None]) -> None:
+        def done() -> None:
+            try:
+                if crc is not None:
+                    crc.add(buffer[:real])
+            finally:
+                self._free.put(buffer)
+
+        self._submit((buffer[:nbytes], offset, done))
+
+    def lend(
+        self, data: memoryview, offset: int, release: Callable[[], None], crc: Crc | None = None
+    ) -> None:
         """Write the caller's `data` (block-aligned in memory, its length and `offset`
-        multiples of BLOCK) from where it lies, then call `release` (from this thread, also
-        when the write failed). Waits while LENT buffers are queued."""
+        multiples of BLOCK) from where it lies, then add it to `crc` and call `release`
+        (from this thread, also when the write failed). Waits while LENT buffers are
+        queued."""
         self._lent.acquire()
 
         def done() -> None:
-            self._lent.release()
-            release()
+            try:
+                if crc is not None:
+                    crc.add(data)
+            finally:
+                self._lent.release()
+                release()
 
         self._submit((data, offset, done))
+
+    def add(self, crc: Crc, data: bytes) -> None:
+        """Add `data` (bytes of its own, written already) to `crc` in its turn among the
+        buffers handed over."""
+        self._submit((memoryview(b""), 0, lambda: crc.add(data)))
 
     def _submit(self, job: _Job) -> None:
         try:
@@ -172,10 +197,11 @@ class AppendFile:
     (a header). Whatever was at `path` before is removed, never written through; a file
     that cannot be made is not left behind."""
 
-    def __init__(self, path: Path, start: int) -> None:
+    def __init__(self, path: Path, start: int, crc: Crc | None = None) -> None:
         if start % BLOCK:
             raise ValueError(f"start {start} is not a multiple of {BLOCK}")
         self.path = path
+        self.crc = crc  # the appended bytes', in order (complete once closed)
         self.end = start  # the file offset the next byte goes to
         self._fd = create_new(path)
         try:
@@ -223,10 +249,13 @@ class AppendFile:
         except BaseException:
             release()
             raise
-        self._disk.lend(data[:whole], offset, release)
+        # (the tail's stage is handed over later: the CRC takes the lent blocks first)
+        self._disk.lend(data[:whole], offset, release, self.crc)
 
     def _append(self, data: memoryview) -> None:
         if self._disk is None:
+            if self.crc is not None:
+                self.crc.add(data)
             pwrite_all(self._fd, data, self.end)
             self.end += len(data)
             return
@@ -266,7 +295,7 @@ class AppendFile:
 
     def _hand_over(self) -> None:
         assert self._disk is not None and self._stage is not None
-        self._disk.put(self._stage, round_up(self._fill), self.end)
+        self._disk.put(self._stage, round_up(self._fill), self.end, self.crc, self._fill)
         self.end += self._fill
         self._stage, self._fill = None, 0
 
@@ -292,20 +321,32 @@ class PositionalFile:
         """The file, for reading back (after `flush`)."""
         return self._fd
 
-    def pwrite(self, data: memoryview, offset: int) -> None:
-        """Write `data` (a flat, contiguous buffer) at `offset`."""
+    def pwrite(self, data: memoryview, offset: int, crc: Crc | None = None) -> None:
+        """Write `data` (a flat, contiguous buffer) at `offset`; with `crc`, add `data` to
+        it (on the disk thread, after the bytes handed over before: a region written in
+        order gets its CRC in order; complete once flushed)."""
         data = data.cast("B")
         start, stop = round_up(offset), offset + len(data) - (offset + len(data)) % BLOCK
-        if self._disk is None or stop <= start:
+        disk = self._disk
+        if disk is None or stop <= start:
             pwrite_all(self._fd, data, offset)
+            if crc is not None and disk is None:
+                crc.add(data)
+            elif crc is not None:
+                assert disk is not None
+                disk.add(crc, bytes(data))  # a few blocks at most
             return
         pwrite_all(self._fd, data[: start - offset], offset)
+        if crc is not None and start > offset:
+            disk.add(crc, bytes(data[: start - offset]))  # less than a block
         for position in range(start, stop, STAGE_BYTES):
             n = min(STAGE_BYTES, stop - position)
-            stage = self._disk.take()
+            stage = disk.take()
             stage[:n] = data[position - offset : position - offset + n]
-            self._disk.put(stage, n, position)
+            disk.put(stage, n, position, crc, n)
         pwrite_all(self._fd, data[stop - offset :], stop)
+        if crc is not None and len(data) > stop - offset:
+            disk.add(crc, bytes(data[stop - offset :]))  # less than a block
 
     def flush(self) -> None:
         """Wait until every write is on the file."""

@@ -79,7 +79,7 @@ class ShardFile(_Sealed):
         self.entries: dict[str, dict[str, Any]] = {}
         self.size = 0
         self.body = Crc()  # of the data, in file order: every tensor is appended
-        self.file = AppendFile(self.tmp, self.reserve)
+        self.file = AppendFile(self.tmp, self.reserve, self.body)
 
     def write(
         self, key: str, tensor: torch.Tensor, release: Callable[[], None] | None = None
@@ -99,9 +99,7 @@ class ShardFile(_Sealed):
                 release()
             raise
         if tensor.numel():
-            data = tensor.reshape(-1).view(torch.uint8).numpy().data
-            self.body.add(data)  # before the write may hand the memory back
-            self.file.write(data, release)
+            self.file.write(tensor.reshape(-1).view(torch.uint8).numpy().data, release)
         elif release is not None:
             release()
         nbytes = tensor.numel() * tensor.element_size()
@@ -186,8 +184,10 @@ class PlannedShard(_Sealed):
             offset += row_bytes * rows
         self.reserve = header_room(key for key, _, _ in layout)
         self.file = PositionalFile(self.tmp, self.reserve + offset)
-        # each key's rows, as written from row 0 on (None: written out of order)
+        # each key's rows, as written from row 0 on (None: written out of order), and the
+        # rows written so far
         self.keys_crc: dict[str, Crc | None] = {key: Crc() for key in self.layout}
+        self._next = dict.fromkeys(self.layout, 0)
 
     def write_rows(self, key: str, row: int, tensor: torch.Tensor) -> None:
         """Rows `row:row + len(tensor)` of `key` (contiguous, on the CPU)."""
@@ -196,12 +196,11 @@ class PlannedShard(_Sealed):
             raise ValueError(f"{key!r}: rows {row}:{row + tensor.shape[0]} past {self.rows}")
         if tensor.numel():
             data = tensor.reshape(-1).view(torch.uint8).numpy().data
+            if self._next[key] != row:
+                self.keys_crc[key] = None  # out of order: read back once finished
+            self._next[key] = row + tensor.shape[0]
             crc = self.keys_crc[key]
-            if crc is not None and crc.size == row * row_bytes:
-                crc.add(data)
-            else:
-                self.keys_crc[key] = None  # read back once finished
-            self.file.pwrite(data, self.reserve + offset + row * row_bytes)
+            self.file.pwrite(data, self.reserve + offset + row * row_bytes, crc)
         self.filled = max(self.filled, row + tensor.shape[0])
 
     def finish(self, metadata: dict[str, str]) -> None:
