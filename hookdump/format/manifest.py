@@ -25,6 +25,9 @@ EXPORT_MARKER = "hookdump-export.json"  # in every folder `hookdump export` writ
 RUNNING = "running.json"  # beside a dump being written: which run, whether it overwrites
 WAITING = "waiting.json"  # beside a dump whose run waits for a follower (--max-disk)
 STATS_FILE = "stats.safetensors"  # per-feature statistics (store.features), if made
+# how a run names its shards: one process's, a torchrun rank's (`-rNN-`), a Ray part's
+# (`-pHEX-`)
+SHARD_FILE = re.compile(r"^shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors$")
 KINDS = TENSOR_KINDS  # a key's `kind` in the manifest
 
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hookdump.errors import HookdumpError, printable
+from hookdump.format.manifest import SHARD_FILE
 from hookdump.store.beside import Beside
 
 FOLLOW_FILE = "follow-{}.json"
 INSIDE_FILE = "follow-{}.inside"
 LOCK_FILE = "follow-{}.lock"  # held while the follower runs: one at a time per name
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_SHARD = re.compile(r"^shard-(?:r\d+-)?\d+\.safetensors$")  # what a run names its shards
 _MOST_BYTES = 64 << 20  # a progress file's bytes: a shard name each, ~30 bytes
 
 
@@ -78,7 +78,8 @@ class Progress:
             done = set(progress.finished)
             inside = rows.get("inside", {})
             if not isinstance(inside, dict) or not all(
-                _SHARD.match(k) and type(v) is int and 0 <= v < 1 << 53 for k, v in inside.items()
+                SHARD_FILE.match(k) and type(v) is int and 0 <= v < 1 << 53
+                for k, v in inside.items()
             ):
                 raise _damaged(where, file, "inside")
             progress.inside = {k: v for k, v in inside.items() if k not in done}
@@ -137,7 +138,7 @@ def _shards(data: dict[str, Any], field_name: str, where: Beside, file: str) -> 
     """A list of shard file names (a name of anything else is never deleted nor skipped)."""
     names = data.get(field_name, [])
     if not isinstance(names, list) or not all(
-        isinstance(n, str) and _SHARD.match(n) for n in names
+        isinstance(n, str) and SHARD_FILE.match(n) for n in names
     ):
         raise _damaged(where, file, field_name)
     return names
