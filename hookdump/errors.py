@@ -12,6 +12,7 @@ import difflib
 import functools
 import inspect
 import re
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
@@ -26,6 +27,12 @@ _UNPRINTABLE = re.compile(
 def printable(text: str) -> str:
     """`text` with each control character shown as an escape (`\x1b`, `\u202e`)."""
     return _UNPRINTABLE.sub(_escape, text)
+
+
+def to_stderr(line: str) -> None:
+    """Write a line for the person on stderr, control characters escaped (the default
+    where a caller gives no notice of its own)."""
+    print(printable(line), file=sys.stderr)
 
 
 def _escape(match: re.Match[str]) -> str:

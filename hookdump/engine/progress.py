@@ -86,8 +86,7 @@ class Progress:
     def notice(self, line: str) -> None:
         """Print `line` on stderr (above the bar, where one is shown), made printable."""
         if self.notices:
-            self._end_status()
-            self.console.print(printable(line), markup=False, highlight=False)
+            self.alert(line)
 
     def alert(self, line: str) -> None:
         """Print `line` on stderr even where notices are not shown (`-q`): a run that

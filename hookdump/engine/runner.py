@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,7 +35,7 @@ from hookdump.engine.place import held
 from hookdump.engine.progress import Notice, ProgressCallback
 from hookdump.engine.resume import sources
 from hookdump.engine.signals import interrupts_once
-from hookdump.errors import HookdumpError, opt, printable
+from hookdump.errors import HookdumpError, opt, to_stderr
 from hookdump.format.values import format_bytes
 from hookdump.hooks.capture import Hooks
 from hookdump.hooks.forward import out_of_memory
@@ -123,7 +122,7 @@ def run(
     ranks = from_environment(options.model.device)  # set when run under torchrun
     # a part's process writes into a dump another process has locked and finishes
     main = (ranks is None or ranks.main) and options.dump.part is None
-    shown = (on_batch, on_notice, on_wait or on_notice or _to_stderr)
+    shown = (on_batch, on_notice, on_wait or on_notice or to_stderr)
     with interrupts_once(), held(options, main) as (options, place):
         try:
             made = _run(options, ranks, started, shown, model, data, place)
@@ -236,10 +235,6 @@ def _check_budget(options: RunOptions) -> None:
             f"({opt('shard_size')} {format_bytes(dump.shard_bytes)}) per process; give a "
             "larger budget or smaller shards"
         )
-
-
-def _to_stderr(line: str) -> None:
-    print(printable(line), file=sys.stderr)
 
 
 def _budget(options: RunOptions, ranks: Ranks | None, notice: Notice | None) -> DiskBudget | None:

@@ -33,7 +33,6 @@ class _Stop(Exception):
 @dataclass
 class _Budget:
     deadline: float
-    chars: int
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
@@ -67,14 +66,11 @@ class _Env(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
                 sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
-                if sized and len(seq) * max(times, 0) > self._most():
+                if sized and len(seq) * max(times, 0) > MOST_CHARS:
                     raise _Stop(f"builds a value of {len(seq) * times:,} items")
         if operator == "**" and isinstance(right, int) and abs(right) > 4096:
             raise _Stop(f"raises a number to the power {right:,}")
         return super().call_binop(context, operator, left, right)
-
-    def _most(self) -> int:
-        return self.budget.chars if self.budget is not None else MOST_CHARS
 
 
 class _Generation(jinja2.ext.Extension):
@@ -119,7 +115,7 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, str]], generation_prompt: bool, doc: str) -> Rendered:
         """`messages` rendered (`doc` names the conversation), each generation block's span."""
-        budget = _Budget(time.monotonic() + RENDER_SECONDS, MOST_CHARS)
+        budget = _Budget(time.monotonic() + RENDER_SECONDS)
         self.env.budget = budget
         tracking = _Tracking()
         self.env.tracking = tracking
@@ -130,8 +126,8 @@ class ChatTemplate:
                 budget.tick()
                 pieces.append(piece)
                 tracking.size += len(piece)
-                if tracking.size > budget.chars:
-                    raise _Stop(f"writes more than {budget.chars:,} characters")
+                if tracking.size > MOST_CHARS:
+                    raise _Stop(f"writes more than {MOST_CHARS:,} characters")
         except _Stop as exc:
             raise self._error(f"stopped on {doc}: it {exc}", None) from None
         except RecursionError:

@@ -17,7 +17,7 @@ from typing import Any
 
 from hookdump.errors import HookdumpError, printable
 from hookdump.format.manifest import RUNNING
-from hookdump.store.folder import process_alive, remove_entry, write_durably
+from hookdump.store.folder import process_alive, remove_entry, valid_pid, write_durably
 from hookdump.store.location import Remote, UrlPath, is_url, local
 
 
@@ -266,7 +266,7 @@ def _holder_of(raw: bytes) -> tuple[int | None, str]:
         pid, host = data["pid"], data["host"]
     except (ValueError, KeyError, TypeError, RecursionError):
         return None, "?"
-    if not (type(pid) is int and 0 < pid < 1 << 31 and isinstance(host, str)):
+    if not (valid_pid(pid) and isinstance(host, str)):
         return None, "?"
     return pid, host[:100]
 
@@ -286,7 +286,7 @@ def running_note(where: Beside) -> dict[str, Any] | None:
     if not isinstance(note, dict):
         return None
     pid, host = note.get("pid"), note.get("host")
-    if not (type(pid) is int and 0 < pid < 1 << 31):
+    if not valid_pid(pid):
         return None
     if not (isinstance(host, str) and 0 < len(host) <= 255 and host.isprintable()):
         return None

@@ -96,23 +96,26 @@ class Checksum:
         return {"bytes": self.bytes, **{k: v for k, v in found.items() if v is not None}}
 
 
+def _field(entry: Any, name: str) -> Any:
+    """Field `name` of a shard entry: a `ShardEntry`, or its JSON."""
+    return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
+
+
 def recorded(entry: Any) -> Algorithm | None:
-    """The checksum a shard entry (a `ShardEntry`, or its JSON) records (None: neither, a
-    dump from before them: its size alone is checked)."""
-    get = entry.get if isinstance(entry, Mapping) else lambda name: getattr(entry, name, None)
-    if get("crc32c") is not None:
+    """The checksum a shard entry records (None: neither, a dump from before them: its size
+    alone is checked)."""
+    if _field(entry, "crc32c") is not None:
         return "crc32c"
-    return "sha256" if get("sha256") is not None else None
+    return "sha256" if _field(entry, "sha256") is not None else None
 
 
 def matches(entry: Any, found: Checksum) -> bool:
     """Whether `found` (of the algorithm `entry` records) is what `entry` records."""
-    get = entry.get if isinstance(entry, Mapping) else lambda name: getattr(entry, name, None)
     algorithm = recorded(entry)
     if algorithm is None:
         return True
-    want, got = get(algorithm), getattr(found, algorithm)
-    return got is not None and str(want).lower() == got
+    got = getattr(found, algorithm)
+    return got is not None and str(_field(entry, algorithm)).lower() == got
 
 
 def file_checksum(

@@ -255,9 +255,15 @@ def refuse_reads_inside(out: Path | None, what: str, paths: Iterable[Path]) -> N
             )
 
 
+def valid_pid(pid: object) -> bool:
+    """Whether `pid` (read from a note a run or a follower left) can name a process: an int
+    (not a bool), positive (0 and -1 are process groups), within C's pid_t."""
+    return type(pid) is int and 0 < pid < 1 << 31
+
+
 def process_alive(pid: int) -> bool:
     """Whether process `pid` of this host exists (another user's counts)."""
-    if not 0 < pid < 1 << 31:  # 0 and -1 are process groups; larger overflows C's pid_t
+    if not valid_pid(pid):
         return False
     try:
         os.kill(pid, 0)

@@ -20,7 +20,6 @@ manifest then lists it as consumed, and reading it is a one-line error.
 from __future__ import annotations
 
 import re
-import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -30,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hookdump.errors import HookdumpError, InvalidDump, keywords_checked, opt
+from hookdump.errors import HookdumpError, InvalidDump, keywords_checked, opt, to_stderr
 from hookdump.format.manifest import MANIFEST, ShardEntry
 from hookdump.store.beside import Beside, beside, note_alive, running_note
 from hookdump.store.location import UrlPath
@@ -87,7 +86,7 @@ def follow(
         ...     train_step(batch[key])
     """
     source = _FollowPass(beside(path, storage_options), keys, consume, name,
-                         notice or _to_stderr, timeout)  # fmt: skip
+                         notice or to_stderr, timeout)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
     source.check(options)  # now, not at the first batch
@@ -116,7 +115,7 @@ def follow_dataset(
     torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
-    source = _FollowPass(beside(path, storage_options), keys, consume, name, _to_stderr,
+    source = _FollowPass(beside(path, storage_options), keys, consume, name, to_stderr,
                          timeout)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
@@ -441,7 +440,3 @@ def _refuse_overwriting(where: Beside, run_id: str | None) -> None:
         "dump there now is about to be replaced; follow the new one once the run has written "
         "its first shard"
     )
-
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr)

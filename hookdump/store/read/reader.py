@@ -238,7 +238,7 @@ class ShardReader:
         where = f"{self.path / STATS_FILE}"
         if entry["bytes"] > MAX_STATS_BYTES:
             raise InvalidDump(f"{where}: the manifest says {entry['bytes']:,} bytes; refused")
-        listed = ShardEntry(STATS_FILE, 0, 0, bytes=entry["bytes"], sha256=entry["sha256"].lower())
+        listed = ShardEntry.of_json({**entry, "start": 0, "stop": 0})
         blob = self.blob(listed)
         try:
             raw = blob.pread(entry["bytes"], 0)
@@ -246,7 +246,7 @@ class ShardReader:
             raise InvalidDump(f"cannot read {where}: {exc.strerror or exc}") from None
         finally:
             blob.close()
-        if hashlib.sha256(raw).hexdigest() != entry["sha256"].lower():
+        if hashlib.sha256(raw).hexdigest() != listed.sha256:
             raise InvalidDump(f"{where} does not match the SHA-256 its manifest records")
         try:
             self._stats = read_stats_file(raw, self.manifest.run_id, where)

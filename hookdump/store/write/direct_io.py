@@ -330,11 +330,11 @@ class PositionalFile:
         disk = self._disk
         if disk is None or stop <= start:
             pwrite_all(self._fd, data, offset)
-            if crc is not None and disk is None:
-                crc.add(data)
-            elif crc is not None:
-                assert disk is not None
-                disk.add(crc, bytes(data))  # a few blocks at most
+            if crc is not None:
+                if disk is None:
+                    crc.add(data)
+                else:  # in its turn: less than two blocks
+                    disk.add(crc, bytes(data))
             return
         pwrite_all(self._fd, data[: start - offset], offset)
         if crc is not None and start > offset:
