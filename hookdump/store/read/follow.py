@@ -185,8 +185,7 @@ class _Follower:
         who = f"follower {self.name!r}"
         with self.where.hold(lock_file(self.name), who):
             self.progress = Progress.read(self.where, self.name)
-            self._seen = None  # checked again against the progress read
-            listing = self._listing()
+            self._check(listing)  # again, against the run the progress read follows
             rows = {shard.file: shard.rows for shard, _ in listing.shards}
             if any(given > rows.get(file, given) for file, given in self.progress.inside.items()):
                 raise HookdumpError(
