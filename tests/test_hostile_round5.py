@@ -336,7 +336,7 @@ def test_check_finds_an_unlisted_shard_and_takes_an_upper_case_digest(tmp_path: 
     (out / "shard-00099.safetensors").write_bytes((out / "shard-00000.safetensors").read_bytes())
     result = invoke("inspect", str(out), "--check")
     assert result.exit_code == 1
-    assert "shard files its manifest does not list" in result.stderr
+    assert "1 shard file its manifest does not list" in result.stderr
     assert "shard-00099.safetensors" in result.stderr
 
 

@@ -194,7 +194,6 @@ def inspect_dump(
             f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
         )
     consumed = dump.reader.consumed()
-    problems.extend(_unlisted(dump, consumed))
     readable, missing = _present(dump, consumed)
     problems.extend(_missing(dump, missing))
     checked = None
@@ -203,6 +202,7 @@ def inspect_dump(
         checked = Checked(said, len(readable) + len(missing) < len(dump.manifest.shards))
     summaries = summarize(dump.reader, readable)
     features = _features(dump, problems)
+    problems.extend(_unlisted(dump, consumed))  # after what makes the dump itself bad
     if dump.complete and (missing or (checked is not None and checked.damaged) or
                           any(isinstance(p, Damage) for p in problems)):  # fmt: skip
         problems.append(Message(
@@ -261,8 +261,9 @@ def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
     if not found:
         return []
     shown = ", ".join(printable(n) for n in found[:5]) + (", ..." if len(found) > 5 else "")
-    return [f"{len(found):,} shard files its manifest does not list (not part of the dump: "
-            f"move them out): {shown}"]  # fmt: skip
+    files = "shard file" if len(found) == 1 else "shard files"
+    return [f"{len(found):,} {files} its manifest does not list (not part of the dump: move "
+            f"them out): {shown}"]  # fmt: skip
 
 
 _SHARD_FILE = re.compile(r"^shard-[A-Za-z0-9-]+\.safetensors$")
