@@ -50,12 +50,12 @@ def patched_cli(patch: str) -> str:
 # the CLI with the per-feature statistics switched off, nothing else changed
 WITHOUT = patched_cli(
     "from hookdump.store import stats\n"
-    "stats.batch_stats = lambda tensor: None\n"
+    "stats.batch_stats = lambda *args: None\n"
     "stats.KeySummary.add_features = lambda *args, **kwargs: None\n"
 )
 # the CLI with no statistics taken at all
 NONE = patched_cli(
-    "from hookdump.store import stats\nstats.KeySummary.add_values = lambda self, tensor: None\n"
+    "from hookdump.store import stats\nstats.KeySummary.add_values = lambda self, *args: None\n"
 )
 JOBS = {"vision": "multi", "tokens": "tokens"}
 

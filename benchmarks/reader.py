@@ -8,6 +8,11 @@ from the page cache (`posix_fadvise(DONTNEED)`), so each pass reads from the dis
 - `in_order`: `Dump.batches(keys, 4096)`;
 - `shuffled`: `Dump.batches(keys, 4096, shuffle=True)` (default buffer, 256 MiB).
 
+`--only memory`: two passes of one `Dump` in one process, in order and shuffled, over rows
+of 768 and of 4096 float32 (batches of 12 and 64 MiB): each pass's peak RSS above what the
+process held before it, its minor faults and CPU seconds per GiB (issue 55: batch memory
+kept for the `Dump`, a pass within its budget plus two batches).
+
 Each pass runs in a fresh child process, which reports its rows/s, MB/s and its peak RSS
 above a child that only loads the dump (the memory the pass itself held). Passes run in
 turns, `--reps` times; medians with min-max.
@@ -64,17 +69,28 @@ print(json.dumps({"seconds": seconds, "rows": rows, "bytes": rows * dump.reader.
 
 class Job:
     def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self.dump = self.of_width(ROW)
+
+    def of_width(self, width: int) -> Path:
+        """A 1 GiB dump of rows of `width` float32 and an int64 id (made once)."""
         import hookdump
 
-        self.scratch = scratch
-        self.dump = scratch / "dump"
-        model = _Rows()
+        path = self.scratch / f"dump-{width}"
+        if path.exists():
+            return path
+        rows = (1 << 30) // (width * 4 + 8)
+        step = max(1, (64 << 20) // (width * 4))
         batches = (
-            {"x": torch.randn(min(8192, ROWS - s), ROW), "i": torch.arange(s, min(s + 8192, ROWS))}
-            for s in range(0, ROWS, 8192)
+            {
+                "x": torch.randn(min(step, rows - s), width),
+                "i": torch.arange(s, min(s + step, rows)),
+            }
+            for s in range(0, rows, step)
         )
-        hookdump.dump(model, batches, self.dump, layers=["0", "ids"], forward=_call,
+        hookdump.dump(_Rows(), batches, path, layers=["0", "ids"], forward=_call,
                       shard_size=SHARD_BYTES, progress=False)  # fmt: skip
+        return path
 
 
 class _Rows(torch.nn.Module):
@@ -162,7 +178,72 @@ def bench_read(job: Job, reps: int) -> dict[str, Any]:
     }
 
 
-BENCHMARKS = {"read": bench_read}
+# two passes of one Dump in one process: what each holds and faults in
+_PASSES = """
+import json, os, resource, sys, time
+import hookdump
+path, how = sys.argv[1:3]
+dump = hookdump.load(path)
+keys = ["0", "ids"]
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+def drop():
+    for name in os.listdir(path):
+        fd = os.open(os.path.join(path, name), os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+passes = []
+for _ in range(2):
+    drop()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the high-water mark back to the resident size now
+    before, usage = status("VmRSS"), resource.getrusage(resource.RUSAGE_SELF)
+    start, rows = time.perf_counter(), 0
+    for batch in dump.batches(keys, 4096, shuffle=how == "shuffled", seed=0):
+        rows += len(batch["0"])
+        del batch
+    assert rows == dump.num_samples, (rows, dump.num_samples)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    passes.append({
+        "seconds": time.perf_counter() - start,
+        "cpu_seconds": after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime,
+        "minor_faults": after.ru_minflt - usage.ru_minflt,
+        "peak_above_mib": (status("VmHWM") - before) / 1024,
+        "bytes": rows * dump.reader.row_bytes(keys),
+    })
+print(json.dumps(passes))
+"""
+
+
+def bench_memory(job: Job, reps: int) -> dict[str, Any]:
+    """A first and a second pass of one `Dump` (in order, shuffled) over rows of 768 and
+    of 4096 float32 (batches of 4096 rows: 12 and 64 MiB; the default 256 MiB budget):
+    peak RSS above what the process held before the pass, minor faults, CPU s per GiB."""
+    found: dict[str, Any] = {}
+    for width in (ROW, 4096):
+        path = job.of_width(width)
+        for how in ("in_order", "shuffled"):
+            runs = []
+            for _ in range(reps):
+                done = subprocess.run([sys.executable, "-c", _PASSES, str(path), how],
+                                      check=True, capture_output=True, text=True)  # fmt: skip
+                runs.append(json.loads(done.stdout.splitlines()[-1]))
+            for index, name in enumerate(("first", "second")):
+                each = [r[index] for r in runs]
+                found[f"{width}/{how}/{name}"] = {
+                    "peak_above_mib": spread([p["peak_above_mib"] for p in each]),
+                    "minor_faults": spread([p["minor_faults"] for p in each]),
+                    "cpu_s_per_gib": spread(
+                        [p["cpu_seconds"] / (p["bytes"] / (1 << 30)) for p in each]
+                    ),
+                    "mb_per_s": spread([p["bytes"] / p["seconds"] / 1e6 for p in each]),
+                }
+    return found
+
+
+BENCHMARKS = {"read": bench_read, "memory": bench_memory}
 
 if __name__ == "__main__":
     harness.main(__doc__.splitlines()[0], BENCHMARKS, Job)

@@ -19,9 +19,15 @@ def feature_rows(values: torch.Tensor, per_head: bool = False) -> torch.Tensor:
     return values.reshape(-1, values.shape[-1] if values.dim() > 1 else 1).double()
 
 
+def assert_mean_close(got: torch.Tensor, want: torch.Tensor, std: torch.Tensor) -> None:
+    """What is promised of a feature's mean (issue 55): within 1e-6 of its standard
+    deviation (a mean near zero is not held to its own digits)."""
+    assert bool(((got - want).abs() <= 1e-6 * std + 1e-12).all()), (got - want).abs().max()
+
+
 def assert_stats_match(dump: hookdump.Dump, key: str) -> None:
-    """`dump.stats(key)` equals torch's mean, variance, min, max and row norms over every
-    row of the key (finite values only), relative 1e-6."""
+    """`dump.stats(key)` equals torch's mean (within 1e-6 of the spread), variance, min,
+    max and row norms (relative 1e-6) over every row of the key (finite values only)."""
     stats = dump.stats(key)
     rows = feature_rows(dump[key], dump.info(key).kind in PER_HEAD)
     finite = rows.isfinite()
@@ -30,7 +36,7 @@ def assert_stats_match(dump: hookdump.Dump, key: str) -> None:
     mean = zeroed.sum(0) / count
     var = (torch.where(finite, rows - mean, 0.0) ** 2).sum(0) / count
     assert torch.equal(stats["count"], count), key
-    torch.testing.assert_close(stats["mean"], mean, rtol=1e-6, atol=1e-9 * mean.abs().max())
+    assert_mean_close(stats["mean"], mean, var.sqrt())
     torch.testing.assert_close(stats["var"], var, rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(stats["std"], var.sqrt(), rtol=1e-6, atol=1e-9)
     assert torch.equal(stats["min"], torch.where(finite, rows, torch.inf).amin(0)), key
@@ -49,5 +55,8 @@ def assert_same_stats(a: hookdump.Dump, b: hookdump.Dump) -> None:
         one, two = a.stats(key), b.stats(key)
         assert one.keys() == two.keys()
         for name in one:
-            torch.testing.assert_close(one[name], two[name], rtol=1e-6, atol=1e-9)
+            if name == "mean":
+                assert_mean_close(one[name], two[name], one["std"])
+            else:
+                torch.testing.assert_close(one[name], two[name], rtol=1e-6, atol=1e-9)
         assert_stats_match(b, key)

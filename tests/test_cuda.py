@@ -37,3 +37,19 @@ def test_autocast_dtypes(tmp_path: Path, dtype: str) -> None:
     result = invoke("run", *ARGS, "--device", "cuda", "--dtype", dtype, "-o", str(out))
     assert result.exit_code == 0, result.stderr
     assert hookdump.load(out).manifest.tensors["layer1.0.conv1"]["dtype"] == dtype
+
+
+def test_statistics_taken_on_the_gpu_are_the_dumped_values(tmp_path: Path) -> None:
+    """On CUDA the per-feature statistics are taken on the device before the copy: they are
+    those of the values the dump holds (float64 reference on the host)."""
+    out = tmp_path / "cuda"
+    result = invoke("run", *ARGS, "--device", "cuda", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    for key in dump:
+        rows = dump[key].double().movedim(1, -1).reshape(-1, dump[key].shape[1])
+        stats = dump.stats(key)
+        spread = rows.std(0, correction=0)
+        assert bool(((stats["mean"] - rows.mean(0)).abs() <= 1e-6 * spread + 1e-12).all()), key
+        torch.testing.assert_close(stats["var"], rows.var(0, correction=0), rtol=1e-6, atol=1e-12)
+        assert torch.equal(stats["min"], rows.amin(0)) and torch.equal(stats["max"], rows.amax(0))

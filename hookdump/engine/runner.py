@@ -51,6 +51,7 @@ from hookdump.inputs.token_ids import is_token_file
 from hookdump.model.loading import LoadedModel, is_model_file, live_model
 from hookdump.model.prepare import prepare
 from hookdump.model.weights import is_checkpoint_path
+from hookdump.store.features import warm_up
 from hookdump.store.folder import refuse_reads_inside
 from hookdump.store.write.place import DumpPlace
 from hookdump.store.write.room import DiskBudget
@@ -100,6 +101,7 @@ def run(
         ['layer1.0.conv1', 'layer1.0.bn1']
     """
     started = time.perf_counter()
+    warm_up()
     if data is not None:
         data = data if isinstance(data, PythonData) else PythonData(data)
         if options.input.source not in ("random", PYTHON) or options.text is not None:

@@ -11,20 +11,22 @@ keys have them (not token ids, positions or masks).
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
+from hookdump.store.feature_pass import feature_pass
+
 FIELDS = ("count", "mean", "var", "min", "max", "norm_mean", "rows")
 F64 = torch.float64
-# elements of a batch read at a time by `batch_stats`: each piece is read from memory once,
-# and its reductions then read it from the cache (with its float64 copy, 1.5 MiB)
-PIECE = 1 << 18
+# fewer values per feature than this (a [C, 2, 2] sample's four) are read as rows of
+# features: the compiled loop over one feature's values would be mostly its setup
+FEW = 16
 
 
 def as_rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -52,38 +54,6 @@ def _as_features(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(len(tensor), sample[0], sample[1] * sample[2])
     features = features_of(sample)
     return tensor.view(tensor.numel() // features, features, 1)
-
-
-def _pieces(shape: torch.Size) -> Iterator[tuple[slice, slice]]:
-    """[A, F, B] cut into pieces of about PIECE elements, each of whole rows (all F
-    features of some (a, b) pairs): several a, or one a and several b."""
-    count, features, across = shape
-    per = PIECE // (features * across)
-    if per >= 1:
-        for a in range(0, count, per):
-            yield slice(a, a + per), slice(None)
-        return
-    step = max(1, PIECE // features)
-    for a in range(count):
-        for b in range(0, across, step):
-            yield slice(a, a + 1), slice(b, b + step)
-
-
-class _Scratch(threading.local):
-    """Each thread's memory for `batch_stats`' pieces, made once (no page faults)."""
-
-    def __init__(self) -> None:
-        self.kept: dict[tuple[torch.dtype, int], torch.Tensor] = {}
-
-    def take(self, dtype: torch.dtype, shape: torch.Size, slot: int = 0) -> torch.Tensor:
-        size = shape.numel()
-        kept = self.kept.get((dtype, slot))
-        if kept is None or kept.numel() < size:
-            kept = self.kept[(dtype, slot)] = torch.empty(max(size, PIECE), dtype=dtype)
-        return kept[:size].view(shape)
-
-
-_SCRATCH = _Scratch()
 
 
 @dataclass
@@ -173,52 +143,94 @@ class FeatureStats:
         }
 
 
-def batch_stats(tensor: torch.Tensor) -> FeatureStats | None:
+def batch_stats(tensor: torch.Tensor, centre: torch.Tensor | None = None) -> FeatureStats | None:
     """A floating batch's per-feature statistics, its memory read once; None where it
     holds a NaN or an infinity (`FeatureStats.update` then masks them) or is not floating.
 
-    Piece by piece (`_pieces`), on memory made once per thread: the float64 sum, the
-    squared deviations from the piece's own mean (rounded to the values' dtype, so nothing
-    cancels; the rounding corrected exactly below), the minimum and maximum, and the rows'
-    norms, each reading the piece from the cache. The pieces merge as batches do (Chan et
-    al.), all at once. Whole-batch float64 copies, a transposed copy of [C, H, W] batches
-    and their temporaries made vision dumps 2.3x slower (benchmarks/README.md)."""
+    `centre`: a value per feature near its mean (the key's running mean), which the sums
+    are taken around; without one, the first sample's (or first rows') mean. Where a
+    feature's mean lies more than twice its spread from the centre, the batch is read again
+    around its own mean, so the sum of squares never loses more than a few bits to
+    cancellation. A CUDA batch's are taken on the device (`on_device`)."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return None
+    if tensor.device.type != "cpu":
+        return on_device(tensor).host()
     values = _as_features(tensor.contiguous())
-    dtype = values.dtype if values.dtype in (torch.float32, F64) else torch.float32
-    pieces = list(_pieces(values.shape))
-    sums = torch.empty(len(pieces), values.shape[1], dtype=F64)
-    m2 = torch.empty(len(pieces), values.shape[1], dtype=dtype)
-    lows, highs = torch.empty_like(m2), torch.empty_like(m2)
-    norms, counts = torch.empty(len(pieces), dtype=F64), torch.empty(len(pieces), dtype=F64)
-    for index, (along, across) in enumerate(pieces):
-        piece = values[along, :, across]
-        if piece.dtype != dtype:
-            piece = _SCRATCH.take(dtype, piece.shape, 1).copy_(piece)
-        counts[index] = rows = piece.shape[0] * piece.shape[2]
-        wide = piece if dtype == F64 else _SCRATCH.take(F64, piece.shape).copy_(piece)
-        torch.sum(wide, (0, 2), out=sums[index])
-        centre = (sums[index] / rows).to(dtype)[:, None]
-        spare = _SCRATCH.take(dtype, piece.shape)
-        torch.sum(torch.sub(piece, centre, out=spare).square_(), (0, 2), out=m2[index])
-        torch.amin(piece, (0, 2), out=lows[index])
-        torch.amax(piece, (0, 2), out=highs[index])
-        norm = torch.mul(piece, piece, out=spare).sum(1).sqrt_()
-        torch.sum(norm, (0, 1), dtype=F64, out=norms[index])
-    low, high = lows.amin(0).double(), highs.amax(0).double()
-    if not (bool(low.isfinite().all()) and bool(high.isfinite().all())):
-        return None
-    if dtype != F64 and not (bool(m2.isfinite().all()) and math.isfinite(float(norms.sum()))):
-        return batch_stats(tensor.double())  # squares past float32's largest: again, wider
-    each = counts[:, None]
-    means = sums / each
-    exact = m2.double() - each * (means - means.to(dtype).double()) ** 2
-    total = counts.sum()
-    mean = sums.sum(0) / total
-    deviations = (exact.clamp(min=0) + each * (means - mean) ** 2).sum(0)
-    count = torch.full((values.shape[1],), int(total), dtype=torch.int64)
-    return FeatureStats(count, mean, deviations, low, high, int(total), float(norms.sum()))
+    if values.dtype not in (torch.float32, F64):
+        values = values.float()
+    if 1 < values.shape[2] < FEW:  # a few values per feature: read as rows instead
+        values = values.transpose(1, 2).reshape(-1, values.shape[1], 1)
+    if centre is None:
+        centre = values[:1].mean((0, 2)) if values.shape[2] > 1 else values[:64].mean((0, 2))
+    return _from_pass(values, centre.double())
+
+
+@functools.cache
+def warm_up() -> None:
+    """Load the compiled pass (`feature_pass`) in a background thread, once per process:
+    its first call takes about 0.3 s of numba's setting up, which then overlaps the
+    model's loading and first forward instead of delaying the first batch's write."""
+    batch = torch.zeros(1, 1, FEW)
+    thread = threading.Thread(target=batch_stats, args=(batch,), name="hookdump-warm-up")
+    thread.daemon = True
+    thread.start()
+
+
+def _from_pass(values: torch.Tensor, centre: torch.Tensor) -> FeatureStats | None:
+    rows = values.shape[0] * values.shape[2]
+    for again in (False, True):
+        centre = centre.to(values.dtype).double()  # as the pass takes it
+        s1, s2, lo, hi, norms = (
+            torch.from_numpy(a) for a in feature_pass(values.numpy(), centre.numpy())
+        )
+        if not (bool(lo.isfinite().all()) and bool(hi.isfinite().all())):
+            return None  # an infinity (a NaN is skipped by min and max, and found next)
+        if bool(s1.isnan().any()) or bool(norms.isnan().any()):
+            return None
+        if not (bool(s2.isfinite().all()) and bool(norms.isfinite().all())):
+            if values.dtype == F64:
+                return None
+            return _from_pass(values.double(), centre)  # squares past float32's largest
+        offset = s1 / rows
+        shift = rows * offset * offset
+        m2 = s2 - shift
+        if again or bool((shift <= 4 * m2).all()):
+            break
+        centre = centre + offset  # far from the centre: again around the batch's mean
+    count = torch.full((values.shape[1],), rows, dtype=torch.int64)
+    return FeatureStats(
+        count, centre + offset, m2.clamp(min=0), lo.double(), hi.double(), rows, float(norms[0])
+    )
+
+
+@dataclass(frozen=True)
+class OnDevice:
+    """A CUDA batch's per-feature statistics as taken on the device (`on_device`), read by
+    the host only once the copy of the batch is done (no synchronisation per tensor)."""
+
+    sums: torch.Tensor  # [5, F] float64: mean, sum of squared deviations, min, max, finite
+    norms: torch.Tensor  # float64: the sum of the rows' norms
+    rows: int
+
+    def host(self) -> FeatureStats | None:
+        """The statistics, on the host; None where the batch held a NaN or an infinity."""
+        mean, m2, low, high, finite = self.sums.cpu()
+        if not bool(finite.all()):
+            return None
+        count = torch.full((len(mean),), self.rows, dtype=torch.int64)
+        return FeatureStats(count, mean, m2, low, high, self.rows, float(self.norms))
+
+
+def on_device(tensor: torch.Tensor) -> OnDevice:
+    """`batch_stats` of a batch in a GPU's memory, queued on its stream before the copy to
+    the host (float64 whole-tensor passes: cheap at a GPU's memory bandwidth)."""
+    x = as_rows(tensor).double()
+    mean = x.mean(0)
+    m2 = (x - mean).square_().sum(0)
+    finite = torch.isfinite(x).all(0).double()
+    sums = torch.stack((mean, m2, x.amin(0), x.amax(0), finite))
+    return OnDevice(sums, torch.linalg.vector_norm(x, dim=1).sum(), len(x))
 
 
 def stats_file(fields: Mapping[str, Mapping[str, torch.Tensor]], run_id: str | None) -> bytes:

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from hookdump.format.keys import KeyInfo
-from hookdump.store.features import FeatureStats, batch_stats, features_of
+from hookdump.store.feature_pass import histogram
+from hookdump.store.features import FeatureStats, OnDevice, batch_stats, features_of, on_device
 
 HIST_BINS = 12
 HIST_SAMPLE = 1 << 16  # elements of each batch that feed the sparkline's histogram
@@ -142,8 +143,10 @@ class TensorStats:
             self.hist = [0] * HIST_BINS
         first, last = self.hist_range
         sample = _sample(flat)  # a sparkline needs no more
-        counts = torch.histc(sample.float().clamp(first, last), bins=HIST_BINS, min=first, max=last)
-        self.hist = [a + int(b) for a, b in zip(self.hist, counts.tolist(), strict=True)]
+        if sample.dtype not in (torch.float32, torch.float64):
+            sample = sample.float()
+        counts = histogram(sample.view(-1, sample.shape[-1]).numpy(), first, last, HIST_BINS)
+        self.hist = [a + b for a, b in zip(self.hist, counts, strict=True)]
 
     def merge(self, other: TensorStats) -> None:
         """Fold in statistics gathered elsewhere (another rank's), exactly but the sketch."""
@@ -180,6 +183,24 @@ class TensorStats:
 # attention values of `[..., heads, head_dim]`: their features are each head's dimensions,
 # not the dimensions pooled over the heads (nor, without token rows, the positions)
 PER_HEAD = frozenset({"q", "k", "v", "z", "q_pre_rope", "k_pre_rope"})
+
+
+def _per_head(info: KeyInfo, shape: tuple[int, ...]) -> bool:
+    return info.kind in PER_HEAD and len(shape) >= 2
+
+
+def feature_rows(info: KeyInfo, tensor: torch.Tensor) -> torch.Tensor:
+    """A batch as its features are read: a per-head key's heads and their dimensions as
+    one (a feature per head and dimension, head-major)."""
+    return tensor.flatten(-2) if _per_head(info, tuple(tensor.shape[1:])) else tensor
+
+
+def device_stats(info: KeyInfo, tensor: torch.Tensor) -> OnDevice | None:
+    """A CUDA batch's per-feature statistics, queued on its device before its copy to the
+    host (None for one that has no features: `KeySummary.add` then reads the copy)."""
+    if not tensor.is_floating_point() or tensor.dim() < 1 or tensor.numel() == 0:
+        return None
+    return on_device(feature_rows(info, tensor))
 
 
 @dataclass
@@ -231,14 +252,15 @@ class KeySummary:
         """Rows of `nbytes` are on disk (read back: their values are added apart)."""
         self.nbytes += nbytes
 
-    def add(self, tensor: torch.Tensor) -> int:
-        """Count a batch of this key's rows in; its bytes."""
+    def add(self, tensor: torch.Tensor, taken: OnDevice | None = None) -> int:
+        """Count a batch of this key's rows in; its bytes. `taken`: its per-feature
+        statistics as taken on the GPU it came from (`device_stats`)."""
         nbytes = tensor.numel() * tensor.element_size()
         self.nbytes += nbytes
-        self.add_values(tensor)
+        self.add_values(tensor, taken)
         return nbytes
 
-    def add_values(self, tensor: torch.Tensor) -> None:
+    def add_values(self, tensor: torch.Tensor, taken: OnDevice | None = None) -> None:
         """Fold a batch of rows into the statistics (their bytes are counted apart): per
         feature where they are rows of floats (a batch without NaN or infinities in one read
         of its memory), else whole."""
@@ -246,8 +268,12 @@ class KeySummary:
             self.whole.update(tensor)
             return
         assert self.features is not None
-        rows = self._as_rows(tensor)
-        batch = batch_stats(rows)
+        rows = feature_rows(self.info, tensor)
+        seen = self.features
+        if taken is not None:
+            batch = taken.host()
+        else:
+            batch = batch_stats(rows, seen.mean.float() if bool(seen.count.any()) else None)
         if batch is None:  # NaN or infinities: masked per feature
             self.features.update(rows)
             self.whole.sketch(tensor)
@@ -275,7 +301,7 @@ class KeySummary:
         return True
 
     def _per_head(self) -> bool:
-        return self.info.kind in PER_HEAD and len(self.shape) >= 2
+        return _per_head(self.info, self.shape)
 
     def _feature_shape(self) -> tuple[int, ...]:
         """The per-sample shape the features are read from: a per-head key's heads and
@@ -283,9 +309,6 @@ class KeySummary:
         if not self._per_head():
             return self.shape
         return (*self.shape[:-2], self.shape[-2] * self.shape[-1])
-
-    def _as_rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.flatten(-2) if self._per_head() else tensor
 
     def as_dict(self) -> dict[str, Any]:
         return {

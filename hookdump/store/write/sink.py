@@ -24,7 +24,8 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.dtypes import dtype_name
 from hookdump.format.keys import KeyInfo
 from hookdump.format.rows import Rows
-from hookdump.store.stats import KeySummary
+from hookdump.store.features import OnDevice
+from hookdump.store.stats import KeySummary, device_stats
 from hookdump.store.write.filler import NoShards, ShardFiller, Shards
 from hookdump.store.write.memory import (
     IN_FLIGHT_BYTES,
@@ -54,6 +55,7 @@ class _Tensor:
     info: KeyInfo
     nbytes: int  # taken from the budget, given back once written
     ready: Any  # a CUDA event to wait on before reading `tensor`, or None
+    taken: OnDevice | None = None  # its statistics, taken on the GPU before the copy
 
 
 @dataclass(frozen=True)
@@ -141,9 +143,14 @@ class BatchSink:
             # once written, the pinned block goes back to torch's cache for the next copy.
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
+            saved = tensor
+            if self.save_dtype is not None and tensor.is_floating_point():
+                saved = tensor.to(self.save_dtype)
+            taken = device_stats(info, saved)
             ready = torch.cuda.Event()
             ready.record()
-            self._worker.submit(_Tensor(key, host, info, nbytes, ready), raise_error=False)
+            message = _Tensor(key, host, info, nbytes, ready, taken)
+            self._worker.submit(message, raise_error=False)
             return
         copy = tensor if fresh else self.pool.copy(tensor)
         self._worker.submit(_Tensor(key, copy, info, nbytes, None), raise_error=False)
@@ -177,8 +184,8 @@ class BatchSink:
                 case _Begin(rows, keys_expected):
                     self._batch = _Batch(rows)
                     self._shards.begin(rows, keys_expected)
-                case _Tensor(key, tensor, info, nbytes, ready):
-                    self._on_tensor(key, tensor, info, nbytes, ready)
+                case _Tensor():
+                    self._on_tensor(message)
                 case _End():
                     try:
                         self._on_end()
@@ -202,17 +209,17 @@ class BatchSink:
             self._batch.written = True
             self._slots.release()
 
-    def _on_tensor(
-        self, key: str, tensor: torch.Tensor, info: KeyInfo, nbytes: int, ready: Any
-    ) -> None:
-        """`nbytes`: what `keep` took from the budget for it, given back once written."""
-        if ready is not None:
-            ready.synchronize()
+    def _on_tensor(self, message: _Tensor) -> None:
+        """`message.nbytes`: what `keep` took from the budget for it, given back once
+        written."""
+        key, tensor, info, nbytes = message.key, message.tensor, message.info, message.nbytes
+        if message.ready is not None:
+            message.ready.synchronize()
         # once written (or dropped) the buffer goes back to the pool and the next batch
         # reuses it: the shard may hand it back later, after the disk has read it
         release = Release(functools.partial(self._give_back, tensor, nbytes))
         try:
-            self._take(key, tensor, info, release)
+            self._take(key, tensor, info, release, message.taken)
         finally:
             release.unless_lent()
 
@@ -222,9 +229,17 @@ class BatchSink:
         self.pool.give_back(tensor)
         self._budget.give(nbytes)
 
-    def _take(self, key: str, tensor: torch.Tensor, info: KeyInfo, release: Release) -> None:
+    def _take(
+        self,
+        key: str,
+        tensor: torch.Tensor,
+        info: KeyInfo,
+        release: Release,
+        taken: OnDevice | None = None,
+    ) -> None:
         """Summarise and write one tensor; `release` (giving its buffer back) is either lent
-        to the shard, which calls it once the data is written, or left to the caller."""
+        to the shard, which calls it once the data is written, or left to the caller.
+        `taken`: its statistics as taken on its GPU."""
         rows = self._batch.rows
         if tensor.dim() < 1 or tensor.shape[0] != rows.count:
             self.unbatched.setdefault(
@@ -245,7 +260,8 @@ class BatchSink:
             self.summaries[key] = summary
         elif dtype_name(tensor.dtype) != summary.dtype:
             tensor = as_dtype(key, tensor, summary.dtype, rows.start)
-        nbytes = summary.add(tensor)
+            taken = None  # taken of other values
+        nbytes = summary.add(tensor, taken)
         self._batch.keys.append(key)
         self._batch.nbytes += nbytes
         self.bytes_done += nbytes
