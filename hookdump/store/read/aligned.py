@@ -15,7 +15,7 @@ and each block's rows go straight to their places in the batches, dump by dump.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from hookdump.store.read.batches import (
 from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.rows import ShardRows
-from hookdump.store.read.scatter import Places
+from hookdump.store.read.scatter import BatchMemory, Places
 
 
 class _Columns:
@@ -83,6 +83,7 @@ class AlignedPass:
     from it under the caller's names (token columns added where compared)."""
 
     sources: tuple[tuple[ShardReader, dict[str, str]], ...]
+    memory: BatchMemory = field(default_factory=BatchMemory, compare=False)
 
     def check(self, options: PassOptions) -> None:
         for reader, names in self.sources:
@@ -92,7 +93,7 @@ class AlignedPass:
         self.check(options)
         columns = [_Columns(reader, dict(names)) for reader, names in self.sources]
         blocks, group = _blocks(columns, options)
-        batches = pass_batches(blocks, _AlignedRows(columns), options, group)
+        batches = pass_batches(blocks, _AlignedRows(columns), options, group, self.memory)
         return _checked(batches, columns, [reader for reader, _ in self.sources])
 
 

@@ -8,21 +8,24 @@ the order is drawn from the whole dump, fixed by the seed alone:
   requested keys each: large enough to read at the disk's sequential speed, small enough
   that a shard holds many;
 - the blocks of all shards are put in one seeded random order;
-- a buffer of half the budget `buffer_bytes` (256 MiB, so 128 MiB) takes the next blocks
-  in that order (at least 16 of them: a small budget takes smaller blocks); its rows, and
-  the few carried over from the buffer before, are put in a seeded random order, and each
-  row is read straight to its place in its batch (`store.read.scatter`: one copy, the
-  kernel's, into batch memory used again once the caller lets a batch go); the rows short
-  of a whole batch are carried into the next buffer, so batches are full until the very
-  last (left out with `drop_last`).
+- a buffer of half the budget `buffer_bytes` (256 MiB, so 128 MiB) less a batch takes the
+  next blocks in that order (at least 16 of them: a small budget takes smaller blocks); its
+  rows, and the few carried over from the buffer before, are put in a seeded random order,
+  and each row is read straight to its place in its batch (`store.read.scatter`: one copy,
+  the kernel's, into batch memory used again once the caller lets a batch go, and kept
+  for the `Dump`'s next pass); the rows short of a whole batch are carried into the next
+  buffer, so batches are full until the very last (left out with `drop_last`).
 
 A thread reads the next buffer's batches while this one's are given out (and asks the disk
 for each next block while it reads one; at a URL, for the next `REMOTE_AHEAD` blocks), so
 reading overlaps the consumer, which only hands batches over. Memory holds two buffers'
-batches (the budget), the batches the caller keeps, and 40 bytes of bookkeeping per
-buffered row, never a shard, whatever its size or its header's claims (at a URL, up to
-`REMOTE_AHEAD` blocks in flight besides). So a batch draws from the blocks of one buffer,
-anywhere in the dump.
+batches, each buffer's rows and those carried into it within half the budget (batches
+past half the budget: a quarter of it and the batches), the batches the caller keeps, and
+40 bytes of bookkeeping per buffered row, never a shard, whatever its size or its
+header's claims (at a URL, up to `REMOTE_AHEAD` blocks in flight besides). So a batch
+draws from the blocks of one buffer, anywhere in the dump. In order nothing is mixed: a
+buffer takes a block or a batch, whichever is larger, and the rows carried stay in the
+batch they were read into, which the next buffer fills.
 
 The batches before `start` are passed over without reading their rows: only the
 permutations are drawn, so a pass resumes where it stopped, in the same order.
@@ -44,7 +47,7 @@ from hookdump.errors import HookdumpError, did_you_mean, opt
 from hookdump.format.values import is_integer
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.rows import ShardRows
-from hookdump.store.read.scatter import Places, Slabs
+from hookdump.store.read.scatter import BatchMemory, Places, Slabs
 from hookdump.worker import prefetch
 
 BLOCK_BYTES = 8 << 20  # contiguous bytes of the requested keys read at a time
@@ -100,7 +103,7 @@ def iter_batches(
     check(dump, keys, options)
     bounds = sorted({0, dump.num_samples, *(shard.start for shard in dump.shards)})
     blocks, group = plan_blocks(bounds, dump.row_bytes(keys), options)
-    return pass_batches(blocks, ShardRows(dump, keys), options, group)
+    return pass_batches(blocks, ShardRows(dump, keys), options, group, dump.batch_memory)
 
 
 def plan_blocks(
@@ -112,19 +115,28 @@ def plan_blocks(
     # a row costs its bytes, its number, its place in the buffer's order and the inverse
     # (int64 each, with copies while they are made): the budget bounds rows of zero bytes
     row_bytes += ROW_OVERHEAD
+    room = _room(options, row_bytes)
     # a buffer holds at least MIXED blocks (unless a row is larger than a block), and a pass
     # at most MAX_BLOCKS (however many rows the shards claim)
     block_rows = max(
-        1,
-        min(options.block_bytes, options.buffer_bytes // MIXED) // row_bytes,
-        -(-bounds[-1] // MAX_BLOCKS),
+        1, min(options.block_bytes, room // MIXED) // row_bytes, -(-bounds[-1] // MAX_BLOCKS)
     )
     blocks = torch.cat(
         [_cut(lo, hi, block_rows) for lo, hi in itertools.pairwise(bounds)]
         or [torch.empty(0, 2, dtype=torch.int64)]
     )
-    # two buffers: one given out while the next is read
-    return blocks, max(1, options.buffer_bytes // 2 // (block_rows * row_bytes))
+    return blocks, max(1, room // (block_rows * row_bytes))
+
+
+def _room(options: PassOptions, row_bytes: int) -> int:
+    """The bytes of rows a buffer takes. Two buffers are in memory (one given out while the
+    next is read), each in whole batches with the rows carried into it (fewer than a
+    batch): a buffer's rows leave a batch of room in its half of the budget. In order,
+    nothing is mixed: a buffer takes about a batch (the carried rows stay where they are)."""
+    batch = options.batch_size * row_bytes
+    half = options.buffer_bytes // 2
+    room = max(half - batch, half // 4)  # batches past half the budget: a quarter of it
+    return room if options.shuffle else min(room, max(batch, options.block_bytes))
 
 
 def _cut(start: int, stop: int, rows: int) -> torch.Tensor:
@@ -176,13 +188,17 @@ class _ReadAhead:
 
 
 def pass_batches(
-    blocks: torch.Tensor, source: RowSource, options: PassOptions, group: int
+    blocks: torch.Tensor,
+    source: RowSource,
+    options: PassOptions,
+    group: int,
+    memory: BatchMemory | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The algorithm of the module's docstring over row ranges `blocks` ([n, 2], in row
     order), read from `source` a buffer of `group` blocks at a time, on a thread that reads
     the next buffer's rows into their batches while this one's are given out."""
     control = _ReadAhead()
-    buffers = _closing(_buffers(blocks, source, options, group, control), source)
+    buffers = _closing(_buffers(blocks, source, options, (group, memory), control), source)
     size = options.batch_size
     try:  # the next buffer filled on a thread while this one is given out
         for buffer in prefetch(buffers, 1, "hookdump-read", on_leave=control.stop):
@@ -213,11 +229,13 @@ def _buffers(
     blocks: torch.Tensor,
     source: RowSource,
     options: PassOptions,
-    group: int,
+    taking: tuple[int, BatchMemory | None],
     control: _ReadAhead,
 ) -> Iterator[_Buffer]:
-    """The pass's buffers, filled in turn (each once there is room); buffers wholly before
-    `options.start` are drawn (their permutations) but not read."""
+    """The pass's buffers, filled in turn (each once there is room), `group` blocks each,
+    on `memory`'s batches; buffers wholly before `options.start` are drawn (their
+    permutations) but not read."""
+    group, memory = taking
     generator = torch.Generator().manual_seed(options.seed)
     order = blocks
     if options.shuffle:
@@ -227,10 +245,12 @@ def _buffers(
     size = options.batch_size
     lengths = order[:, 1] - order[:, 0]
     longest = int(lengths.max()) if len(order) else 0
-    # the batches of two buffers, the caller's, and the rows carried: no more are kept
-    slabs = Slabs(source.allocate(0), keep=2 * ((group * longest) // size + 2) + 2)
+    # the batches of two buffers (the rows carried in one of them) and the caller's
+    keep = 2 * ((group * longest) // size + 2) + 2
+    slabs = (memory or BatchMemory()).slabs(source.allocate(0), keep)
     carry = torch.empty(0, dtype=torch.int64)  # row numbers carried into the next buffer
-    carried: dict[str, torch.Tensor] | None = {}  # their values (None: not read, passed over)
+    # their values, in a batch's memory (None: not read, passed over)
+    carried: dict[str, torch.Tensor] | None = {}
     given = 0  # batches given out (or passed over) before this buffer
     for first in range(0, len(order), group):
         chosen = [(lo, hi) for lo, hi in order[first : first + group].tolist()]
@@ -258,7 +278,8 @@ def _buffers(
             if filled is None:
                 return
             carried = filled[1]
-        yield _Buffer(carry, None, 0, [], last=carried)
+        last = {key: values[: len(carry)] for key, values in carried.items()}
+        yield _Buffer(carry, None, 0, [], last=last)
 
 
 @dataclass(frozen=True)
@@ -288,19 +309,21 @@ def _filled(
     buffer). None: the pass was stopped."""
     count, size = len(fill.rows), fill.size
     full = count // size
-    batches = [fill.slabs.take(size) for _ in range(full)]
-    if count > full * size:  # the rows left over, carried into the next buffer
-        batches.append(fill.slabs.take(count - full * size))
-    places = Places(batches, size)
+    # in order, the carried rows are the first batch's first rows, where they lie already
+    kept = carried if fill.mixed is None and carried else None
+    # every batch whole-sized (the rows left over too): its memory serves any later batch
+    batches = [kept or fill.slabs.take(size)]
+    batches += [fill.slabs.take(size) for _ in range(-(-count // size) - 1)]
+    places = Places(_cut_to(batches, count, size), size)
     where = torch.arange(count)  # each row's place in the order given out
     if fill.mixed is not None:
         where = torch.empty_like(where).index_put_((fill.mixed,), where)
     if carried is None:
         for index, row in enumerate(fill.rows[: fill.carried].tolist()):
             source.scatter(row, row + 1, places, where[index : index + 1])
-    else:
+    elif kept is None:
         for key, values in carried.items():
-            places.put(key, values, where[: fill.carried])
+            places.put(key, values[: fill.carried], where[: fill.carried])
     at = fill.carried
     asked = [*blocks, *(upcoming or [])]
     for index, (lo, hi) in enumerate(blocks):
@@ -313,6 +336,16 @@ def _filled(
         at += hi - lo
     whole: list[dict[str, torch.Tensor] | None] = list(batches[:full])
     return whole, batches[full] if count > full * size else {}
+
+
+def _cut_to(
+    batches: list[dict[str, torch.Tensor]], count: int, size: int
+) -> list[dict[str, torch.Tensor]]:
+    """The batches as `Places` takes them: the last cut to the `count` rows' share."""
+    left = count - (len(batches) - 1) * size
+    if not batches or left == size:
+        return batches
+    return [*batches[:-1], {key: values[:left] for key, values in batches[-1].items()}]
 
 
 def _taken(rows: torch.Tensor, mixed: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:

@@ -201,7 +201,9 @@ class Dump(Mapping[str, torch.Tensor]):
             start: begin at this batch of the pass (resuming: the same order, the batches
                 before it not read).
             buffer_bytes: the memory budget: two buffers of half of it, one given out while
-                the next is read (rows are mixed a buffer at a time).
+                the next is read (rows are mixed a buffer at a time); a pass holds at most
+                it and the batches you keep (in order, a few batches). The batches' memory
+                is kept for this Dump's next pass.
 
         Example:
             >>> for batch in hookdump.load("acts/").batches(["layer4"], 256, shuffle=True):

@@ -27,6 +27,7 @@ from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, RemoteBlob, UrlPath
 from hookdump.store.read.manifest import resolved_inside
 from hookdump.store.read.progress import consumed_shards
+from hookdump.store.read.scatter import BatchMemory
 from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
 
 # the most a reader holds of one shard at a time (rows read in slices), whatever its
@@ -89,6 +90,7 @@ class ShardReader:
         self._key_rows = dict(key_rows or {})
         self._checked: set[str] = set()  # shard files whose header agreed with the manifest
         self._stats: dict[str, dict[str, torch.Tensor]] | None = None
+        self.batch_memory = BatchMemory()  # every pass's batches, used again (scatter.py)
 
     @property
     def num_samples(self) -> int:

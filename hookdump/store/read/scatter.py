@@ -17,6 +17,7 @@ import ctypes
 import errno
 import math
 import os
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -127,20 +128,48 @@ def _row_bytes(rows: torch.Tensor) -> np.ndarray:
     return rows.contiguous().view(torch.uint8).numpy().reshape(len(rows), -1)
 
 
+Kept = list[tuple[np.ndarray, "weakref.ref[np.ndarray] | None"]]
+
+
+class BatchMemory:
+    """The blocks of batch memory a `Dump` keeps for all its passes (a second pass, the
+    next epoch of a dataset, another `batches` of it): fresh memory costs a page fault per
+    page, half a pass's CPU where a first touch is slow. Per key, as `Slabs` handed them
+    out; a block the caller still holds is never handed out again."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, Kept] = {}
+        self._lock = threading.Lock()  # passes of one Dump may read at once
+
+    def __reduce__(self) -> tuple[type[BatchMemory], tuple[()]]:
+        return BatchMemory, ()  # to a DataLoader worker: memory of its own, none sent
+
+    def slabs(self, template: dict[str, torch.Tensor], keep: int) -> Slabs:
+        """A pass's `Slabs` for batches shaped as `template`'s rows, on this memory."""
+        with self._lock:
+            kept = {key: self._kept.setdefault(key, []) for key in template}
+        return Slabs(template, keep, (kept, self._lock))
+
+
 class Slabs:
     """Batch tensors (shaped per key as `template`'s rows) on memory used again once nothing
-    refers to it (see the module's docstring); at most `keep` blocks of memory per key kept."""
+    refers to it (see the module's docstring); at most `keep` blocks of memory per key kept
+    (in `kept`, a `BatchMemory`'s lists, where the memory outlives the pass)."""
 
-    def __init__(self, template: dict[str, torch.Tensor], keep: int) -> None:
+    def __init__(
+        self,
+        template: dict[str, torch.Tensor],
+        keep: int,
+        kept: tuple[dict[str, Kept], threading.Lock] | None = None,
+    ) -> None:
         self.keep = keep
         self._forms = {key: (tuple(t.shape[1:]), t.dtype) for key, t in template.items()}
-        self._kept: dict[str, list[tuple[np.ndarray, weakref.ref[np.ndarray] | None]]] = {
-            key: [] for key in template
-        }
+        self._kept, self._lock = kept or ({key: [] for key in template}, threading.Lock())
 
     def take(self, rows: int) -> dict[str, torch.Tensor]:
         """One batch's tensors of `rows` rows, uninitialised."""
-        return {key: self._one(key, rows) for key in self._forms}
+        with self._lock:
+            return {key: self._one(key, rows) for key in self._forms}
 
     def _one(self, key: str, rows: int) -> torch.Tensor:
         shape, dtype = self._forms[key]
@@ -148,13 +177,16 @@ class Slabs:
         if nbytes == 0:  # rows of no bytes: nothing to keep
             return torch.empty((rows, *shape), dtype=dtype)
         kept = self._kept[key]
-        for index, (memory, held) in enumerate(kept):
-            if (held is None or held() is None) and len(memory) >= nbytes:
-                return self._on(memory, key, index, (nbytes, rows))
+        free = [i for i, (_, held) in enumerate(kept) if held is None or held() is None]
+        for index in free:
+            if len(kept[index][0]) >= nbytes:
+                return self._on(kept[index][0], key, index, (nbytes, rows))
         memory = np.empty(nbytes, dtype=np.uint8)
         if len(kept) < self.keep:
             kept.append((memory, None))
             return self._on(memory, key, len(kept) - 1, (nbytes, rows))
+        if free:  # a block too small for this pass's batches gives way
+            return self._on(memory, key, free[0], (nbytes, rows))
         return self._on(memory, key, None, (nbytes, rows))
 
     def _on(
