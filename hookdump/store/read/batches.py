@@ -116,11 +116,10 @@ def plan_blocks(
     # (int64 each, with copies while they are made): the budget bounds rows of zero bytes
     row_bytes += ROW_OVERHEAD
     room = _room(options, row_bytes)
-    # a buffer holds at least MIXED blocks (unless a row is larger than a block), and a pass
-    # at most MAX_BLOCKS (however many rows the shards claim)
-    block_rows = max(
-        1, min(options.block_bytes, room // MIXED) // row_bytes, -(-bounds[-1] // MAX_BLOCKS)
-    )
+    # a shuffled buffer holds at least MIXED blocks (unless a row is larger than a block),
+    # and a pass at most MAX_BLOCKS (however many rows the shards claim)
+    most = room // MIXED if options.shuffle else room
+    block_rows = max(1, min(options.block_bytes, most) // row_bytes, -(-bounds[-1] // MAX_BLOCKS))
     blocks = torch.cat(
         [_cut(lo, hi, block_rows) for lo, hi in itertools.pairwise(bounds)]
         or [torch.empty(0, 2, dtype=torch.int64)]
