@@ -157,3 +157,11 @@ def test_batch_memory_goes_to_a_worker_empty() -> None:
     memory.slabs({"x": torch.empty(0, 4)}, keep=2).take(8)
     copy = pickle.loads(pickle.dumps(memory))
     assert isinstance(copy, BatchMemory) and len(pickle.dumps(memory)) < 200
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_no_batch_is_larger_than_the_rows_the_pass_has_left(made: list[int], shuffle: bool) -> None:
+    """A batch size of a million rows over 5 rows (a hostile dump's claim, say) makes a
+    batch of 5 rows, not of a million."""
+    _one_pass(5, PassOptions(1_000_000, shuffle=shuffle), BatchMemory())
+    assert made == [5 * WIDTH * 4]

@@ -263,7 +263,9 @@ def _buffers(
         if not control.take():
             return
         upcoming = [(lo, hi) for lo, hi in order[first + group :][: source.ahead].tolist()]
-        fill = Fill(slabs, rows, mixed, size, len(carry))
+        # the rows of the pass from this buffer on: no batch is larger than they are
+        rest = len(carry) + int(lengths[first:].sum())
+        fill = Fill(slabs, rows, mixed, size, len(carry), rest)
         filled = _filled(source, fill, carried, chosen, control, upcoming)
         if filled is None:
             return
@@ -272,7 +274,7 @@ def _buffers(
         carry, carried = _taken(rows, mixed, full * size, len(rows)), filled[1]
     if len(carry) and not options.drop_last and given >= options.start and control.take():
         if carried is None:  # passed over: fewer than a batch, read one by one
-            fill = Fill(slabs, carry, None, size, len(carry))
+            fill = Fill(slabs, carry, None, size, len(carry), len(carry))
             filled = _filled(source, fill, None, [], control)
             if filled is None:
                 return
@@ -290,6 +292,7 @@ class Fill:
     mixed: torch.Tensor | None
     size: int  # rows per batch
     carried: int  # of `rows`, the leading ones carried from the buffer before
+    rest: int  # rows of the pass from this buffer's first on (the carried ones too)
 
 
 def _filled(
@@ -310,9 +313,11 @@ def _filled(
     full = count // size
     # in order, the carried rows are the first batch's first rows, where they lie already
     kept = carried if fill.mixed is None and carried else None
-    # every batch whole-sized (the rows left over too): its memory serves any later batch
-    batches = [kept or fill.slabs.take(size)]
-    batches += [fill.slabs.take(size) for _ in range(-(-count // size) - 1)]
+    # every batch whole-sized (the rows left over too: later buffers fill it, and its
+    # memory serves any later batch), unless the pass has fewer rows left
+    sizes = [min(size, fill.rest - index * size) for index in range(-(-count // size))]
+    batches = [kept or fill.slabs.take(sizes[0])] if sizes else []
+    batches += [fill.slabs.take(rows) for rows in sizes[1:]]
     places = Places(_cut_to(batches, count, size), size)
     where = torch.arange(count)  # each row's place in the order given out
     if fill.mixed is not None:
@@ -341,9 +346,9 @@ def _cut_to(
     batches: list[dict[str, torch.Tensor]], count: int, size: int
 ) -> list[dict[str, torch.Tensor]]:
     """The batches as `Places` takes them: the last cut to the `count` rows' share."""
-    left = count - (len(batches) - 1) * size
-    if not batches or left == size:
+    if not batches:
         return batches
+    left = count - (len(batches) - 1) * size
     return [*batches[:-1], {key: values[:left] for key, values in batches[-1].items()}]
 
 
