@@ -5,6 +5,7 @@ batch, and DataLoader workers times ranks reading every row once."""
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -100,6 +101,7 @@ def test_only_a_buffer_of_blocks_is_read_at_a_time(
     """A budget of 16 rows' bytes, batches of 4: two buffers of 4 one-row blocks (half the
     budget, less a batch's room for the rows carried in), from shards all over the dump;
     every row is read once in the pass, and each shard's header checked once."""
+    from hookdump.store.read import rows as rows_module
     from hookdump.store.read.batches import ROW_OVERHEAD
     from hookdump.store.read.rows import ShardRows
 
@@ -118,6 +120,7 @@ def test_only_a_buffer_of_blocks_is_read_at_a_time(
 
     monkeypatch.setattr(ShardRows, "scatter", spy_read)
     monkeypatch.setattr(ShardReader, "open", spy_open)
+    rows_module._LAYOUTS.pop(dump.reader, None)  # as if no pass had read this dump before
     batches = dump.batches(
         [X, Y],
         4,
@@ -133,6 +136,8 @@ def test_only_a_buffer_of_blocks_is_read_at_a_time(
     rest = list(batches)
     assert sorted(read) == [(i, i + 1) for i in range(37)] and rest
     assert sorted(opened) == sorted(s.file for s in dump.manifest.shards)
+    opened.clear()  # a later pass of the dump checks no header again (the shards unchanged)
+    assert len(list(dump.batches([X, Y], 4, shuffle=True, seed=1))) == 10 and opened == []
 
 
 def test_bad_arguments_are_one_error(dump: Dump) -> None:
@@ -422,3 +427,15 @@ def test_a_dataset_pickles_for_workers_started_by_spawn(dump: Dump) -> None:
     copy = pickle.loads(pickle.dumps(dataset))
     for mine, theirs in zip(dataset, copy, strict=True):
         assert all(torch.equal(mine[k], theirs[k]) for k in (X, Y, "__row__"))
+
+
+def test_a_shard_changed_between_two_passes_is_checked_again(tmp_path: Path) -> None:
+    """The layouts a pass keeps for the dump's later passes hold only while a shard is the
+    file checked: another run's shard put in its place is refused by the next pass."""
+    one, other = _two_linear(tmp_path / "one", 12), _two_linear(tmp_path / "other", 12)
+    assert len(list(one.batches([Y], 5))) == 3
+    name = one.manifest.shards[1].file
+    os.replace(tmp_path / "other" / name, tmp_path / "one" / name)
+    with pytest.raises(hookdump.InvalidDump, match=name):
+        list(one.batches([Y], 5))
+    assert other.manifest.run_id != one.manifest.run_id

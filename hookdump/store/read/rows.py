@@ -16,6 +16,7 @@ size or ETag).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -41,13 +42,21 @@ class _Layout:
     offsets: dict[str, int]  # key -> the byte in the file where its first row starts
 
 
+# each dump's shard layouts, per keys read, by file: as long as the dump is alive
+_LAYOUTS: weakref.WeakKeyDictionary[ShardReader, dict[tuple[str, ...], dict[str, _Layout]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 class ShardRows:
     """Rows of `keys` of `dump`, read into buffers `allocate` makes."""
 
     def __init__(self, dump: ShardReader, keys: list[str]) -> None:
         self.dump, self.keys = dump, list(keys)
         self._row_bytes = {key: dump.row_bytes([key]) for key in keys}
-        self._layouts: dict[str, _Layout] = {}
+        # kept for the dump's later passes: a shard's header is read again only where the
+        # shard changed (at a URL, a request fewer per shard and pass)
+        self._layouts = _LAYOUTS.setdefault(dump, {}).setdefault(tuple(self.keys), {})
         # at a URL: the blocks asked for ahead (each a request per key in flight), and each
         # shard's object, looked up (and checked) once per pass
         self.ahead = 1 if dump.remote is None else REMOTE_AHEAD
