@@ -30,9 +30,10 @@ def printable(text: str) -> str:
 
 
 def to_stderr(line: str) -> None:
-    """Write a line for the person on stderr, control characters escaped (the default
-    where a caller gives no notice of its own)."""
-    print(printable(line), file=sys.stderr)
+    """Write a line for the person on stderr, its options named as the library names them
+    and control characters escaped (the default where a caller gives no notice of its
+    own)."""
+    print(printable(name_options(getattr(line, "raw", line))), file=sys.stderr)
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -8,6 +8,7 @@ import gc
 from collections.abc import Callable, Iterator
 
 from hookdump.cli import _output
+from hookdump.cli._errors import for_cli
 from hookdump.engine.progress import Progress, ProgressCallback
 
 
@@ -38,7 +39,7 @@ class GCPause:
 def progress_bar(enabled: bool, model: str) -> Progress:
     """`run`'s status line (`loading MODEL`) and progress bar on stderr, shown in a terminal
     only."""
-    return Progress(enabled, _output.stderr(), loading=f"loading {model}")
+    return Progress(enabled, _output.stderr(), loading=f"loading {model}", render=for_cli)
 
 
 BIG_CHECK = 256 << 20  # bytes to check from which `inspect --check` shows a bar

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hookdump.errors import printable
+from hookdump.errors import printable, render_message
 
 ProgressCallback = Callable[[int, int | None, int], None]
 Notice = Callable[[str], None]  # a line for the person running it, on stderr
@@ -17,10 +17,18 @@ class Progress:
     """A progress bar on stderr (samples/s, MB/s captured, ETA), once a run has more than
     one batch."""
 
-    def __init__(self, enabled: bool, console: Any, loading: str | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        console: Any,
+        loading: str | None = None,
+        render: Callable[[str], str] = render_message,
+    ) -> None:
         """`console`: a rich Console on stderr; the bar shows only where it is a terminal
         (or a notebook). `loading`: what a status line says until the first batch is done
-        (`loading resnet50`), so the first seconds are not silent."""
+        (`loading resnet50`), so the first seconds are not silent. `render`: how a line's
+        options are named (the library's names; the CLI gives its flags)."""
+        self.render = render
         self.enabled = enabled
         self.notices = enabled  # lines are printed in a log too, where no bar is shown
         self.console = console
@@ -92,7 +100,7 @@ class Progress:
         """Print `line` on stderr even where notices are not shown (`-q`): a run that
         stops to wait says so."""
         self._end_status()
-        self.console.print(printable(line), markup=False, highlight=False)
+        self.console.print(printable(self.render(line)), markup=False, highlight=False)
 
     def __exit__(self, *exc: object) -> None:
         self._end_status()

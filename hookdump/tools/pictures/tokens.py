@@ -10,6 +10,7 @@ a token that writes nothing as `∅`. The tokenizer is the one the dump's manife
 
 from __future__ import annotations
 
+import codecs
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,10 +72,50 @@ def decoded(dump: Any, ids: list[int]) -> str:
     tokenizer = _tokenizer(str(folder)) if folder and Path(folder).is_dir() else None
     if tokenizer is not None:
         try:
-            return printable(str(tokenizer.decode(ids)))
+            return printable(as_text(tokenizer, ids))
         except Exception:  # a tokenizer that cannot write these ids: the ids will do
             pass
     return " ".join(map(str, ids))
+
+
+def as_text(tokenizer: Any, ids: list[int]) -> str:
+    """`ids` written together; bytes that are not whole UTF-8 characters (a byte-level
+    token alone, a character cut at the end of a response) shown as `<0xBA>`, not as the
+    replacement character the tokenizer writes for them."""
+    text = str(tokenizer.decode(ids))
+    if "\ufffd" not in text:
+        return text
+    pieces = [str(piece) for piece in tokenizer.convert_ids_to_tokens(ids)]
+    byte_of = _byte_of()
+    if all(ch in byte_of for piece in pieces for ch in piece):  # GPT-2's byte alphabet
+        raw = bytes(byte_of[ch] for piece in pieces for ch in piece)
+        return raw.decode("utf-8", errors=_SHOWN_BYTES)
+    # token by token: those that write the replacement character as they are (`<0xBA>`)
+    return "".join(
+        piece if "\ufffd" in (alone := str(tokenizer.decode([i]))) else alone
+        for i, piece in zip(ids, pieces, strict=True)
+    )
+
+
+def _shown_bytes(error: UnicodeDecodeError) -> tuple[str, int]:
+    cut = error.object[error.start : error.end]
+    return "".join(f"<0x{b:02X}>" for b in cut), error.end
+
+
+_SHOWN_BYTES = "hookdump-shown-bytes"
+codecs.register_error(_SHOWN_BYTES, _shown_bytes)
+
+
+@functools.cache
+def _byte_of() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, a character for each byte (its `bytes_to_unicode`)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    kept += range(ord("®"), ord("ÿ") + 1)
+    codes, extra = {b: b for b in kept}, 0
+    for b in range(256):
+        if b not in codes:
+            codes[b], extra = 256 + extra, extra + 1
+    return {chr(code): b for b, code in codes.items()}
 
 
 def written(dump: Any, ids: list[int]) -> list[str]:

@@ -1,0 +1,65 @@
+"""What a person sees, round 4 (issue 57): every line a run prints names its options as the
+reader's door does (flags on the command line, arguments in Python), with no placeholder
+left in it."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from hookdump.engine.progress import Progress
+from hookdump.errors import opt, to_stderr
+
+
+def _wait_line(notice: object) -> None:
+    """The disk budget's own line, as `DiskBudget.wait` says it."""
+    from test_hostile_round5 import _Writer  # a writer whose shard a follower consumes
+
+    from hookdump.store.write.room import DiskBudget
+
+    DiskBudget(10_000, notice).wait(_Writer(), 5_000, lambda: None)  # type: ignore[arg-type]
+
+
+def test_the_wait_for_room_names_max_disk_on_the_command_line() -> None:
+    from hookdump.cli._progress import progress_bar
+
+    bar = progress_bar(False, "m")
+    stream = io.StringIO()
+    bar.console = Console(file=stream, width=80)
+    _wait_line(bar.alert)
+    said = stream.getvalue()
+    assert "--max-disk 9.8 KiB" in " ".join(said.split()), said
+    assert "\\x00" not in said and "\x00" not in said
+
+
+def test_the_wait_for_room_names_max_disk_in_python(capsys: pytest.CaptureFixture[str]) -> None:
+    _wait_line(to_stderr)
+    said = capsys.readouterr().err
+    assert "fill max_disk 9.8 KiB" in said and "\\x00" not in said, said
+    quiet = Progress(False, Console(file=io.StringIO(), width=80))
+    quiet.alert(f"room under {opt('max_disk')}")
+    assert quiet.console.file.getvalue() == "room under max_disk\n"
+
+
+def test_bytes_that_are_not_whole_characters_are_shown_as_bytes() -> None:
+    """A response cut inside a character (byte-level BPE: one token per byte of a rare
+    character) is written `<0xE6><0x97>`, the bytes UTF-8 gives (not U+FFFD); whole
+    characters are written as the tokenizer writes them."""
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    from hookdump.tools.pictures.tokens import as_text
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["the cat sat", "a dog ran"] * 20, vocab_size=300)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    text = "the 日本 cat"
+    ids = tokenizer.encode(text)
+    assert as_text(tokenizer, ids) == text
+    first = "日".encode()  # the character's own bytes
+    at = len(tokenizer.encode("the ")) + 1  # its first byte's token, after ' '
+    assert tokenizer.decode(ids[:at]).endswith("\ufffd")  # what the tokenizer writes
+    assert as_text(tokenizer, ids[:at]) == f"the <0x{first[0]:02X}>"
+    assert as_text(tokenizer, ids[: at + 1]) == f"the <0x{first[0]:02X}><0x{first[1]:02X}>"
