@@ -97,7 +97,9 @@ def as_text(tokenizer: Any, ids: list[int]) -> str:
     )
 
 
-def _shown_bytes(error: UnicodeDecodeError) -> tuple[str, int]:
+def _shown_bytes(error: UnicodeError) -> tuple[str | bytes, int]:
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
     cut = error.object[error.start : error.end]
     return "".join(f"<0x{b:02X}>" for b in cut), error.end
 
