@@ -148,7 +148,11 @@ def test_bad_arguments_are_one_error(dump: Dump) -> None:
     with pytest.raises(hookdump.HookdumpError, match="batch_size 0 must be an integer of at"):
         next(dump.batches([X], 0))
     with pytest.raises(hookdump.HookdumpError, match="keys must be a non-empty list"):
-        next(dump.batches(X, 4))  # type: ignore[arg-type]
+        next(dump.batches([], 4))
+    # one key may be given as a string (issue 57): the same pass as its list
+    one, listed = dump.batches(X, 4, with_index=True), dump.batches([X], 4, with_index=True)
+    for a, b in zip(one, listed, strict=True):
+        assert a.keys() == b.keys() and torch.equal(a[X], b[X])
 
 
 # The algorithm alone (`pass_batches`), over row ranges held in memory: no dump, no file.

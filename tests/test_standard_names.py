@@ -226,6 +226,9 @@ def test_standard_names_are_refused_in_one_line(gpt2: Path) -> None:
     assert_usage_error(result, "--layers 'blocks.*' matches no module of this model")
     result = invoke("run", f"hf:{gpt2}", "-l", "resid_post", "--capture", "grad", "-n", "1")
     assert_usage_error(result, "--capture grad is taken of modules selected by their own names")
+    # a standard name mistyped (issue 57): the hint names the standard name it meant
+    result = invoke("run", f"hf:{gpt2}", "-l", "resid_pots.1", "-n", "1")
+    assert_usage_error(result, "'resid_pots.1' matches no module", "nearest: resid_post.1")
 
 
 def test_a_token_dump_exports_under_its_standard_name(

@@ -5,10 +5,12 @@ left in it."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+import hookdump
 from hookdump.engine.progress import Progress
 from hookdump.errors import opt, to_stderr
 
@@ -63,3 +65,26 @@ def test_bytes_that_are_not_whole_characters_are_shown_as_bytes() -> None:
     assert tokenizer.decode(ids[:at]).endswith("\ufffd")  # what the tokenizer writes
     assert as_text(tokenizer, ids[:at]) == f"the <0x{first[0]:02X}>"
     assert as_text(tokenizer, ids[: at + 1]) == f"the <0x{first[0]:02X}><0x{first[1]:02X}>"
+
+
+def test_inspect_shows_no_mean_of_token_ids(gpt2: Path, corpus: Path, tmp_path: Path) -> None:
+    """Token ids, sequence numbers and positions have no mean worth reading (`Dump.stats`
+    has none for them): the table shows `-` for their mean and std, their min and max
+    (the ids' range) as they are; the model's keys keep theirs."""
+    import json
+
+    from clitools import invoke
+
+    out = tmp_path / "d"
+    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "5",
+                    "--per-token", "-l", "h.1", "-o", str(out), "-q")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    table = invoke("inspect", str(out)).stdout
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
+    ids = hookdump.load(out)["__token_ids__"]
+    for key in ("__token_ids__", "__sample__", "__position__"):
+        assert key in rows, table
+        assert rows[key][6:8] == ["-", "-"], rows[key]  # mean, std (after "280 B")
+    assert rows["__token_ids__"][8:10] == [f"{int(ids.min()):.4g}", f"{int(ids.max()):.4g}"]
+    assert rows["h.1"][6] != "-" and rows["h.1"][7] != "-"
+    assert json.loads(invoke("inspect", str(out), "--json").stdout)  # the JSON keeps them

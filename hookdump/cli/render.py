@@ -13,6 +13,7 @@ from rich.text import Text
 
 from hookdump.cli._errors import for_cli
 from hookdump.cli._output import printable
+from hookdump.format.keys import INPUT_IDS, TOKEN_KEYS
 from hookdump.format.values import format_bytes
 
 if TYPE_CHECKING:
@@ -197,8 +198,18 @@ def _last(text: str, separators: str, width: int) -> int:
     return max(text.rfind(sep, 0, width) for sep in separators)
 
 
+IDENTIFIERS = frozenset({INPUT_IDS, *TOKEN_KEYS})
+
+
+def _spread(key: KeySummary, value: float) -> float | None:
+    """A key's mean or std as the table shows it: none for ids and positions (token ids,
+    sequence numbers), whose mean means nothing (`Dump.stats` has none for them either)."""
+    return None if not key.stats.count or key.info.key in IDENTIFIERS else value
+
+
 def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Column]:
     stats = [item.stats for item in keys]
+    pairs = list(zip(keys, stats, strict=True))
     count = counted(len(keys), "tensor")
     columns = [
         _Column("key", [Text(printable(k.info.key)) for k in keys], footer=count),
@@ -211,8 +222,8 @@ def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Colu
             "right",
             format_bytes(sum(k.nbytes for k in keys)),
         ),
-        _Column("mean", [Text(format_number(s.mean if s.count else None)) for s in stats], "right"),
-        _Column("std", [Text(format_number(s.std)) for s in stats], "right"),
+        _Column("mean", [Text(format_number(_spread(k, s.mean))) for k, s in pairs], "right"),
+        _Column("std", [Text(format_number(_spread(k, s.std))) for k, s in pairs], "right"),
         _Column("min", [Text(format_number(s.min if s.count else None)) for s in stats], "right"),
         _Column("max", [Text(format_number(s.max if s.count else None)) for s in stats], "right"),
         _Column(

@@ -12,7 +12,7 @@ stands for `blocks.5.hook_resid_post`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -181,6 +181,18 @@ def spelled_out(pattern: str) -> str:
     if short is None:
         return pattern
     return f"blocks.{short[2] or '*'}.hook_{short[1]}"
+
+
+def short_names(sites: Iterable[str]) -> list[str]:
+    """The short forms (`resid_post.5`) of standard names (`blocks.5.hook_resid_post`)
+    that have one, for "did you mean" hints."""
+    found = []
+    for name in sites:
+        _, number, hook = name.split(".", 2)
+        alias = hook.removeprefix("hook_")
+        if alias in ALIASES:
+            found.append(f"{alias}.{number}")
+    return found
 
 
 def looks_standard(pattern: str) -> bool:

@@ -14,6 +14,7 @@ from hookdump.hooks.names import (
     FAMILIES,
     Site,
     looks_standard,
+    short_names,
     spelled_out,
     standard_sites,
 )
@@ -134,8 +135,9 @@ def _check_patterns(
         if standard and _matched(spelled_out(pattern), sites):
             continue
         flag = opt("layers") if pattern in layers else opt("exclude")
-        if not standard:
-            raise HookdumpError(_no_match(f"{flag} {pattern!r}", pattern, names))
+        if not standard:  # a module's name mistyped, or a standard one (`resid_pots.5`)
+            candidates = [*names, *short_names(sites)]
+            raise HookdumpError(_no_match(f"{flag} {pattern!r}", pattern, candidates))
         if not sites:
             raise HookdumpError(
                 f"{flag} {pattern!r} is a standard name, but this model has no block of a "

@@ -174,7 +174,7 @@ class Dump(Mapping[str, torch.Tensor]):
     @keywords_checked
     def batches(
         self,
-        keys: list[str],
+        keys: list[str] | str,
         batch_size: int,
         *,
         shuffle: bool = False,
@@ -188,7 +188,8 @@ class Dump(Mapping[str, torch.Tensor]):
         smaller), as dicts of aligned tensors: for training probes or sparse autoencoders.
 
         Args:
-            keys: the keys to read; row i of each is the same sample (or token).
+            keys: the keys to read (a list, or one key as a string); row i of each is the
+                same sample (or token).
             batch_size: rows per batch.
             shuffle: rows in an order drawn from the whole dump, fixed by `seed`: blocks of
                 about 8 MiB of `keys` read in a random order across all shards, their rows
@@ -210,12 +211,12 @@ class Dump(Mapping[str, torch.Tensor]):
             ...     train_step(batch["layer4"])
         """
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
-        return iter_batches(self.reader, keys, options)
+        return iter_batches(self.reader, _as_list(keys), options)
 
     @keywords_checked
     def dataset(
         self,
-        keys: list[str],
+        keys: list[str] | str,
         batch_size: int,
         *,
         shuffle: bool = False,
@@ -233,7 +234,7 @@ class Dump(Mapping[str, torch.Tensor]):
         num_workers=N, pin_memory=True)`. `start` counts this rank's batches.
         """
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
-        return DumpDataset(KeysPass(self.reader, list(keys)), options, rank, world_size)
+        return DumpDataset(KeysPass(self.reader, list(_as_list(keys))), options, rank, world_size)
 
     def __repr__(self) -> str:
         """The summary in short: the dump, then a line per key (the first REPR_KEYS)."""
@@ -377,3 +378,8 @@ def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:
         },
     }
     return Manifest.of_checked(manifest), rows
+
+
+def _as_list(keys: list[str] | str) -> list[str]:
+    """The keys of a pass: one key may be given as a string."""
+    return [keys] if isinstance(keys, str) else keys
