@@ -76,8 +76,8 @@ def test_inspect_shows_no_mean_of_token_ids(gpt2: Path, corpus: Path, tmp_path: 
     from clitools import invoke
 
     out = tmp_path / "d"
-    result = invoke("run", f"hf:{gpt2}", "--text", str(corpus), "--context-size", "5",
-                    "--per-token", "-l", "h.1", "-o", str(out), "-q")  # fmt: skip
+    text = ["--text", str(corpus), "--context-size", "5", "--per-token"]
+    result = invoke("run", f"hf:{gpt2}", *text, "-l", "h.1", "-o", str(out), "-q")
     assert result.exit_code == 0, result.stderr
     table = invoke("inspect", str(out)).stdout
     rows = {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
@@ -88,3 +88,23 @@ def test_inspect_shows_no_mean_of_token_ids(gpt2: Path, corpus: Path, tmp_path: 
     assert rows["__token_ids__"][8:10] == [f"{int(ids.min()):.4g}", f"{int(ids.max()):.4g}"]
     assert rows["h.1"][6] != "-" and rows["h.1"][7] != "-"
     assert json.loads(invoke("inspect", str(out), "--json").stdout)  # the JSON keeps them
+
+
+def test_a_long_title_wraps_inside_the_picture(tmp_path: Path) -> None:
+    """A picture's title (a long key, here) is wrapped onto lines that fit: no text reaches
+    the picture's left or right edge (it was cut there: "shape [12")."""
+    import torch
+    from clitools import invoke
+    from PIL import Image
+
+    name = "a_rather_long_module_name_" * 6
+    model = torch.nn.Sequential()
+    model.add_module(name, torch.nn.Linear(4, 40))
+    hookdump.dump(model, [torch.randn(3, 4)], tmp_path / "d", layers=[name], progress=False)
+    result = invoke("show", str(tmp_path / "d"), name, "-s", "1", "-o", str(tmp_path / "x.png"))
+    assert result.exit_code == 0, result.stderr
+    picture = Image.open(tmp_path / "x.png").convert("L")
+    width, height = picture.size
+    edges = [*range(4), *range(width - 4, width)]
+    band = [picture.getpixel((x, y)) for y in range(height // 8) for x in edges]
+    assert min(band) > 200, "the title reaches an edge of the picture"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import textwrap
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,18 @@ def plain(text: str) -> str:
     return printable(text).replace("$", r"\$")
 
 
-def fitted(title: str, inches: float) -> str:
-    """`title` wrapped onto lines that fit a figure `inches` wide (at the title's size)."""
-    return "\n".join(textwrap.fill(line, max(30, int(inches * 11))) for line in title.splitlines())
+def fitted(title: str, figure: Any, points: float = 12.0) -> str:
+    """`title` wrapped onto lines that fit `figure`'s width, in a font of `points`
+    (matplotlib's title size is 12): about 100 / points characters an inch, which leaves
+    the margins the axes take (a title is centred on its axes, not the figure). The title
+    as given is what `saved` reports."""
+    _TITLES[figure] = title
+    width = max(30, int(figure.get_figwidth() * 100 / points))
+    return "\n".join(textwrap.fill(line, width) for line in title.splitlines())
+
+
+# each figure's title as given, before `fitted` wrapped it
+_TITLES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def save(figure: Any, out: Path, option: str = "out") -> None:
@@ -110,7 +120,8 @@ def saved(
     save(figure, out)
     first = axes if axes is not None else (figure.axes[0] if figure.axes else None)
     labels = [t.get_text() for t in first.get_yticklabels()] if first is not None else []
-    title = figure.get_suptitle() or (first.get_title() if first is not None else "")
+    title = _TITLES.get(figure) or figure.get_suptitle()
+    title = title or (first.get_title() if first is not None else "")
     width, height = figure.canvas.get_width_height()
     box = None
     if axes is not None:  # the cells' box, in the saved picture's pixels (y from the top)

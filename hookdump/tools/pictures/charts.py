@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hookdump.tools.pictures.canvas import CMAP, Picture, plain, pyplot, saved
+from hookdump.tools.pictures.canvas import CMAP, Picture, fitted, plain, pyplot, saved
 
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
 MAX_BARS = 256  # longer vectors are drawn as a sorted profile
@@ -50,7 +50,7 @@ def heatmap(
         else:
             axes.yaxis.set_major_locator(MaxNLocator(integer=True))
             axes.set_ylabel(f"row (of {values.shape[0]})")
-        axes.set_title(plain(title))
+        axes.set_title(fitted(plain(title), figure))
         return saved(figure, axes, out, "heatmap", values.shape)
     finally:
         plt.close(figure)
@@ -87,7 +87,7 @@ def cls_and_patches(values: torch.Tensor, grid: int, out: Path, title: str) -> P
         axes["patches"].set_ylabel(f"patch (of {grid * grid}, row by row)")
         axes["patches"].set_xlabel(f"dimension (of {values.shape[1]})")
         figure.colorbar(rows, ax=[axes["cls"], axes["patches"]], label="value")
-        figure.suptitle(plain(title))
+        figure.suptitle(fitted(plain(title), figure))
         which = f"CLS norm {cls_norm:.4g}, patches as a {grid}x{grid} grid"
         shape = tuple(values.shape)
         return saved(figure, axes["patches"], out, "CLS and patches", shape, which=which)
@@ -137,7 +137,7 @@ def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
             chart = "sorted profile"
         axes.set_ylabel("value")
         axes.grid(True, alpha=0.3)
-        axes.set_title(plain(title))
+        axes.set_title(fitted(plain(title), figure))
         return saved(figure, None, out, chart, (0, 0))
     finally:
         plt.close(figure)
@@ -183,7 +183,7 @@ def histogram(values: torch.Tensor, out: Path, title: str) -> Picture:
         axes.set_xlabel(f"value ({finite.numel():,} finite of {flat.numel():,})")
         axes.set_ylabel("count")
         axes.grid(True, alpha=0.3)
-        axes.set_title(plain(title))
+        axes.set_title(fitted(plain(title), figure))
         return saved(figure, None, out, "histogram", (0, 0))
     finally:
         plt.close(figure)
@@ -204,7 +204,7 @@ def number(value: float, out: Path, title: str) -> Picture:
             va="center",
             fontsize=36,
         )
-        axes.set_title(plain(title))
+        axes.set_title(fitted(plain(title), figure))
         return saved(figure, None, out, f"the value {value:.6g}", (0, 0))
     finally:
         plt.close(figure)

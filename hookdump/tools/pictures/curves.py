@@ -19,7 +19,7 @@ from typing import Any
 from hookdump.format.keys import RESERVED_KEYS
 from hookdump.store.stats import KeySummary
 from hookdump.tools.diff import DiffResult, KeyDiff
-from hookdump.tools.pictures.canvas import check_format, plain, pyplot, save
+from hookdump.tools.pictures.canvas import check_format, fitted, plain, pyplot, save
 
 MAX_LABELS = 40  # keys named on the x axis; the others are ticks only
 WIDTH, HEIGHT, DPI = 12.0, 6.0, 100  # inches, and pixels per inch: 1200x600 PNGs
@@ -77,7 +77,7 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str, bookkeeping: bool 
         axes.set_yscale("symlog", linthresh=_linear_range(mean, std, low, high))
         _key_axis(axes, [k.info.key for k in keys])
         axes.set_ylabel("value (symmetric log scale)")
-        axes.set_title(plain(title))
+        axes.set_title(fitted(plain(title), axes.figure))
         clear = _legend_beside(axes)
         axes.grid(True, alpha=0.3)
         save(axes.figure, out)
@@ -142,7 +142,7 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
         axes.set_xlim(-0.5, len(items) - 0.5)
         _key_axis(axes, [i.key for i in items])
         axes.set_ylabel("error (log scale)")
-        axes.set_title(plain(title))
+        axes.set_title(fitted(plain(title), axes.figure))
         clear = _legend_beside(axes)
         axes.grid(True, alpha=0.3)
         save(axes.figure, out, "plot")

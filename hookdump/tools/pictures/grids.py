@@ -173,7 +173,7 @@ def heads(
             image, ax=list(grid_axes.flat), label=_bar_label(tiling.scale, "head", what)
         )
         heading = f"{title}\n{which}; {_scale_phrase(tiling.scale, 'head')}"
-        figure.suptitle(plain(fitted(heading, figure.get_figwidth())), fontsize=11)
+        figure.suptitle(fitted(plain(heading), figure, 11), fontsize=11)
         figure.supxlabel("key token" if labels else "key position")
         figure.supylabel("query token" if labels else "query position")
         return saved(figure, None, out, f"{what} per head", (0, 0), count, which)

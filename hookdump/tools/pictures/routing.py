@@ -105,7 +105,7 @@ def _draw(grid: torch.Tensor, labels: list[str] | None, out: Path, title: str) -
             axes.set_ylabel("token")
         else:
             axes.set_ylabel(f"token (of {tokens})")
-        axes.set_title(fitted(plain(title), size[0]), fontsize=10)
+        axes.set_title(fitted(plain(title), figure, 10), fontsize=10)
         figure.tight_layout()
         return saved(figure, axes, out, "routing", (tokens, experts))
     finally:
