@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,6 +98,9 @@ def test_another_dtype_is_compared_by_value_in_the_wider_one(tmp_path: Path) -> 
     row = next(k for k in json.loads(strict.stdout)["keys"] if k["key"] == "linear_1")
     assert (row["status"], row["dtypes"]) == ("differ", "float32 vs bfloat16")
     assert row["max_abs"] == pytest.approx(float(rounding.max()), rel=1e-6)
+    larger = torch.maximum(values.abs(), values.bfloat16().float().abs())
+    rel = (rounding / larger).nan_to_num(nan=0.0)  # 0/0: equal zeros
+    assert row["max_rel"] == pytest.approx(float(rel.max()), rel=1e-6)
 
     loose = invoke("diff", str(a), str(half), "--rtol", "0.01", "--all")
     assert loose.exit_code == 0, loose.stdout
@@ -292,3 +296,28 @@ def test_what_is_not_a_dump_is_named_for_what_it_is(tmp_path: Path) -> None:
         "against 2 keys ('embed.weight', 'head.bias'); they are dumps of different models or "
         "layers\n"
     )
+
+
+class _Act(torch.nn.Module):
+    def __init__(self, act: torch.nn.Module) -> None:
+        super().__init__()
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x)
+
+
+@pytest.mark.parametrize(
+    ("act", "want"), [(torch.nn.ReLU(), 1.0), (_Act(torch.nn.Identity()), 0.0)]
+)
+def test_max_rel_is_relative_to_the_larger_value(tmp_path: Path, act: Any, want: float) -> None:
+    """A ReLU's zero against the value it zeroed is a relative error of 1 (it was infinite,
+    relative to B's zero); the same values, 0; opposite signs, 2 (by hand)."""
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(0)) - 0.2
+    a = hookdump.dump(_Act(torch.nn.Identity()), [x], tmp_path / "a", layers=["act"])
+    b = hookdump.dump(_Act(act), [x], tmp_path / "b", layers=["act"])
+    c = hookdump.dump(_Act(torch.nn.Identity()), [-x], tmp_path / "c", layers=["act"])
+    for other, expected in ((b, want), (c, 2.0)):
+        result = invoke("diff", str(a.path), str(other.path), "--json")
+        row = next(k for k in json.loads(result.stdout)["keys"] if k["key"] == "act")
+        assert row["max_rel"] == pytest.approx(expected), row

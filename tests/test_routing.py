@@ -216,7 +216,7 @@ def test_show_draws_tokens_by_experts_and_inspect_says_each_experts_load(
     assert report["experts"] == {f"{block}:topk_ids": counts}
     line = next(x for x in invoke("inspect", str(out)).stdout.splitlines() if "experts of" in x)
     top = max(range(EXPERTS), key=lambda e: (counts[e], -e))
-    assert line.startswith(f"experts of {block}: most {top} {counts[top] / sum(counts):.0%}")
+    assert line.startswith(f"experts of {block}: most #{top} {counts[top] / sum(counts):.0%}")
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])

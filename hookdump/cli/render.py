@@ -312,7 +312,7 @@ def _expert_line(key: str, counts: list[int]) -> str:
     order = sorted(range(len(counts)), key=lambda e: (-counts[e], e))
 
     def shares(experts: list[int]) -> str:
-        return ", ".join(f"{e} {counts[e] / total:.0%}" for e in experts)
+        return ", ".join(f"#{e} {counts[e] / total:.0%}" for e in experts)  # #5: an expert
 
     module = printable(key.rsplit(":", 1)[0])
     least = shares(sorted(order[-2:], key=lambda e: (counts[e], e))) if len(order) > 3 else ""

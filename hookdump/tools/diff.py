@@ -275,7 +275,9 @@ def _accumulate(
     if not x.numel():
         return
     diff.max_abs = max(diff.max_abs, float(delta.max()))
-    rel = delta.div_(scale).nan_to_num_(nan=0.0, posinf=math.inf)  # 0/0 -> 0, x/0 -> inf
+    # relative to the larger of the two: 2 at most (opposite signs), 1 where one side is 0
+    # (a ReLU's zero against a small value was an infinite error relative to B), 0/0 -> 0
+    rel = delta.div_(torch.maximum(scale, x.abs())).nan_to_num_(nan=0.0)
     diff.max_rel = max(diff.max_rel, float(rel.max()))
     diff._dot += float((x * y).sum(dtype=torch.float64))
     diff._norm_a += float((x * x).sum(dtype=torch.float64))
