@@ -190,3 +190,32 @@ def test_a_long_name_among_words_folds_after_a_dot() -> None:
     column = lines[header].index("class")
     cells = [line[column:].split("  ")[0].strip() for line in lines[header + 1 :]]
     assert cells == ["output of", "model.", "layers.3.", "self_attn"]  # not `model.layer`
+
+
+def test_layers_at_80_columns_keeps_words_and_the_tree_whole() -> None:
+    """A MoE model's `layers --tree` at 80 columns (issue 57): a class name breaks only
+    where a CamelCase word starts (`MixtralTopK` / `Router`, not `MixtralTopKR` / `outer`),
+    a folded name keeps its indentation, and outputs that all lack a batch dim say so once."""
+    from hookdump.cli.render import layers_table
+    from hookdump.tools.layers import LayerRow
+
+    gate = "model.layers.0.mlp.gate"
+    rows = [
+        LayerRow("model.layers.0", "MixtralDecoderLayer", 21696, 1, {"": [128, 32]}),
+        LayerRow("model.layers.0.self_attn.q_proj", "Linear", 1024, 1, {"": [128, 32]}),
+        LayerRow(gate, "MixtralTopKRouter", 128, 1, {"0": [256, 4], "1": [256, 2], "2": [256, 2]},
+                 unbatched=["0", "1", "2"]),
+    ]  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(layers_table(rows, 80, indent=True))
+    lines = out.getvalue().splitlines()
+    header = next(i for i, line in enumerate(lines) if "class" in line)
+    name_end, klass, params = (lines[header].index(w) for w in ("class", "class", "params"))
+    classes = [line[klass:params].strip() for line in lines[header + 1 :]]
+    shown = [c for c in classes if c]
+    assert shown == ["Mixtral", "DecoderLayer", "Linear", "MixtralTopK", "Router"], shown
+    names = [line[:name_end].rstrip() for line in lines[header + 1 :]]
+    q = next(i for i, n in enumerate(names) if "self_attn" in n)
+    indent = names[q].index("model.")  # the tree's indentation, on the folded line too
+    assert names[q + 1][:indent].strip() == "" and names[q + 1][indent:] == "q_proj", names
+    assert " ".join(out.getvalue().split()).count("(no batch dim)") == 1  # folded lines joined

@@ -174,24 +174,35 @@ def _broken(cell: Text, width: int) -> Text:
     dot, colon or slash, else an underscore (`blocks.5.` `hook_resid_post`), mid-word only
     where a word is wider than `width`; rich wraps the rest at its spaces."""
     text = cell.plain
-    words = text.split(" ")
+    indent = len(text) - len(text.lstrip(" "))  # a tree's indentation, kept on every line
+    words = text[indent:].split(" ")
     if (
-        max(len(word) for word in words) <= width
+        max(len(word) for word in words) <= width - indent
         or cell.spans
         or len(text) != cell.cell_len
         or any(c.isspace() and c != " " for c in text)
     ):
         return cell
-    return Text(" ".join(_name_lines(word, width) for word in words), style=cell.style)
+    lines = " ".join(_name_lines(word, max(width - indent, 8)) for word in words)
+    return Text("\n".join(" " * indent + line for line in lines.split("\n")), style=cell.style)
 
 
 def _name_lines(name: str, width: int) -> str:
     lines = []
     while len(name) > width:
         cut = next((c for seps in BREAKS if (c := _last(name, seps, width) + 1)), 0)
+        cut = cut or _camel(name, width)  # a class name: `MixtralTopK` `Router`
         lines.append(name[: cut or width])
         name = name[cut or width :]
     return "\n".join([*lines, name])
+
+
+def _camel(name: str, width: int) -> int:
+    """Where a CamelCase word may break within `width`: before its last capital that
+    starts a word (after a small letter, or before one: `TopK|Router`; 0: nowhere)."""
+    capitals = [i for i in range(1, min(width, len(name) - 1) + 1) if name[i].isupper()]
+    starts = [i for i in capitals if name[i - 1].islower() or name[i + 1].islower()]
+    return max(starts, default=0)
 
 
 def _last(text: str, separators: str, width: int) -> int:
@@ -447,10 +458,12 @@ def format_outputs(row: LayerRow) -> str:
     if not row.outputs:
         return "-"
     parts = []
+    every = all(part in row.unbatched for part in row.outputs)  # said once, at the end
     for part, shape in row.outputs.items():
         text = format_shape(shape) if part == "" else f"{part}: {format_shape(shape)}"
-        parts.append(f"{text} (no batch dim)" if part in row.unbatched else text)
-    return ", ".join(parts[:4]) + (f", … ({len(parts)} parts)" if len(parts) > 4 else "")
+        parts.append(f"{text} (no batch dim)" if part in row.unbatched and not every else text)
+    shown = ", ".join(parts[:4]) + (f", … ({len(parts)} parts)" if len(parts) > 4 else "")
+    return f"{shown} (no batch dim)" if every else shown
 
 
 def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> None:
