@@ -108,3 +108,36 @@ def test_a_long_title_wraps_inside_the_picture(tmp_path: Path) -> None:
     edges = [*range(4), *range(width - 4, width)]
     band = [picture.getpixel((x, y)) for y in range(height // 8) for x in edges]
     assert min(band) > 200, "the title reaches an edge of the picture"
+
+
+def test_a_generated_sequence_named_by_its_id_is_drawn_whole(tmp_path: Path) -> None:
+    """`show -s prompts.txt:2` of a `--generate --per-token` dump: every token row of that
+    sequence as one [tokens, features] heatmap (it drew the first token alone), rows named
+    by their tokens, the response told apart (a line above it); a row number still draws
+    that one row."""
+    import transformers
+    from clitools import invoke
+    from tiny_text import tiny_causal_lm
+
+    from hookdump.tools.pictures.sample import draw_sample
+
+    model = tiny_causal_lm(tmp_path / "lm")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat sat\na dog ran in the\n")
+    out, key = tmp_path / "gen", "transformer.h.1"
+    run = ["--text", str(prompts), "--generate", "6", "--per-token", "-l", key, "-q"]
+    result = invoke("run", f"hf:{model}", *run, "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    dump = hookdump.load(out)
+    mine = dump["__sample__"] == 1
+    picture = draw_sample(out, key, tmp_path / "seq.png", f"{prompts}:2")
+    assert (picture.rows, picture.cols) == (int(mine.sum()), dump.info(key).shape[0])
+    tokens = transformers.AutoTokenizer.from_pretrained(model).convert_ids_to_tokens(
+        dump["__token_ids__"][mine].tolist()
+    )
+    assert [label.strip("·") for label in picture.labels] == [t.strip() for t in tokens]
+    response = int(dump["__response__"][mine].sum())
+    assert 0 < response < int(mine.sum())
+    assert f"of the response (below the line), shape [{int(mine.sum())}," in picture.title
+    one = draw_sample(out, key, tmp_path / "row.png", "3")  # a row number: one row, bars
+    assert one.chart != "heatmap"

@@ -22,6 +22,7 @@ from hookdump.tools.pictures.canvas import CMAP, Picture, fitted, plain, pyplot,
 
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
 MAX_BARS = 256  # longer vectors are drawn as a sorted profile
+SPLIT_COLOUR = "crimson"  # a generated sequence's response: its rows' labels, the line above
 TOP_UNITS = 5  # the largest units named on a vector's picture, and the most negative
 _LABEL_BOX = {"facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
 TOKEN_LABELS = 48  # token strings written on the axis, at most
@@ -31,9 +32,15 @@ SIZE, DPI = (10.0, 6.0), 100
 
 
 def heatmap(
-    values: torch.Tensor, out: Path, title: str, row_labels: list[str] | None = None
+    values: torch.Tensor,
+    out: Path,
+    title: str,
+    row_labels: list[str] | None = None,
+    split: int | None = None,
 ) -> Picture:
-    """`[rows, cols]` values as cells (NaN blank), rows labelled with `row_labels` (tokens)."""
+    """`[rows, cols]` values as cells (NaN blank), rows labelled with `row_labels` (tokens);
+    `split`: the first row of a second part (a generated sequence's response), a line above
+    it and its rows' labels in the line's colour."""
     values = _cut(values)
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -45,8 +52,10 @@ def heatmap(
         axes.set_xlabel(f"dimension (of {values.shape[1]})")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # cells, not fractions
         if row_labels is not None:
-            _label_rows(axes, row_labels[: values.shape[0]])
+            _label_rows(axes, row_labels[: values.shape[0]], split)
             axes.set_ylabel("token")
+        if split is not None and 0 < split < values.shape[0]:
+            axes.axhline(split - 0.5, color=SPLIT_COLOUR, linewidth=2)
         else:
             axes.yaxis.set_major_locator(MaxNLocator(integer=True))
             axes.set_ylabel(f"row (of {values.shape[0]})")
@@ -216,8 +225,9 @@ def _cut(values: torch.Tensor) -> torch.Tensor:
     return values[: max(1, MAX_CELLS // cols), :cols]
 
 
-def _label_rows(axes: Any, labels: list[str]) -> None:
-    """Token labels on the rows (every Nth beyond TOKEN_LABELS), padding's in grey."""
+def _label_rows(axes: Any, labels: list[str], split: int | None = None) -> None:
+    """Token labels on the rows (every Nth beyond TOKEN_LABELS), padding's in grey, those
+    from `split` on (a response's) in SPLIT_COLOUR."""
     step = max(1, math.ceil(len(labels) / TOKEN_LABELS))
     shown = list(range(0, len(labels), step))
     axes.set_yticks(shown)
@@ -225,3 +235,5 @@ def _label_rows(axes: Any, labels: list[str]) -> None:
     for tick, index in zip(ticks, shown, strict=True):
         if labels[index].endswith(PAD_MARK):
             tick.set_color("grey")
+        elif split is not None and index >= split:
+            tick.set_color(SPLIT_COLOUR)

@@ -3,7 +3,9 @@ the file's extension names (`.png`, `.svg`, `.pdf`).
 
 - `[C, H, W]`: a grid of feature maps (`pictures.grids`);
 - attention patterns and scores `[heads, T, T]`: a heatmap per head (`pictures.grids`);
-- `[T, D]` rows: a heatmap, rows named by their tokens where the dump has them;
+- `[T, D]` rows: a heatmap, rows named by their tokens where the dump has them; a sequence
+  of token rows named by its id (`-s prompts.txt:2`) likewise, drawn whole, a generated
+  response below a line;
 - a vector: bars, or a sorted profile when long; one number: the number;
 - a mixture-of-experts block's routing (`M:topk_ids`, ...): tokens by experts, each cell
   the weight the token gave the expert (`pictures.routing`);
@@ -24,14 +26,15 @@ import torch
 
 from hookdump.choices import ROUTING_KINDS
 from hookdump.errors import HookdumpError, did_you_mean, opt
-from hookdump.format.keys import SAMPLE
+from hookdump.format.keys import RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.store.read.dump import Dump
 from hookdump.tools.pictures import charts, grids
 from hookdump.tools.pictures.canvas import Picture, check_format
 from hookdump.tools.pictures.routing import routing_picture
-from hookdump.tools.pictures.tokens import Tokens, row_token, sample_tokens
+from hookdump.tools.pictures.tokens import Tokens, row_token, sample_tokens, written
 
 MAX_ROW_BYTES = 256 << 20
+MAX_SEQUENCE_ROWS = 4096  # a sequence drawn whole: its first rows at most
 MAX_SUGGESTED = 100_000  # the most sample ids searched for a did-you-mean
 
 
@@ -65,6 +68,7 @@ def draw_sample(
     check_format(out)
     tiling.check()
     dump = known_key(dump_path, key, storage_options)
+    named = sample
     sample = pick_row(dump, sample)
     if not 0 <= sample < dump.num_samples:
         raise HookdumpError(
@@ -82,7 +86,53 @@ def draw_sample(
             f"KEY {key!r}: a sample is {row_bytes / (1 << 20):,.0f} MiB, more than "
             f"show draws ({MAX_ROW_BYTES >> 20} MiB); read it with hookdump.load(...).row(...)"
         )
+    whole = _sequence_named(dump, key, named, sample)
+    if whole is not None:
+        return _draw_sequence(dump, key, whole, out)
     return _draw(dump, key, sample, dump.row(key, sample).float(), out, tiling, padding)
+
+
+def _sequence_named(dump: Dump, key: str, named: int | str, first: int) -> range | None:
+    """The token rows of the sequence `named` names (a sample id of a dump of token rows,
+    whose rows of `key` are vectors: drawn whole); None for a row number or anything else."""
+    text = str(named).strip()
+    info = dump.info(key)
+    if (
+        not dump.manifest.token_rows
+        or isinstance(named, int)
+        or text.lstrip("-").isdigit()
+        or len(info.shape) != 1
+        or info.kind in ROUTING_KINDS
+    ):
+        return None
+    sequence = int(dump.row(SAMPLE, first))
+    end = _first_token_row(dump, sequence + 1, missing_ok=True)
+    most = min(MAX_SEQUENCE_ROWS, MAX_ROW_BYTES // max(1, dump.reader.row_bytes([key])))
+    return range(first, min(end, first + max(1, most)))
+
+
+def _draw_sequence(dump: Dump, key: str, rows: range, out: Path) -> Picture:
+    """A generated (or any) sequence's token rows of `key` as one `[tokens, features]`
+    heatmap, the tokens on the rows, the response's below a line and in its colour."""
+    values = torch.stack([dump.row(key, row).float() for row in rows])
+    ids = [int(dump.row(TOKEN_IDS, row)) for row in rows] if TOKEN_IDS in dump else []
+    labels = written(dump, ids) if ids else None
+    response = [bool(dump.row(RESPONSE, row)) for row in rows] if RESPONSE in dump else []
+    split = response.index(True) if True in response else None
+    sequence = int(dump.row(SAMPLE, rows[0]))
+    ids_of = dump.manifest.sample_ids
+    name = ids_of[sequence] if isinstance(ids_of, list) and sequence < len(ids_of) else sequence
+    info = dump.info(key)
+    told = ""
+    if split is not None:
+        told = f": {split} of the prompt, {len(rows) - split} of the response (below the line)"
+    whole = _first_token_row(dump, sequence + 1, missing_ok=True) - rows[0]
+    cut = f" (the first {len(rows)} of {whole})" if len(rows) < whole else ""
+    title = (
+        f"{key} ({info.module_type}), sequence {name}, {len(rows)} tokens{cut}{told}, "
+        f"shape [{len(rows)}, {values.shape[1]}]"
+    )
+    return charts.heatmap(values, out, title, labels, split)
 
 
 def pick_row(dump: Dump, sample: int | str) -> int:
@@ -111,9 +161,10 @@ def pick_row(dump: Dump, sample: int | str) -> int:
     return _first_token_row(dump, index)
 
 
-def _first_token_row(dump: Dump, sequence: int) -> int:
+def _first_token_row(dump: Dump, sequence: int, missing_ok: bool = False) -> int:
     """The first token row of sequence `sequence` (`__sample__` grows along the rows: a
-    binary search, a row read at each step)."""
+    binary search, a row read at each step); `missing_ok`: the first row of a later one,
+    or the row count, where the sequence kept no row."""
     lo, hi = 0, dump.num_samples
     while lo < hi:
         middle = (lo + hi) // 2
@@ -121,6 +172,8 @@ def _first_token_row(dump: Dump, sequence: int) -> int:
             lo = middle + 1
         else:
             hi = middle
+    if missing_ok:
+        return lo
     if lo == dump.num_samples or int(dump.row(SAMPLE, lo)) != sequence:
         raise HookdumpError(
             f"{opt('sample')}: sequence {sequence} kept no token row in {dump.path}"
