@@ -366,6 +366,11 @@ def _indexed(
     return batch
 
 
+def as_keys(keys: list[str] | str) -> list[str]:
+    """The keys of a pass: one key may be given as a string."""
+    return [keys] if isinstance(keys, str) else keys
+
+
 def check(dump: ShardReader, keys: list[str], options: PassOptions) -> None:
     """The arguments of a pass, before anything is read."""
     if isinstance(keys, str) or not keys:

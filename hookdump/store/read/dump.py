@@ -17,7 +17,7 @@ from hookdump.format.manifest import EXPORT_MARKER, FORMAT, MANIFEST, Manifest
 from hookdump.format.values import format_bytes
 from hookdump.store.features import FIELDS
 from hookdump.store.location import Remote, UrlPath, is_url, local
-from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, iter_batches
+from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, as_keys, iter_batches
 from hookdump.store.read.dataset import DumpDataset, KeysPass
 from hookdump.store.read.manifest import read_manifest, read_remote_manifest
 from hookdump.store.read.reader import ShardReader, allocation_failed
@@ -211,7 +211,7 @@ class Dump(Mapping[str, torch.Tensor]):
             ...     train_step(batch["layer4"])
         """
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
-        return iter_batches(self.reader, _as_list(keys), options)
+        return iter_batches(self.reader, as_keys(keys), options)
 
     @keywords_checked
     def dataset(
@@ -234,7 +234,7 @@ class Dump(Mapping[str, torch.Tensor]):
         num_workers=N, pin_memory=True)`. `start` counts this rank's batches.
         """
         options = PassOptions(batch_size, shuffle, seed, with_index, drop_last, start, buffer_bytes)
-        return DumpDataset(KeysPass(self.reader, list(_as_list(keys))), options, rank, world_size)
+        return DumpDataset(KeysPass(self.reader, list(as_keys(keys))), options, rank, world_size)
 
     def __repr__(self) -> str:
         """The summary in short: the dump, then a line per key (the first REPR_KEYS)."""
@@ -378,8 +378,3 @@ def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:
         },
     }
     return Manifest.of_checked(manifest), rows
-
-
-def _as_list(keys: list[str] | str) -> list[str]:
-    """The keys of a pass: one key may be given as a string."""
-    return [keys] if isinstance(keys, str) else keys

@@ -33,7 +33,14 @@ from hookdump.errors import HookdumpError, InvalidDump, keywords_checked, opt, t
 from hookdump.format.manifest import MANIFEST, ShardEntry
 from hookdump.store.beside import Beside, beside, note_alive, running_note
 from hookdump.store.location import UrlPath
-from hookdump.store.read.batches import BUFFER_BYTES, ROW, PassOptions, check, check_numbers
+from hookdump.store.read.batches import (
+    BUFFER_BYTES,
+    ROW,
+    PassOptions,
+    as_keys,
+    check,
+    check_numbers,
+)
 from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.manifest import manifest_at
 from hookdump.store.read.progress import INSIDE_FILE, Progress, follow_file, lock_file
@@ -48,7 +55,7 @@ WAIT_NOTICE_S = 5.0  # with no dump there this long, a follower says what it wai
 @keywords_checked
 def follow(
     path: str | Path,
-    keys: list[str],
+    keys: list[str] | str,
     batch_size: int,
     *,
     shuffle: bool = False,
@@ -85,7 +92,7 @@ def follow(
         >>> for batch in hookdump.follow("acts/", [key], 4096, shuffle=True, consume=True):
         ...     train_step(batch[key])
     """
-    source = _FollowPass(beside(path, storage_options), keys, consume, name,
+    source = _FollowPass(beside(path, storage_options), as_keys(keys), consume, name,
                          notice or to_stderr, timeout)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
@@ -96,7 +103,7 @@ def follow(
 @keywords_checked
 def follow_dataset(
     path: str | Path,
-    keys: list[str],
+    keys: list[str] | str,
     batch_size: int,
     *,
     shuffle: bool = False,
@@ -115,7 +122,7 @@ def follow_dataset(
     torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
-    source = _FollowPass(beside(path, storage_options), keys, consume, name, to_stderr,
+    source = _FollowPass(beside(path, storage_options), as_keys(keys), consume, name, to_stderr,
                          timeout)  # fmt: skip
     options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
                           buffer_bytes=buffer_bytes)  # fmt: skip
