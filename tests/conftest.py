@@ -16,8 +16,35 @@ torch.set_num_threads(2)
 _S3_TEST = ("moto", "s3fs", "ray", "flask", "boto")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--heavy",
+        action="store_true",
+        default=False,
+        help="also run the heavy cases (marked slow: several processes, Ray, torchrun, "
+        "full-size models, huge inputs), as .ci/run does",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The default run is the fast set: the cases marked slow run with --heavy (or when
+    picked with -m slow)."""
+    if config.getoption("--heavy") or "slow" in (config.getoption("-m") or ""):
+        return
+    heavy = [item for item in items if item.get_closest_marker("slow") is not None]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say why tests skipped where the count is printed: most need the `s3-test` extra."""
+    deselected = terminalreporter.stats.get("deselected", [])
+    if deselected and not terminalreporter.config.getoption("--heavy"):
+        terminalreporter.write_line(
+            f"{len(deselected)} heavy cases left out of this run (several processes, Ray, "
+            "torchrun, huge inputs): python -m pytest --heavy runs them too, as CI does"
+        )
     skipped = terminalreporter.stats.get("skipped", [])
     extra = [r for r in skipped if any(f"'{m}" in str(r.longrepr) for m in _S3_TEST)]
     if extra:

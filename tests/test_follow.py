@@ -22,6 +22,8 @@ import torch
 
 import hookdump
 
+pytestmark = pytest.mark.slow  # several processes: run with --heavy (CI)
+
 ROWS, BATCH = 96, 8
 DEADLINE_S = 300  # a process of these tests still running then has hung
 SHARD, BUDGET = "8KiB", "40KiB"  # a batch of avgpool is 16 KiB: a shard of its own each

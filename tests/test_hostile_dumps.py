@@ -399,6 +399,7 @@ def _run_sizes_child(dump: Path, other: Path, png: Path, sample: int) -> dict[st
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_sparse_shard_claiming_more_than_the_limit_is_read_in_slices(tmp_path: Path) -> None:
     """512 MiB of rows claimed, 4 KiB on disk: every reader used to read the shard whole."""
     rows = (1 << 29) // (64 * 4)
@@ -423,6 +424,7 @@ def test_zero_width_rows_claiming_a_trillion_samples(tmp_path: Path) -> None:
     assert seen["batches shuffle=True"] == [[4096, 0]] * 3
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_show_of_200000_channels_draws_a_bounded_picture(tmp_path: Path) -> None:
     from PIL import Image
@@ -464,6 +466,7 @@ def test_200000_missing_shards_are_one_line(tmp_path: Path) -> None:
     assert len(result.stdout.splitlines()) < 20
 
 
+@pytest.mark.slow
 def test_diff_pairs_a_million_shards_in_one_walk() -> None:
     """Each segment's shards used to be found by a scan of every shard: hours for 10**6."""
     from hookdump.format.manifest import Manifest
@@ -497,6 +500,7 @@ print(json.dumps([list(row.shape), float(row.abs().sum()), list(batch["x"].shape
 """
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_shard_larger_than_the_address_space_limit_is_read_row_by_row(tmp_path: Path) -> None:
     """Issue 32 (D6): readers mapped whole shards, so under `ulimit -v` below a shard's size

@@ -437,6 +437,7 @@ def rclone_s3(tmp_path: Path) -> Iterator[dict[str, str]]:
         server.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_a_run_to_rclone_serve_s3_writes_resumes_and_checks(
     rclone_s3: dict[str, str], tmp_path: Path
 ) -> None:

@@ -17,6 +17,8 @@ import torch
 
 import hookdump
 
+pytestmark = pytest.mark.slow  # several processes: run with --heavy (CI)
+
 # each script gets the dump's path as argv[1] and, as argv[2], "pass" or "list": SOURCE(...)
 # is then a pass of the dump's rows, or a list of as many batches of plain tensors
 PRELUDE = """

@@ -233,7 +233,7 @@ def test_a_name_that_is_not_a_picture_format_is_refused(convdump: Path, tmp_path
 def test_sample_is_a_row_number_or_a_sample_id(tmp_path: Path) -> None:
     """The contract (2026-11-25): `--sample` takes a sample id as the manifest records it
     (a file path here) as well as a row number, and draws the same row; with token rows, an
-    id is its sequence's first token row (counted here from the mask)."""
+    id draws its sequence whole, from its first token row (counted here from the mask)."""
     from tiny_models import ConvNet
 
     import hookdump
@@ -267,9 +267,13 @@ def test_sample_is_a_row_number_or_a_sample_id(tmp_path: Path) -> None:
         forward=lambda m, b: m(b["input_ids"]),
     )
     first_of_c = int(mask[:2].sum())  # the tokens of "a" and "b" come first
-    assert invoke("show", str(words), "0", "-s", "c", "-o", str(by_id)).exit_code == 0
+    # with token rows, an id draws its sequence whole (issue 57): its 4 rows, from the first
+    from hookdump.tools.pictures.sample import draw_sample
+
+    whole = draw_sample(words, "0", by_id, "c")
+    assert (whole.chart, whole.rows) == ("heatmap", int(mask[2].sum()))
+    assert "sequence c, 4 tokens" in whole.title
     assert invoke("show", str(words), "0", "-s", str(first_of_c), "-o", str(by_row)).exit_code == 0
-    assert by_id.read_bytes() == by_row.read_bytes()
     assert hookdump.load(words)["__sample__"][first_of_c] == 2
     assert repr(hookdump.load(words)).startswith(
         f"Dump({str(words)!r}, 4 keys, {int(mask.sum())} token rows from 3 sequences)"

@@ -15,7 +15,7 @@ import hookdump
 from hookdump.inputs import corpus as corpus_module
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.usefixtures("in_tests_dir")
+pytestmark = [pytest.mark.usefixtures("in_tests_dir"), pytest.mark.slow]  # run with --heavy
 
 # long documents with words, runs of mixed whitespace, CRLF, and characters of 2 to 4 bytes
 # that the small pieces below cut through

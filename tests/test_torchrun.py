@@ -16,6 +16,8 @@ from stattools import assert_same_stats
 
 import hookdump
 
+pytestmark = pytest.mark.slow  # several processes: run with --heavy (CI)
+
 TESTS = Path(__file__).parent
 
 

@@ -27,7 +27,7 @@ from tiny_models import TwoLinear
 
 import hookdump
 
-pytestmark = pytest.mark.usefixtures("in_tests_dir")
+pytestmark = [pytest.mark.usefixtures("in_tests_dir"), pytest.mark.slow]  # run with --heavy
 RUN = ["run", "tiny_models:Barrier", "-n", "12", "-b", "2", "--shard-size", "1", "-q"]
 PLANTED = "PLANTED-SECRET-94be21"
 TESTS = Path(__file__).parent

@@ -54,11 +54,11 @@ def heatmap(
         if row_labels is not None:
             _label_rows(axes, row_labels[: values.shape[0]], split)
             axes.set_ylabel("token")
-        if split is not None and 0 < split < values.shape[0]:
-            axes.axhline(split - 0.5, color=SPLIT_COLOUR, linewidth=2)
         else:
             axes.yaxis.set_major_locator(MaxNLocator(integer=True))
             axes.set_ylabel(f"row (of {values.shape[0]})")
+        if split is not None and 0 < split < values.shape[0]:
+            axes.axhline(split - 0.5, color=SPLIT_COLOUR, linewidth=2)
         axes.set_title(fitted(plain(title), figure))
         return saved(figure, axes, out, "heatmap", values.shape)
     finally:
