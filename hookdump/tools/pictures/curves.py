@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from hookdump.tools.pictures.canvas import check_format, fitted, plain, pyplot, 
 
 MAX_LABELS = 40  # keys named on the x axis; the others are ticks only
 WIDTH, HEIGHT, DPI = 12.0, 6.0, 100  # inches, and pixels per inch: 1200x600 PNGs
+LEGEND_WIDTH = 28  # characters of a legend's label per line
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Drawn:
     names: list[str] = field(default_factory=list)  # the keys along the x axis, in order
     series: dict[str, list[float]] = field(default_factory=dict)  # each curve drawn, by label
     legend_clear: bool = False  # the legend lies outside the plotted area
+    plotted: float = 0.0  # the plotted area's share of the picture's width
 
     def describe(self, what: str) -> str:
         mark = f"; marked {self.marked!r}" if self.marked else ""
@@ -78,13 +81,13 @@ def depth_plot(keys: list[KeySummary], out: Path, title: str, bookkeeping: bool 
         _key_axis(axes, [k.info.key for k in keys])
         axes.set_ylabel("value (symmetric log scale)")
         axes.set_title(fitted(plain(title), axes.figure))
-        clear = _legend_beside(axes)
+        clear, plotted = _legend_beside(axes)
         axes.grid(True, alpha=0.3)
         save(axes.figure, out)
     series = {"mean": mean, "band low": below, "band high": above, "min": low, "max": high}
     names = [k.info.key for k in keys]
     marked = keys[bad[0]].info.key if bad else None
-    return Drawn(out, len(keys), marked, names, series, clear)
+    return Drawn(out, len(keys), marked, names, series, clear, plotted)
 
 
 def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
@@ -96,8 +99,6 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
     x = list(range(len(items)))
     series = _error_series(items)
     errors, cosine, mismatched = series.values()
-    infinite = [n for n, i in enumerate(items) if i.numel and not math.isfinite(i.max_rel)]
-    top = 10 * max([e for e in errors if not math.isnan(e)] + [1.0])
     failing = [n for n, i in enumerate(items) if not i.ok]
     with _figure(plt) as axes:
         axes.plot(x, errors, color="tab:blue", marker=".", label="max relative error")
@@ -112,15 +113,6 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
             zorder=3,
             label="differs",
         )
-        if infinite:  # b = 0 where a is not: drawn at the top
-            axes.scatter(
-                infinite,
-                [top] * len(infinite),
-                marker="^",
-                color="tab:red",
-                zorder=3,
-                label="infinite (b is 0 where a is not)",
-            )
         if failing:
             axes.axvline(
                 failing[0],
@@ -143,11 +135,11 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
         _key_axis(axes, [i.key for i in items])
         axes.set_ylabel("error (log scale)")
         axes.set_title(fitted(plain(title), axes.figure))
-        clear = _legend_beside(axes)
+        clear, plotted = _legend_beside(axes)
         axes.grid(True, alpha=0.3)
         save(axes.figure, out, "plot")
     marked = items[failing[0]].key if failing else None
-    return Drawn(out, len(items), marked, [i.key for i in items], series, clear)
+    return Drawn(out, len(items), marked, [i.key for i in items], series, clear, plotted)
 
 
 TINY = 1e-12  # an error of 0 drawn at the axis' floor
@@ -167,14 +159,26 @@ def _error_series(items: list[KeyDiff]) -> dict[str, list[float]]:
     }
 
 
-def _legend_beside(axes: Any) -> bool:
-    """The legend to the right of the plot, off the data; whether it lies clear of the
-    plotted area once the figure is laid out."""
-    legend = axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+def _legend_beside(axes: Any) -> tuple[bool, float]:
+    """The legend to the right of the plot, off the data, its labels wrapped narrow (long
+    ones took a third of the picture's width); whether it lies clear of the plotted area
+    once the figure is laid out, and the plotted area's share of the width."""
+    handles, labels = axes.get_legend_handles_labels()
+    labels = [textwrap.fill(label, LEGEND_WIDTH) for label in labels]
+    legend = axes.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+        fontsize=9,
+    )
     figure = axes.figure
     figure.tight_layout()
     renderer = figure.canvas.get_renderer()
-    return bool(legend.get_window_extent(renderer).x0 >= axes.get_window_extent(renderer).x1)
+    plotted = axes.get_window_extent(renderer)
+    share = plotted.width / figure.bbox.width
+    return bool(legend.get_window_extent(renderer).x0 >= plotted.x1), float(share)
 
 
 @contextlib.contextmanager
