@@ -469,8 +469,15 @@ def format_outputs(row: LayerRow) -> str:
 def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> None:
     """The failing keys (or all) in forward order, then the verdict naming the first failure."""
     rows = result.keys if show_all else result.failures
+    # B holding every key in another dtype (a --save-dtype run) is said once, not per row
+    changes = {item.dtypes for item in result.keys if item.numel > 0}
+    common = next(iter(changes)) if len(changes) == 1 else ""
     if rows:
-        console.print(_table(_diff_columns(rows), console.width, ("key", "status")), crop=False)
+        columns = _diff_columns(rows, common)
+        console.print(_table(columns, console.width, ("key", "status")), crop=False)
+    if common:
+        said = f"B holds every key in another dtype ({common}): compared by value"
+        console.print(said, markup=False, highlight=False)
     for problem in result.problems:
         console.print(f"- {problem}", markup=False, highlight=False, style="red")
     tolerance = f"atol={result.atol:g}, rtol={result.rtol:g}"
@@ -490,9 +497,9 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
         console.print(f"{_all_match(len(result.keys))} ({tolerance})", markup=False)
 
 
-def _diff_columns(rows: Sequence[KeyDiff]) -> list[_Column]:
+def _diff_columns(rows: Sequence[KeyDiff], common: str = "") -> list[_Column]:
     """Each key's verdict and figures; keys and verdicts wrap at a narrow console, numbers
-    never."""
+    never. `common`: the dtype change every key shares, said under the table instead."""
 
     def figure(item: KeyDiff, value: float | None) -> Text:
         return Text(format_number(value) if item.numel > 0 and value is not None else "-")
@@ -503,7 +510,7 @@ def _diff_columns(rows: Sequence[KeyDiff]) -> list[_Column]:
             "status",
             [
                 Text(
-                    printable(f"{item.status} {item.detail}".strip() + _dtypes(item)),
+                    printable(f"{item.status} {item.detail}".strip() + _dtypes(item, common)),
                     style="green" if item.ok else "bold red",
                 )
                 for item in rows
@@ -525,9 +532,11 @@ def _diff_columns(rows: Sequence[KeyDiff]) -> list[_Column]:
     ]
 
 
-def _dtypes(item: KeyDiff) -> str:
-    """A key B holds in another dtype, compared by value: the change, beside its verdict."""
-    return f" ({item.dtypes})" if item.dtypes and item.status != "dtype" else ""
+def _dtypes(item: KeyDiff, common: str = "") -> str:
+    """A key B holds in another dtype, compared by value: the change, beside its verdict
+    (unless every key shares it: `common`, said once)."""
+    shown = item.dtypes and item.status != "dtype" and item.dtypes != common
+    return f" ({item.dtypes})" if shown else ""
 
 
 def _all_match(keys: int) -> str:
