@@ -18,7 +18,7 @@ from hookdump.format.values import format_bytes
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
-    from hookdump.store.stats import KeySummary
+    from hookdump.store.stats import KeySummary, TensorStats
     from hookdump.tools.diff import DiffResult, KeyDiff
     from hookdump.tools.inspect import Inspection
     from hookdump.tools.layers import LayerRow
@@ -212,10 +212,10 @@ def _last(text: str, separators: str, width: int) -> int:
 IDENTIFIERS = frozenset({INPUT_IDS, *TOKEN_KEYS})
 
 
-def _spread(key: KeySummary, value: float) -> float | None:
+def _spread(key: KeySummary, stats: TensorStats, value: float) -> float | None:
     """A key's mean or std as the table shows it: none for ids and positions (token ids,
     sequence numbers), whose mean means nothing (`Dump.stats` has none for them either)."""
-    return None if not key.stats.count or key.info.key in IDENTIFIERS else value
+    return None if not stats.count or key.info.key in IDENTIFIERS else value
 
 
 def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Column]:
@@ -233,8 +233,8 @@ def _summary_columns(keys: Sequence[KeySummary], sparklines: bool) -> list[_Colu
             "right",
             format_bytes(sum(k.nbytes for k in keys)),
         ),
-        _Column("mean", [Text(format_number(_spread(k, s.mean))) for k, s in pairs], "right"),
-        _Column("std", [Text(format_number(_spread(k, s.std))) for k, s in pairs], "right"),
+        _Column("mean", [Text(format_number(_spread(k, s, s.mean))) for k, s in pairs], "right"),
+        _Column("std", [Text(format_number(_spread(k, s, s.std))) for k, s in pairs], "right"),
         _Column("min", [Text(format_number(s.min if s.count else None)) for s in stats], "right"),
         _Column("max", [Text(format_number(s.max if s.count else None)) for s in stats], "right"),
         _Column(

@@ -106,14 +106,15 @@ def _sequence_named(dump: Dump, key: str, named: int | str, first: int) -> range
     ):
         return None
     sequence = int(dump.row(SAMPLE, first))
-    end = _first_token_row(dump, sequence + 1, missing_ok=True)
+    return range(first, _first_token_row(dump, sequence + 1, missing_ok=True))
+
+
+def _draw_sequence(dump: Dump, key: str, whole: range, out: Path) -> Picture:
+    """A generated (or any) sequence's token rows of `key` (`whole`, its first rows drawn
+    where they are many) as one `[tokens, features]` heatmap, the tokens on the rows, the
+    response's below a line and in its colour."""
     most = min(MAX_SEQUENCE_ROWS, MAX_ROW_BYTES // max(1, dump.reader.row_bytes([key])))
-    return range(first, min(end, first + max(1, most)))
-
-
-def _draw_sequence(dump: Dump, key: str, rows: range, out: Path) -> Picture:
-    """A generated (or any) sequence's token rows of `key` as one `[tokens, features]`
-    heatmap, the tokens on the rows, the response's below a line and in its colour."""
+    rows = whole[: max(1, most)]
     values = torch.stack([dump.row(key, row).float() for row in rows])
     ids = [int(dump.row(TOKEN_IDS, row)) for row in rows] if TOKEN_IDS in dump else []
     labels = written(dump, ids) if ids else None
@@ -126,8 +127,7 @@ def _draw_sequence(dump: Dump, key: str, rows: range, out: Path) -> Picture:
     told = ""
     if split is not None:
         told = f": {split} of the prompt, {len(rows) - split} of the response (below the line)"
-    whole = _first_token_row(dump, sequence + 1, missing_ok=True) - rows[0]
-    cut = f" (the first {len(rows)} of {whole})" if len(rows) < whole else ""
+    cut = f" (the first {len(rows)} of {len(whole)})" if len(rows) < len(whole) else ""
     title = (
         f"{key} ({info.module_type}), sequence {name}, {len(rows)} tokens{cut}{told}, "
         f"shape [{len(rows)}, {values.shape[1]}]"
