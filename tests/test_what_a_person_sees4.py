@@ -141,3 +141,25 @@ def test_a_generated_sequence_named_by_its_id_is_drawn_whole(tmp_path: Path) -> 
     assert f"of the response (below the line), shape [{int(mine.sum())}," in picture.title
     one = draw_sample(out, key, tmp_path / "row.png", "3")  # a row number: one row, bars
     assert one.chart != "heatmap"
+
+
+def test_a_sequence_whose_end_is_not_found_after_it_draws_its_first_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dump from elsewhere whose `__sample__` is not sorted can send the search for the
+    next sequence before this one: the sequence is drawn from its first row, never as an
+    empty stack (a traceback)."""
+    import torch
+
+    from hookdump.tools.pictures import sample
+
+    tokens = {"input_ids": torch.arange(8).reshape(2, 4) % 5, "attention_mask": torch.ones(2, 4)}
+    embed = torch.nn.Sequential(torch.nn.Embedding(5, 4))
+    out = tmp_path / "t"
+    hookdump.dump(embed, [tokens], out, layers="0", per_token=True, ids=["a", "b"],
+                  forward=lambda m, b: m(b["input_ids"]))  # fmt: skip
+    real = sample._first_token_row
+    monkeypatch.setattr(sample, "_first_token_row",
+                        lambda d, s, missing_ok=False: 0 if missing_ok else real(d, s))  # fmt: skip
+    picture = sample.draw_sample(out, "0", tmp_path / "x.png", "b")
+    assert picture.rows == 1 and "sequence b, 1 tokens" in picture.title

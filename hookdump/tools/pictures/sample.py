@@ -106,7 +106,8 @@ def _sequence_named(dump: Dump, key: str, named: int | str, first: int) -> range
     ):
         return None
     sequence = int(dump.row(SAMPLE, first))
-    return range(first, _first_token_row(dump, sequence + 1, missing_ok=True))
+    # at least its first row, whatever a forged, unsorted `__sample__` makes the search find
+    return range(first, max(first + 1, _first_token_row(dump, sequence + 1, missing_ok=True)))
 
 
 def _draw_sequence(dump: Dump, key: str, whole: range, out: Path) -> Picture:
