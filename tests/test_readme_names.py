@@ -1,4 +1,4 @@
-"""The README's table of module names per model family, checked against the models
+"""The table of module names per model family (docs/models.md), checked against the models
 themselves (tiny configs, random weights): every name it gives exists, N and K being 0."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torchvision
 import transformers
 from torch import nn
 
-README = Path(__file__).parent.parent / "README.md"
+MODELS_PAGE = Path(__file__).parent.parent / "docs" / "models.md"
 SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
          "num_attention_heads": 2, "vocab_size": 64}  # fmt: skip
 
@@ -36,7 +36,7 @@ def _models() -> dict[str, nn.Module]:
 
 
 def _table() -> dict[str, list[str]]:
-    text = README.read_text()
+    text = MODELS_PAGE.read_text()
     start = text.index("| saved as | blocks | attention | MLP |")
     rows = {}
     for line in text[start:].splitlines()[2:]:

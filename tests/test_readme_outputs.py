@@ -1,6 +1,7 @@
-"""The README shows each command's output as an 80-column terminal prints it: every block
-that starts with `$ hookdump` fits 80 columns, and those of `layers` and `models` are what
-the commands print today (the lines shown, in order; `...` stands for lines left out)."""
+"""The README and its `docs/` pages show each command's output as an 80-column terminal
+prints it: every block that starts with `$ hookdump` fits 80 columns, and those of `layers`
+and `models` are what the commands print today (the lines shown, in order; `...` stands for
+lines left out)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from typer.testing import CliRunner
 
 from hookdump.cli import app
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _sessions() -> list[tuple[str, list[str]]]:
-    """Each `$ hookdump ...` command in the README's blocks, with the lines it shows."""
+    """Each `$ hookdump ...` command in the pages' blocks, with the lines it shows."""
     found: list[tuple[str, list[str]]] = []
-    for block in re.findall(r"```\n(\$ hookdump.*?)```", README.read_text(), re.S):
+    text = "\n".join(page.read_text() for page in PAGES)
+    for block in re.findall(r"```\n(\$ hookdump.*?)```", text, re.S):
         for line in block.splitlines():
             if line.startswith("$ "):
                 found.append((line[2:], []))

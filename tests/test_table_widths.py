@@ -73,7 +73,7 @@ def test_no_number_is_cut_and_columns_go_in_order(width: int, nan: int) -> None:
         assert "nan/inf" in header and "3/0" in text
     assert dropped == order, (width, header)
     assert ("distribution" in header) is (width >= 200)
-    key_cells = "".join(line[1:16] for line in text.splitlines()[1:])
+    key_cells = "".join(line[:16] for line in text.splitlines()[1:])
     assert "query:outp" in key_cells.replace(" ", "") or width > 80  # folded, not cut
 
 
@@ -129,7 +129,7 @@ def test_no_number_of_the_diff_table_is_cut(width: int) -> None:
         assert max(len(line) for line in text.splitlines()) <= width
     lines = text.splitlines()
     status = lines[0].index("status")
-    keys = "".join(line[1:status] for line in lines[1:8]).replace(" ", "")
+    keys = "".join(line[:status] for line in lines[1:8]).replace(" ", "")
     assert "encoder.layer.11.attention.self.query:output.0" in keys  # folded, not cut
 
 
@@ -155,9 +155,9 @@ def test_the_layer_listing_folds_names_and_never_cuts_a_number(width: int) -> No
         assert max(len(line) for line in lines) <= width
     for value in ("590,592", "1,536", "12"):
         assert any(value in line.split() for line in lines), (width, value)
-    start = next(i for i, line in enumerate(lines) if line.startswith(" encoder."))
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("encoder."))
     column = lines[start - 1].index("class")
-    folded = "".join(line[1:column] for line in lines[start : start + 10]).replace(" ", "")
+    folded = "".join(line[:column] for line in lines[start : start + 10]).replace(" ", "")
     assert name in folded
 
 
@@ -169,9 +169,27 @@ def test_a_long_name_folds_after_a_dot_where_it_can() -> None:
             _key("x" * 30, "Linear", (128, 768), stats)]  # fmt: skip
     lines = _render(keys, 60).splitlines()
     shape = lines[0].index("shape")
-    cells = [line[1:shape].strip() for line in lines[1:]]
+    cells = [line[:shape].strip() for line in lines[1:]]
     assert cells[:2] == ["blocks.11.", "hook_resid_post"]
     assert len(cells[2]) < 30 and "".join(cells[2:4]) == "x" * 30
+
+
+def test_standard_names_stay_whole_at_80_columns() -> None:
+    """The README's language-model example at 80 columns (issue 57): with the key column
+    two characters short, the table gives up its outer margins rather than fold
+    `blocks.0.hook_resid_post` after `blocks.0.`."""
+    keys = [
+        _key(f"blocks.{n}.hook_resid_post", "GPT2Block", (128,),
+             TensorStats(14, -0.0001412, 0.03313**2 * 14, -0.1002, 0.1377, 0, 0, [1]))
+        for n in range(6)
+    ]  # fmt: skip
+    lines = _render(keys, 80).splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = [line for line in lines if "blocks." in line]
+    assert [row.split()[0] for row in rows] == [f"blocks.{n}.hook_resid_post" for n in range(6)]
+    assert lines[0].startswith("key")  # the margin given up
+    wide = _render(keys, 120).splitlines()
+    assert wide[0].startswith(" key")  # kept where the table fits with it
 
 
 def test_a_long_name_among_words_folds_after_a_dot() -> None:

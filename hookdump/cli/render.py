@@ -135,17 +135,26 @@ def _table(
     terminal wraps it) rather than cut."""
     folds = [c for c in columns if c.name in folding]
     allotted = {c.name: c.width for c in folds}
+    padding = 2 * len(columns)
+    # the table's outer edges lose their padding where that spares a name its fold
+    edges = width is None or sum(c.width for c in columns) + padding <= width
+    padding -= 0 if edges else 2
     if width is not None:
-        room = width - 2 * len(columns) - sum(c.width for c in columns if c not in folds)
+        room = width - padding - sum(c.width for c in columns if c not in folds)
         allotted = {c.name: min(c.width, NARROWEST_KEY) for c in folds}
         room -= sum(allotted.values())
         for column in folds:  # in order: the key or name first
             more = max(0, min(room, column.width - allotted[column.name]))
             allotted[column.name] += more
             room -= more
-    total = sum(allotted.get(c.name, c.width) for c in columns) + 2 * len(columns)
+    total = sum(allotted.get(c.name, c.width) for c in columns) + padding
     table = Table(
-        show_footer=footer, header_style="bold", footer_style="bold", box=None, width=total
+        show_footer=footer,
+        header_style="bold",
+        footer_style="bold",
+        box=None,
+        width=total,
+        pad_edge=edges,
     )
     for column in columns:
         table.add_column(
@@ -387,20 +396,27 @@ def _generation_lines(generation: dict[str, Any]) -> list[str]:
     """How a generated dump was made, why its sequences stopped, and its first one's text."""
     how = "sampled" if generation.get("do_sample") else "greedy"
     if generation.get("do_sample"):
-        settings = [f"{name} {generation[name]}" for name in ("temperature", "top_p", "top_k")
-                    if generation.get(name) is not None]  # fmt: skip
+        settings = [
+            f"{name} {generation[name]}"
+            for name in ("temperature", "top_p", "top_k")
+            if generation.get(name) is not None
+        ]
         how += f" (seed {generation.get('seed')}{''.join(', ' + s for s in settings)})"
     stops = generation.get("stops", {})
-    said = ", ".join(f"{count} at {'EOS' if stop == 'eos' else 'the length'}"
-                     for stop, count in sorted(stops.items()))  # fmt: skip
+    said = ", ".join(
+        f"{count} at {'EOS' if stop == 'eos' else 'the length'}"
+        for stop, count in sorted(stops.items())
+    )
     lines = [
         f"generated: up to {generation.get('max_new_tokens')} new tokens, {how}, "
         f"{generation.get('capture')}{'; ' + said if said else ''}"
     ]
     first = generation.get("first")
     if first:
-        lines.append(f"  {printable(str(first['sequence']))}: {_shown(first['prompt'])!r} -> "
-                     f"{_shown(first['response'])!r}")  # fmt: skip
+        lines.append(
+            f"  {printable(str(first['sequence']))}: {_shown(first['prompt'])!r} -> "
+            f"{_shown(first['response'])!r}"
+        )
     return lines
 
 
