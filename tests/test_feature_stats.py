@@ -16,7 +16,7 @@ from stattools import assert_stats_match
 from torch import nn
 
 import hookdump
-from hookdump.format.manifest import STATS_FILE
+from hookdump.format.names import STATS_FILE
 
 
 class _Offset(nn.Module):

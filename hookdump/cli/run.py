@@ -426,8 +426,9 @@ def run(
         reads_stdin = "-" in (input, text)
         bar = progress_bar(show_progress, options.model.model)
         with bar as progress, _stdin_unless(reads_stdin):
-            result = run_dump(options, on_batch=pause.chain(progress), on_notice=bar.notice,
-                              on_wait=bar.alert)  # fmt: skip
+            result = run_dump(
+                options, on_batch=pause.chain(progress), on_notice=bar.notice, on_wait=bar.alert
+            )
         _report(result, quiet, json_output, fail_on_nonfinite)
     finally:
         pause.end()
@@ -472,8 +473,12 @@ def _generation(
     from hookdump.inputs.generation import Generation
 
     if generate is None:
-        sampling = {"do_sample": do_sample, "temperature": temperature, "top_p": top_p,
-                    "top_k": top_k}  # fmt: skip
+        sampling = {
+            "do_sample": do_sample,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+        }
         given = next((name for name, value in sampling.items() if value not in (None, False)), None)
         if given is not None or capture != "prefill":
             name = given or "generate_capture"

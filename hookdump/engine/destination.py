@@ -119,9 +119,13 @@ class Destination:
         names = self.part.names if self.part is not None else rank_names(self.ranks)
         if self.previous is not None:
             self.writer = DumpWriter.resume(
-                self.place, self.previous, shard_bytes=shard_bytes, fields=fields, names=names,
+                self.place,
+                self.previous,
+                shard_bytes=shard_bytes,
+                fields=fields,
+                names=names,
                 checksum=checksum,
-            )  # fmt: skip
+            )
         else:
             self.writer = DumpWriter(
                 self.place, shard_bytes=shard_bytes, fields=fields, names=names, checksum=checksum

@@ -15,10 +15,10 @@ import torch
 
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import ShardEntry
+from hookdump.format.names import FileNames, rank_files
 from hookdump.format.rows import SampleIds
 from hookdump.store.stats import KeySummary
 from hookdump.store.write.place import DumpPlace
-from hookdump.store.write.writer import FileNames
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,9 @@ def rank_device(device: str, ranks: Ranks | None) -> str:
     return device
 
 
-RANK_MANIFESTS = "manifest-r*.json"
-
-
 def rank_names(ranks: Ranks | None) -> FileNames:
     """A torchrun rank's file names: its shards' prefix and its own manifest."""
-    return FileNames() if ranks is None else _rank_files(ranks.rank)
-
-
-def _rank_files(rank: int) -> FileNames:
-    return FileNames(f"shard-r{rank:02d}-", f"manifest-r{rank:02d}.json")
+    return FileNames() if ranks is None else rank_files(ranks.rank)
 
 
 @dataclass
@@ -181,7 +174,7 @@ def _check_same_keys(first: dict[str, dict[str, Any]], other: dict[str, dict[str
 def drop_rank_manifests(place: DumpPlace, world: int) -> None:
     """Once `manifest.json` lists every rank's shards, the `world` ranks' own manifests are
     not needed."""
-    place.remove(_rank_files(rank).manifest for rank in range(world))
+    place.remove(rank_files(rank).manifest for rank in range(world))
 
 
 def _joined_ids(parts: list[Sequence[Any]]) -> SampleIds:

@@ -144,9 +144,12 @@ class Generator:
             index = range(self.first + prompts.start, self.first + prompts.stop)
             processors.append(PerPromptSampler(g, self.seed, list(index)))
         return self.module.generate(  # type: ignore[operator]
-            input_ids=ids, attention_mask=mask, generation_config=config,
-            logits_processor=processors, **self._every_logit(),
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+            logits_processor=processors,
+            **self._every_logit(),
+        )
 
     def _every_logit(self) -> dict[str, int]:
         """Decode under hooks on the LM head (or the whole model): its first pass computes

@@ -205,8 +205,9 @@ def _write(
     ):
         assert place is not None  # `out` is checked first
         destination = Destination.open(options, None, place)
-        destination.start(shard_bytes=options.dump.shard_bytes, fields={},
-                          checksum=options.dump.checksum)  # fmt: skip
+        destination.start(
+            shard_bytes=options.dump.shard_bytes, fields={}, checksum=options.dump.checksum
+        )
         writer = destination.writer
         assert writer is not None and writer.run_id is not None
         writer.clear_old_dump(here=True)  # before any part is written

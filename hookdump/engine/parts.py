@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from hookdump.engine.distributed import RankShare
 from hookdump.engine.options import RunResult
 from hookdump.format.manifest import ShardEntry
+from hookdump.format.names import PART_FILE, FileNames
 from hookdump.store.write.place import DumpPlace
-from hookdump.store.write.writer import FileNames
 
-PART_FILE = re.compile(r"^(shard|manifest)-p[0-9a-f]+[-.]")
 # the manifest's fields that each part has its own of; the joined dump's are made anew
 _GROWING = {
     "format",

@@ -13,15 +13,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookdump.engine.distributed import RANK_MANIFESTS, Ranks, rank_names
+from hookdump.engine.distributed import Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import ShardEntry, samples_fed
+from hookdump.format.names import MANIFEST, RANK_MANIFESTS, FileNames, is_follower_file
 from hookdump.model.weights import sha256, state_sha256
 from hookdump.store.beside import beside_of
 from hookdump.store.read.manifest import manifest_at
-from hookdump.store.read.progress import consumed_shards, is_progress
+from hookdump.store.read.progress import consumed_shards
 from hookdump.store.write.place import DumpPlace
-from hookdump.store.write.writer import MANIFEST, FileNames
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunOptions
@@ -272,7 +272,7 @@ def keep_verified(
     listed = {names.manifest} | {entry.file for entry in shards[:kept]}
     mine = names.shard_prefix if names.own_manifest else ""
     place.remove_strays(
-        lambda name: name.startswith(mine) and name not in listed and not is_progress(name)
+        lambda name: name.startswith(mine) and name not in listed and not is_follower_file(name)
     )
     if kept == len(shards):
         return previous

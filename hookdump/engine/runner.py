@@ -353,8 +353,9 @@ def _run(
     static = manifest_fields(
         options, loaded=loaded, feed=feed, form=form, sources=made_from, processes=processes
     )
-    destination.start(shard_bytes=options.dump.shard_bytes, fields=static,
-                      checksum=options.dump.checksum)  # fmt: skip
+    destination.start(
+        shard_bytes=options.dump.shard_bytes, fields=static, checksum=options.dump.checksum
+    )
     destination.mark_running()
     sink = BatchSink(
         destination.writer,
@@ -448,8 +449,10 @@ def _cut_prompts(options: RunOptions, loaded: LoadedModel, feed: Feed) -> list[s
     kept = "the last (the turn to answer)" if options.text and options.text.chat else "the first"
     why = f"{opt('max_length')} {cuts.length}"
     if options.text is not None and options.text.max_length is None and loaded.positions:
-        why = (f"{loaded.spec} takes {loaded.positions} positions, and {opt('generate')} "
-               f"{generation.max_new_tokens} leaves {cuts.length} for a prompt")  # fmt: skip
+        why = (
+            f"{loaded.spec} takes {loaded.positions} positions, and {opt('generate')} "
+            f"{generation.max_new_tokens} leaves {cuts.length} for a prompt"
+        )
     return [
         f"{cuts.cut} of {cuts.seen} prompts had more than {cuts.length} tokens and kept "
         f"{kept} {cuts.length} ({why}); give {opt('generate')} fewer new tokens, or shorter "

@@ -17,17 +17,10 @@ from typing import Any
 from hookdump.choices import TENSOR_KINDS
 from hookdump.errors import InvalidDump
 from hookdump.format.dtypes import DTYPES
+from hookdump.format.names import STATS_FILE
 from hookdump.format.values import is_integer
 
 FORMAT = "hookdump/1"
-MANIFEST = "manifest.json"
-EXPORT_MARKER = "hookdump-export.json"  # in every folder `hookdump export` writes
-RUNNING = "running.json"  # beside a dump being written: which run, whether it overwrites
-WAITING = "waiting.json"  # beside a dump whose run waits for a follower (--max-disk)
-STATS_FILE = "stats.safetensors"  # per-feature statistics (store.features), if made
-# how a run names its shards: one process's, a torchrun rank's (`-rNN-`), a Ray part's
-# (`-pHEX-`)
-SHARD_FILE = re.compile(r"^shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors$")
 KINDS = TENSOR_KINDS  # a key's `kind` in the manifest
 
 
@@ -99,8 +92,17 @@ class ShardEntry:
         )
 
 
-_SHARD_FIELDS = ("file", "start", "stop", "sequences", "bytes", "sha256", "etag", "inputs_skipped",
-                 "crc32c")  # fmt: skip
+_SHARD_FIELDS = (
+    "file",
+    "start",
+    "stop",
+    "sequences",
+    "bytes",
+    "sha256",
+    "etag",
+    "inputs_skipped",
+    "crc32c",
+)
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,10 @@ def _joined(
         return first
     width = prompt_width + len(values) - 1
     if kind in ("pattern", "scores"):  # pass i's cache ends at token prompt_width + i
-        values = [_keys_aligned(v, kind, pads, width, prompt_width + i if i else prompt_width)
-                  for i, v in enumerate(values)]  # fmt: skip
+        values = [
+            _keys_aligned(v, kind, pads, width, prompt_width + i if i else prompt_width)
+            for i, v in enumerate(values)
+        ]
     try:
         return torch.cat(values, dim=1)
     except RuntimeError:  # passes of other shapes past the tokens

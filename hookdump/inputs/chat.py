@@ -110,8 +110,9 @@ def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -
     """1 for each token whose characters overlap a span (as transformers marks a template's
     generation blocks): a token that begins before an assistant turn's characters, as
     byte-level BPE's ' jumps' after a header ending in a space does, is the turn's."""
-    return [int(any(start < b and end > a for a, b in spans) and end > start)
-            for start, end in offsets]  # fmt: skip
+    return [
+        int(any(start < b and end > a for a, b in spans) and end > start) for start, end in offsets
+    ]
 
 
 def _assistant_spans(

@@ -99,13 +99,15 @@ class ChatTemplate:
 
     def __init__(self, source: str, where: str) -> None:
         self.where = where
-        env = _Env(trim_blocks=True, lstrip_blocks=True,
-                   extensions=[_Generation, jinja2.ext.loopcontrols])  # fmt: skip
+        env = _Env(
+            trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+        )
         env.filters["tojson"] = _tojson
         env.globals.update(
-            raise_exception=_raise, strftime_now=lambda f: datetime.now().strftime(str(f)),
+            raise_exception=_raise,
+            strftime_now=lambda f: datetime.now().strftime(str(f)),
             range=self._range,
-        )  # fmt: skip
+        )
         self.env = env
         self.has_generation = "generation" in source and "endgeneration" in source
         try:
@@ -132,8 +134,15 @@ class ChatTemplate:
             raise self._error(f"stopped on {doc}: it {exc}", None) from None
         except RecursionError:
             raise self._error(f"stopped on {doc}: it recurses too deeply", None) from None
-        except (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError,
-                AttributeError, MemoryError) as exc:  # fmt: skip
+        except (
+            jinja2.TemplateError,
+            ArithmeticError,
+            LookupError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            MemoryError,
+        ) as exc:
             raise self._error(f"failed on {doc}", exc) from None
         finally:
             self.env.budget = None
@@ -174,7 +183,13 @@ def _raise(message: Any) -> None:
     raise jinja2.TemplateError(str(message))
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:  # fmt: skip
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)  # fmt: skip
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: Any = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )

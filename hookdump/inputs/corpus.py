@@ -361,8 +361,10 @@ def _messages(value: Any, where: str, field: str) -> list[dict[str, str]]:
             f"{opt('text')}: {where} has no conversation in {field!r} (a list of "
             f'{{"role": ..., "content": ...}} messages); choose the field with {opt("text_field")}'
         )
-    return [{"role": m["role"], "content": _content(m.get("content"), where, n)}
-            for n, m in enumerate(value)]  # fmt: skip
+    return [
+        {"role": m["role"], "content": _content(m.get("content"), where, n)}
+        for n, m in enumerate(value)
+    ]
 
 
 def _content(content: Any, where: str, index: int) -> str:

@@ -123,8 +123,9 @@ class PerPromptSampler:
             beyond = probs.cumsum(-1) - probs > g.top_p  # the first token always stays
             logits = logits.scatter(-1, order, ordered.masked_fill(beyond, -torch.inf))
         cdf = logits.softmax(-1).double().cumsum(-1)
-        draws = torch.stack([torch.rand((), generator=gen, dtype=torch.float64)
-                             for gen in self.generators])  # fmt: skip
+        draws = torch.stack(
+            [torch.rand((), generator=gen, dtype=torch.float64) for gen in self.generators]
+        )
         chosen = (cdf < draws.to(cdf.device)[:, None] * cdf[:, -1:]).sum(-1)
         chosen = chosen.clamp(max=logits.shape[-1] - 1)
         only = torch.full_like(scores, -torch.inf)

@@ -255,8 +255,11 @@ def _head(
         if enough or len(_tokens(tokenizer, head, special=False)) >= length:
             ids = _tokens(tokenizer, head, special=True, truncation=True, max_length=length)
             whole = ids if ids[:1] == bos else bos + ids
-            cut = tell and (not ended or len(whole) > length
-                            or len(_tokens(tokenizer, head, special=True)) > len(ids))  # fmt: skip
+            cut = tell and (
+                not ended
+                or len(whole) > length
+                or len(_tokens(tokenizer, head, special=True)) > len(ids)
+            )
             return whole[:length], cut
         budget *= 4
 

@@ -95,8 +95,11 @@ def _near_folders(target: str) -> str:
     `hf:./my-gpt2`."""
     path, prefix = Path(target), target[: target.rfind("/") + 1]
     try:
-        names = [p.name for p in itertools.islice(path.parent.iterdir(), 1000)
-                 if (p / "config.json").is_file()]  # fmt: skip
+        names = [
+            p.name
+            for p in itertools.islice(path.parent.iterdir(), 1000)
+            if (p / "config.json").is_file()
+        ]
     except OSError:
         return ""
     found = nearest(path.name, names)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, printable
-from hookdump.format.manifest import RUNNING
+from hookdump.format.names import RUNNING
 from hookdump.store.folder import process_alive, remove_entry, valid_pid, write_durably
 from hookdump.store.location import Remote, UrlPath, is_url, local
 
@@ -111,8 +111,9 @@ class FolderBeside(Beside):
     @contextlib.contextmanager
     def hold(self, name: str, who: str) -> Iterator[None]:
         try:
-            fd = os.open(self.folder / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o644)  # fmt: skip
+            fd = os.open(
+                self.folder / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+            )
         except OSError as exc:
             raise HookdumpError(f"cannot open {self.folder / name}: {exc.strerror}") from None
         try:
@@ -210,8 +211,9 @@ class UrlBeside(Beside):
             try:
                 made = create()
             except Exception as exc:
-                raise HookdumpError(f"cannot write {remote.url / name}: "
-                                    f"{remote.reason(exc)}") from None  # fmt: skip
+                raise HookdumpError(
+                    f"cannot write {remote.url / name}: {remote.reason(exc)}"
+                ) from None
             if made:
                 break
             raw = self.read(name) or b""

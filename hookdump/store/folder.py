@@ -16,7 +16,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -24,19 +23,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.names import DUMP_FILE, LEFTOVER, TRASH_PREFIX
 
-TRASH_PREFIX = ".hookdump-old-"  # an old dump being deleted (left behind if that was cut short)
-# every name a dump (or an interrupted run) leaves in its folder
-DUMP_FILE = re.compile(
-    # a torchrun rank's files are `-rNN-`, a part's (a Ray task's: engine.parts) `-pHEX-`
-    r"^(manifest(-(r\d+|p[0-9a-f]+))?\.json(\.tmp)?"
-    r"|shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
-    r"|stats\.safetensors(\.tmp)?|(running|waiting(-(r\d+|p[0-9a-f]+))?)\.json(\.tmp)?"
-    r"|follow-[A-Za-z0-9_.-]{1,64}\.(json|inside|lock)(\.tmp)?"  # a follower's (hookdump.follow)
-    r"|\.hookdump-old-[\w-]+)$"
-)
-# the names that are never part of a finished dump: half-written files and old dumps' trash
-LEFTOVER = re.compile(r"(\.tmp(2|-grow)?$)|^\.hookdump-old-")
 _FILE_MODE = 0o666  # less the umask, as for any file a program creates
 
 

@@ -43,7 +43,7 @@ import torch
 from hookdump.choices import ExportTarget, parse_export_target
 from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, printable
 from hookdump.format.keys import POSITION, RESPONSE, SAMPLE, TOKEN_IDS, TOKEN_KEYS
-from hookdump.format.manifest import EXPORT_MARKER, STATS_FILE
+from hookdump.format.names import EXPORT_MARKER, STATS_FILE
 from hookdump.store.features import stats_file
 from hookdump.store.folder import inside
 from hookdump.store.read.dump import Dump

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from hookdump.errors import (
 )
 from hookdump.format.keys import ATTENTION_MASK, RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.format.manifest import Manifest, ShardEntry
+from hookdump.format.names import SHARD_LIKE, URL_LOCK
 from hookdump.store.beside import Beside, beside, beside_of, note_alive, running_note
 from hookdump.store.checksum import recorded
 from hookdump.store.folder import leftovers
@@ -129,10 +129,9 @@ def _writer_now(where: Beside, run_id: str | None = None) -> str | None:
     manifest's, which the note names (None: no manifest yet)."""
     try:
         if where.remote is not None:
-            from hookdump.store.write.upload import LOCK  # the write wing: a URL's alone
             from hookdump.store.write.url_lock import Holder
 
-            holder = Holder.parse(where.read(LOCK) or b"")
+            holder = Holder.parse(where.read(URL_LOCK) or b"")
             alive = holder is not None and holder.alive(time.time()) is not False
             return holder.describe() if holder is not None and alive else None
         running = running_note(where)
@@ -203,12 +202,17 @@ def inspect_dump(
     summaries = summarize(dump.reader, readable)
     features = _features(dump, problems)
     problems.extend(_unlisted(dump, consumed))  # after what makes the dump itself bad
-    if dump.complete and (missing or (checked is not None and checked.damaged) or
-                          any(isinstance(p, Damage) for p in problems)):  # fmt: skip
-        problems.append(Message(
-            f"to repair it, run the command that made it again with {opt('resume', True)}: it "
-            "keeps the shards that match their records and rewrites the rest"
-        ))  # fmt: skip
+    if dump.complete and (
+        missing
+        or (checked is not None and checked.damaged)
+        or any(isinstance(p, Damage) for p in problems)
+    ):
+        problems.append(
+            Message(
+                f"to repair it, run the command that made it again with {opt('resume', True)}: it "
+                "keeps the shards that match their records and rewrites the rest"
+            )
+        )
     lone = dump.manifest.get("lone_file") or {}
     if lone.get("kind") == "safetensors":  # rows mean nothing here: each tensor whole
         shapes = lone.get("shapes", {})
@@ -255,18 +259,17 @@ def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
     where = beside_of(dump.path, dump.reader.remote)
     listed = {shard.file for shard in dump.manifest.shards} | set(consumed)
     try:
-        found = [n for n in where.names() if _SHARD_FILE.match(n) and n not in listed]
+        found = [n for n in where.names() if SHARD_LIKE.match(n) and n not in listed]
     except HookdumpError:
         return []
     if not found:
         return []
     shown = ", ".join(printable(n) for n in found[:5]) + (", ..." if len(found) > 5 else "")
     files = "shard file" if len(found) == 1 else "shard files"
-    return [f"{len(found):,} {files} its manifest does not list (not part of the dump: move "
-            f"them out): {shown}"]  # fmt: skip
-
-
-_SHARD_FILE = re.compile(r"^shard-[A-Za-z0-9-]+\.safetensors$")
+    return [
+        f"{len(found):,} {files} its manifest does not list (not part of the dump: move "
+        f"them out): {shown}"
+    ]
 
 
 def _present(dump: Dump, consumed: Mapping[str, str]) -> tuple[list[ShardEntry], list[ShardEntry]]:

@@ -209,10 +209,13 @@ def _check_same_rows(readers: list[ShardReader]) -> None:
         ids_a, ids_b = first.manifest.sample_ids, other.manifest.sample_ids
         if ids_a != ids_b:
             at = next(
-                (i for i, (a, b) in enumerate(zip(ids_a or [], ids_b or [], strict=False))
-                 if a != b),
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(ids_a or [], ids_b or [], strict=False))
+                    if a != b
+                ),
                 0,
-            )  # fmt: skip
+            )
             raise HookdumpError(
                 f"{where} disagree at sample {at}: their sample ids differ; aligned reading "
                 "needs the same samples in the same order"

@@ -13,7 +13,8 @@ import torch
 from hookdump.errors import HookdumpError, InvalidDump, keywords_checked, printable
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS
 from hookdump.format.keys import KeyInfo, parse_key
-from hookdump.format.manifest import EXPORT_MARKER, FORMAT, MANIFEST, Manifest
+from hookdump.format.manifest import FORMAT, Manifest
+from hookdump.format.names import EXPORT_MARKER, MANIFEST
 from hookdump.format.values import format_bytes
 from hookdump.store.features import FIELDS
 from hookdump.store.location import Remote, UrlPath, is_url, local

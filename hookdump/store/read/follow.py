@@ -19,7 +19,6 @@ manifest then lists it as consumed, and reading it is a one-line error.
 
 from __future__ import annotations
 
-import re
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -30,7 +29,15 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, InvalidDump, keywords_checked, opt, to_stderr
-from hookdump.format.manifest import MANIFEST, ShardEntry
+from hookdump.format.manifest import ShardEntry
+from hookdump.format.names import (
+    MANIFEST,
+    RANK_MANIFEST,
+    SHARD_FILE,
+    WAITING_FILE,
+    follow_lock,
+    inside_file,
+)
 from hookdump.store.beside import Beside, beside, note_alive, running_note
 from hookdump.store.location import UrlPath
 from hookdump.store.read.batches import (
@@ -43,12 +50,9 @@ from hookdump.store.read.batches import (
 )
 from hookdump.store.read.dataset import DumpDataset
 from hookdump.store.read.manifest import manifest_at
-from hookdump.store.read.progress import INSIDE_FILE, Progress, follow_file, lock_file
+from hookdump.store.read.progress import Progress, follow_file
 from hookdump.store.read.reader import ShardReader
 
-_RANK_MANIFEST = re.compile(r"^manifest-r(\d+)\.json$")  # a torchrun rank's, until joined
-_WAITING = re.compile(r"^waiting(-r\d+)?\.json$")  # a writer waits for room (--max-disk)
-_SHARD = re.compile(r"^shard-(?:r(\d+)-)?(\d+)\.safetensors$")
 WAIT_NOTICE_S = 5.0  # with no dump there this long, a follower says what it waits for
 
 
@@ -92,10 +96,12 @@ def follow(
         >>> for batch in hookdump.follow("acts/", [key], 4096, shuffle=True, consume=True):
         ...     train_step(batch[key])
     """
-    source = _FollowPass(beside(path, storage_options), as_keys(keys), consume, name,
-                         notice or to_stderr, timeout)  # fmt: skip
-    options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
-                          buffer_bytes=buffer_bytes)  # fmt: skip
+    source = _FollowPass(
+        beside(path, storage_options), as_keys(keys), consume, name, notice or to_stderr, timeout
+    )
+    options = PassOptions(
+        batch_size, shuffle, seed, with_index, drop_last, buffer_bytes=buffer_bytes
+    )
     source.check(options)  # now, not at the first batch
     return source.batches(options)
 
@@ -122,10 +128,12 @@ def follow_dataset(
     torch.distributed ranks (give the DataLoader `batch_size=None`): each of the `workers x
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
-    source = _FollowPass(beside(path, storage_options), as_keys(keys), consume, name, to_stderr,
-                         timeout)  # fmt: skip
-    options = PassOptions(batch_size, shuffle, seed, with_index, drop_last,
-                          buffer_bytes=buffer_bytes)  # fmt: skip
+    source = _FollowPass(
+        beside(path, storage_options), as_keys(keys), consume, name, to_stderr, timeout
+    )
+    options = PassOptions(
+        batch_size, shuffle, seed, with_index, drop_last, buffer_bytes=buffer_bytes
+    )
     return DumpDataset(source, options, rank, world_size)
 
 
@@ -150,11 +158,15 @@ class _FollowPass:
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
         ):
-            raise HookdumpError(f"timeout={timeout!r} must be a number of seconds above 0, "
-                                "or None to wait as long as the run takes")  # fmt: skip
+            raise HookdumpError(
+                f"timeout={timeout!r} must be a number of seconds above 0, "
+                "or None to wait as long as the run takes"
+            )
         if isinstance(self.where.root, Path) and self.where.root.is_file():
-            raise HookdumpError(f"{self.where.root} is a file, not a dump's folder; "
-                                "give the folder a run writes (--out)")  # fmt: skip
+            raise HookdumpError(
+                f"{self.where.root} is a file, not a dump's folder; "
+                "give the folder a run writes (--out)"
+            )
 
     def batches(self, options: PassOptions) -> Iterator[dict[str, torch.Tensor]]:
         index, count = options.split
@@ -190,13 +202,13 @@ class _Follower:
     def batches(self) -> Iterator[dict[str, torch.Tensor]]:
         listing = self._listing()  # the dump is there: its progress and lock are beside it
         who = f"follower {self.name!r}"
-        with self.where.hold(lock_file(self.name), who):
+        with self.where.hold(follow_lock(self.name), who):
             self.progress = Progress.read(self.where, self.name)
             self._check(listing)  # again, against the run the progress read follows
             rows = {shard.file: shard.rows for shard, _ in listing.shards}
             if any(given > rows.get(file, given) for file, given in self.progress.inside.items()):
                 raise HookdumpError(
-                    f"{self.where.root / INSIDE_FILE.format(self.name)} is not a follower's "
+                    f"{self.where.root / inside_file(self.name)} is not a follower's "
                     "progress (more rows given out of a shard than it holds); delete it"
                 )
             if self.consume:  # a follower killed after noting them, before deleting them
@@ -246,8 +258,10 @@ class _Follower:
                 waited = time.monotonic() - self._since
                 if not told and waited >= WAIT_NOTICE_S:
                     told = True
-                    self.say(f"no dump at {self.where.root} yet; waiting for a run to write "
-                             "its first shard there")  # fmt: skip
+                    self.say(
+                        f"no dump at {self.where.root} yet; waiting for a run to write "
+                        "its first shard there"
+                    )
                 self._give_up()
                 time.sleep(self.where.poll_s)
                 continue
@@ -268,7 +282,7 @@ class _Follower:
         version = self.where.version(MANIFEST)
         if version is not None:
             return [MANIFEST], version
-        names = [n for n in self.where.names() if _RANK_MANIFEST.match(n)]
+        names = [n for n in self.where.names() if RANK_MANIFEST.match(n)]
         return names, tuple((n, self.where.version(n)) for n in names)
 
     def _read(self, names: list[str]) -> _Listing:
@@ -276,8 +290,14 @@ class _Follower:
             return InvalidDump(f"{url} has no manifest")
 
         where = self.where
-        readers = [ShardReader(where.root, manifest_at(where.root, name, where.remote, missing),
-                               remote=where.remote) for name in names]  # fmt: skip
+        readers = [
+            ShardReader(
+                where.root,
+                manifest_at(where.root, name, where.remote, missing),
+                remote=where.remote,
+            )
+            for name in names
+        ]
         joined = names == [MANIFEST]
         first = readers[0].manifest
         failed = [r.manifest.get("failed") for r in readers if r.manifest.get("failed")]
@@ -336,9 +356,8 @@ class _Follower:
         """No shard to read yet: end with the run's error if it failed; give out the rows
         held back (a short batch) if the run waits for room; then wait a little."""
         if listing.failed is not None:
-            raise HookdumpError(f"the run writing {self.where.root} failed: "
-                                f"{listing.failed[:500]}")  # fmt: skip
-        if buffer.rows and any(_WAITING.match(n) for n in self.where.names()):
+            raise HookdumpError(f"the run writing {self.where.root} failed: {listing.failed[:500]}")
+        if buffer.rows and any(WAITING_FILE.match(n) for n in self.where.names()):
             batch, origin = buffer.take(buffer.rows)
             yield batch
             self._given(origin, buffer)
@@ -403,8 +422,9 @@ class _Buffer:
         """Mix the rows, but for the last `back` read (held back for the next group: fewer
         than a batch, from the newest shard, so that every other shard can be finished)."""
         given = self.rows - back
-        order = torch.cat([torch.randperm(given, generator=self.generator),
-                           torch.arange(given, self.rows)])  # fmt: skip
+        order = torch.cat(
+            [torch.randperm(given, generator=self.generator), torch.arange(given, self.rows)]
+        )
         self.values = {k: v[order] for k, v in self.values.items()}
         self.origin = self.origin[order]
 
@@ -420,10 +440,10 @@ class _Buffer:
 def _order(file: str, processes: int) -> tuple[int, str]:
     """Where a shard comes in a follower's pass: in the order the run wrote them (a torchrun
     rank's n-th after every rank's (n-1)-th), whichever manifests list them."""
-    found = _SHARD.match(file)
-    if found is None:
+    found = SHARD_FILE.match(file)
+    if found is None or found["part"] is not None:
         return 1 << 62, file
-    return int(found[2]) * max(1, processes) + int(found[1] or 0), file
+    return int(found["index"]) * max(1, processes) + int(found["rank"] or 0), file
 
 
 def _share(file: str, processes: int) -> int:

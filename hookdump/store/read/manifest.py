@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hookdump.errors import HookdumpError, InvalidDump
-from hookdump.format.manifest import MANIFEST, Manifest
+from hookdump.format.manifest import Manifest
+from hookdump.format.names import MANIFEST
 from hookdump.store.folder import inside
 from hookdump.store.location import Remote, UrlPath
 

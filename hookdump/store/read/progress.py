@@ -11,39 +11,24 @@ rests on the second file."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from hookdump.errors import HookdumpError, printable
-from hookdump.format.manifest import SHARD_FILE
+from hookdump.format import names
+from hookdump.format.names import FOLLOWER_NAME, SHARD_FILE, follower_of, inside_file
 from hookdump.store.beside import Beside
 
-FOLLOW_FILE = "follow-{}.json"
-INSIDE_FILE = "follow-{}.inside"
-LOCK_FILE = "follow-{}.lock"  # held while the follower runs: one at a time per name
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MOST_BYTES = 64 << 20  # a progress file's bytes: a shard name each, ~30 bytes
-
-
-def is_progress(name: str) -> bool:
-    """Whether `name` is a follower's progress file (never a run's to remove)."""
-    return name.startswith("follow-") and name.endswith((".json", ".json.tmp", ".inside",
-                                                         ".inside.tmp", ".lock"))  # fmt: skip
 
 
 def follow_file(name: str) -> str:
     """The file a follower named `name` keeps its progress in, beside the manifest."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not FOLLOWER_NAME.match(name):
         raise HookdumpError(
             f"name={name!r}: a follower's name is 1 to 64 letters, digits, '_', '.' or '-'"
         )
-    return FOLLOW_FILE.format(name)
-
-
-def lock_file(name: str) -> str:
-    """The lock a follower named `name` holds while it runs."""
-    return LOCK_FILE.format(name)
+    return names.follow_file(name)
 
 
 @dataclass
@@ -62,7 +47,7 @@ class Progress:
         """The progress kept under `name`; one that is not what a follower writes (a
         file received with a dump is untrusted: it names the shards deleted with
         `consume`) is a one-line error."""
-        file = FOLLOW_FILE.format(name)
+        file = names.follow_file(name)
         data = _read(where, file)
         progress = cls(
             name,
@@ -70,7 +55,7 @@ class Progress:
             _shards(data, "finished", where, file),
             _shards(data, "consumed", where, file),
         )
-        file = INSIDE_FILE.format(name)
+        file = inside_file(name)
         rows = _read(where, file)
         if not data:  # killed before it finished a shard
             progress.run_id = _run_id(rows, where, file)
@@ -107,9 +92,9 @@ class Progress:
         """Keep the rows given out, and (`finished`: a shard was) the shards finished."""
         if finished:
             whole = {"run_id": self.run_id, "finished": self.finished, "consumed": self.consumed}
-            where.write(FOLLOW_FILE.format(self.name), json.dumps(whole).encode())
+            where.write(names.follow_file(self.name), json.dumps(whole).encode())
         rows = {"run_id": self.run_id, "inside": self.inside}
-        where.write(INSIDE_FILE.format(self.name), json.dumps(rows).encode())
+        where.write(inside_file(self.name), json.dumps(rows).encode())
 
 
 def _read(where: Beside, file: str) -> dict[str, Any]:
@@ -153,9 +138,9 @@ def consumed_shards(where: Beside) -> dict[str, str]:
     """Shard file -> the follower that consumed it, from every follower's progress."""
     found: dict[str, str] = {}
     for file in where.names():
-        if not (file.startswith("follow-") and file.endswith(".json")):
+        name = follower_of(file)
+        if name is None:
             continue
-        name = file.removeprefix("follow-").removesuffix(".json")
         try:  # the shards finished and consumed: not the rows of those it is inside
             consumed = _shards(_read(where, file), "consumed", where, file)
         except HookdumpError:

@@ -20,7 +20,8 @@ import torch
 from hookdump.errors import InvalidDump, did_you_mean
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.format.keys import KeyInfo
-from hookdump.format.manifest import STATS_FILE, Manifest, ShardEntry
+from hookdump.format.manifest import Manifest, ShardEntry
+from hookdump.format.names import STATS_FILE
 from hookdump.store.beside import beside_of
 from hookdump.store.checksum import CHUNK, checksum_of, matches, recorded
 from hookdump.store.features import read_stats_file

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt, printable
-from hookdump.format.manifest import MANIFEST, RUNNING, WAITING, ShardEntry
+from hookdump.format.manifest import ShardEntry
+from hookdump.format.names import DUMP_FILE, MANIFEST, RUNNING, WAITING, temporary
 from hookdump.format.values import format_bytes
 from hookdump.store.beside import FolderBeside, running_note
 from hookdump.store.checksum import Checksum, file_checksum, matches, recorded
 from hookdump.store.folder import (
-    DUMP_FILE,
     FolderBusy,
     check_out_dir,
     create_new,
@@ -221,7 +221,7 @@ class FolderPlace(DumpPlace):
         a disk that fills, the manifest listing the finished shards is written where it was
         (removed just before), never refused for want of space. Best effort: a disk already
         full gets none."""
-        room = self.out / (name + ".tmp")
+        room = self.out / temporary(name)
         self.claim(room.name)
         try:
             fd = create_new(room)
@@ -233,7 +233,7 @@ class FolderPlace(DumpPlace):
             remove_entry(room)
 
     def drop_room(self, name: str) -> None:
-        remove_entry(self.out / (name + ".tmp"))
+        remove_entry(self.out / temporary(name))
 
     def remove(self, names: Iterable[str]) -> None:
         for name in names:

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hookdump.format.manifest import RUNNING, ShardEntry
+from hookdump.format.manifest import ShardEntry
+from hookdump.format.names import RUNNING
 from hookdump.store.checksum import Checksum
 from hookdump.store.location import Remote, UrlPath
 
@@ -182,8 +183,13 @@ class DumpPlace(ABC):
         """Say, beside the dump, which run writes it (pid, host, since when) and whether it
         replaces the dump there (what a follower checks first: `hookdump.follow`; and
         `inspect`); gone when the place is let go (`drop_notes`)."""
-        note = {"run_id": run_id, "overwrite": overwrite, "pid": os.getpid(),
-                "host": socket.gethostname(), "started": time.time()}  # fmt: skip
+        note = {
+            "run_id": run_id,
+            "overwrite": overwrite,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+        }
         self.put_note(RUNNING, json.dumps(note).encode())
         self._notes.add(RUNNING)
 

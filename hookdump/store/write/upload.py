@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import MANIFEST, ShardEntry
+from hookdump.format.manifest import ShardEntry
+from hookdump.format.names import DUMP_FILE, MANIFEST, URL_LOCK
 from hookdump.store.checksum import (
     CHUNK,
     Checksum,
@@ -31,12 +32,11 @@ from hookdump.store.checksum import (
     recorded,
     stream_checksum,
 )
-from hookdump.store.folder import DUMP_FILE, check_entries
+from hookdump.store.folder import check_entries
 from hookdump.store.location import Remote
 from hookdump.store.write.place import manifest_bytes
 
 T = TypeVar("T")
-LOCK = "hookdump.lock"  # the one-writer lock object (see `store.write.url_lock`)
 # shard files in the spool at most: one being written, two waiting, one going up
 SPOOL_SHARDS = 4
 
@@ -94,7 +94,7 @@ class Upload:
             found.append(name + "/" if entry.get("type") == "directory" else name)
         return sorted(found)
 
-    def check_prefix(self, overwrite: bool, ignore: Iterable[str] = (LOCK,)) -> None:
+    def check_prefix(self, overwrite: bool, ignore: Iterable[str] = (URL_LOCK,)) -> None:
         """Refuse a prefix that cannot take a dump, as `store.folder.check_out_dir` refuses
         a folder; with `overwrite`, note the old dump's objects, removed before the first
         upload (`clear_old`)."""
@@ -258,8 +258,13 @@ PART_BYTES = 64 << 20  # a shard larger than this goes up in parts of this size
 def _put_parts(fs: Any, local: Path, bucket: str, key: str, whole: str) -> None:
     """A multipart upload of `local`, each part with its CRC32C and the whole object's
     (`whole`, base64) checked once joined; aborted on any error."""
-    started = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key,
-                         ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT")  # fmt: skip
+    started = fs.call_s3(
+        "create_multipart_upload",
+        Bucket=bucket,
+        Key=key,
+        ChecksumAlgorithm="CRC32C",
+        ChecksumType="FULL_OBJECT",
+    )
     upload = started["UploadId"]
     try:
         parts: list[dict[str, Any]] = []
@@ -267,12 +272,25 @@ def _put_parts(fs: Any, local: Path, bucket: str, key: str, whole: str) -> None:
             while chunk := file.read(PART_BYTES):
                 number = len(parts) + 1
                 crc = crc_base64(crc_hex(crc32c(chunk)))
-                done = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload,
-                                  PartNumber=number, Body=chunk, ChecksumCRC32C=crc)  # fmt: skip
+                done = fs.call_s3(
+                    "upload_part",
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload,
+                    PartNumber=number,
+                    Body=chunk,
+                    ChecksumCRC32C=crc,
+                )
                 parts.append({"PartNumber": number, "ETag": done["ETag"], "ChecksumCRC32C": crc})
-        fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
-                   MultipartUpload={"Parts": parts}, ChecksumCRC32C=whole,
-                   ChecksumType="FULL_OBJECT")  # fmt: skip
+        fs.call_s3(
+            "complete_multipart_upload",
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload,
+            MultipartUpload={"Parts": parts},
+            ChecksumCRC32C=whole,
+            ChecksumType="FULL_OBJECT",
+        )
     except BaseException:
         with contextlib.suppress(Exception):
             fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)

@@ -22,8 +22,9 @@ import uuid
 from dataclasses import asdict, dataclass
 
 from hookdump.errors import HookdumpError, opt
+from hookdump.format.names import URL_LOCK
 from hookdump.store.folder import process_alive
-from hookdump.store.write.upload import LOCK, Upload
+from hookdump.store.write.upload import Upload
 
 LOCK_BEAT = 60.0  # seconds between rewrites of a live run's lock
 LOCK_STALE = 600.0  # a lock not rewritten for this long is a killed run's (other hosts)
@@ -89,7 +90,7 @@ class UrlLock:
         now = time.time()
         run_id = upload.run_id or uuid.uuid4().hex
         self.holder = Holder(run_id, socket.gethostname(), os.getpid(), now, now)
-        self._path = upload.remote.object(LOCK)
+        self._path = upload.remote.object(URL_LOCK)
         self._held = False
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -109,7 +110,7 @@ class UrlLock:
                     f"{opt('out')} {self.upload.url} is locked by {who}, which is gone; pass "
                     f"{finish}{opt('overwrite', True)} to replace it"
                 )
-            self.upload.remove([LOCK])
+            self.upload.remove([URL_LOCK])
             if not self._create():  # another run took it over meanwhile
                 again = self._read()
                 raise HookdumpError(self._busy(again, take_over) if again else "lost the lock")
@@ -165,7 +166,7 @@ class UrlLock:
             except FileNotFoundError:
                 return b""
 
-        lock = self.upload.url / LOCK
+        lock = self.upload.url / URL_LOCK
         return Holder.parse(self.upload.attempt(f"read {lock}", read, writing=False))
 
     def _keep_alive(self) -> None:
@@ -190,5 +191,5 @@ class UrlLock:
             with contextlib.suppress(Exception):
                 found = self._read()
                 if found is not None and found.run_id == self.holder.run_id:
-                    self.upload.remove([LOCK])
+                    self.upload.remove([URL_LOCK])
             self._held = False

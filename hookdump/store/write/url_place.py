@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import RUNNING, WAITING, ShardEntry
+from hookdump.format.manifest import ShardEntry
+from hookdump.format.names import DUMP_FILE, RUNNING, URL_LOCK, WAITING
 from hookdump.format.values import format_bytes
 from hookdump.store.checksum import Checksum
-from hookdump.store.folder import DUMP_FILE, describe_os_error, locked, process_alive, remove_entry
+from hookdump.store.folder import describe_os_error, locked, process_alive, remove_entry
 from hookdump.store.location import Remote, UrlPath, is_url
 from hookdump.store.write.place import DumpPlace, Stray
-from hookdump.store.write.upload import LOCK, SPOOL_SHARDS, Upload
+from hookdump.store.write.upload import SPOOL_SHARDS, Upload
 from hookdump.store.write.url_lock import UrlLock
 
 
@@ -96,7 +97,7 @@ class UrlPlace(DumpPlace):
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
         # a killed run's notes of itself are no dump
-        self.upload.check_prefix(overwrite or keep_old, ignore=(LOCK, RUNNING, WAITING))
+        self.upload.check_prefix(overwrite or keep_old, ignore=(URL_LOCK, RUNNING, WAITING))
         if keep_old:  # resuming: what is there is this dump's
             self.upload.forget_old()
 

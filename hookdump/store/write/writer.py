@@ -15,14 +15,8 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.dtypes import dtype_name
 from hookdump.format.keys import KeyInfo
-from hookdump.format.manifest import (
-    FORMAT,
-    MANIFEST,
-    STATS_FILE,
-    ShardEntry,
-    recipe,
-    samples_fed,
-)
+from hookdump.format.manifest import FORMAT, ShardEntry, recipe, samples_fed
+from hookdump.format.names import MANIFEST, STATS_FILE, FileNames, part_files, temporary
 from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
 from hookdump.store.checksum import DEFAULT, Algorithm, checksum_of
 from hookdump.store.write.place import DumpPlace
@@ -69,24 +63,6 @@ class DumpOptions:
 
 
 @dataclass(frozen=True)
-class FileNames:
-    """How a writer names its files: a torchrun rank has its own shard prefix and manifest
-    until rank 0 joins them."""
-
-    shard_prefix: str = "shard-"
-    manifest: str = MANIFEST
-
-    @property
-    def own_manifest(self) -> bool:
-        return self.manifest != MANIFEST
-
-    @property
-    def waiting(self) -> str:
-        """The file that says this writer waits for room (`--max-disk`)."""
-        return self.manifest.replace("manifest", "waiting", 1)
-
-
-@dataclass(frozen=True)
 class Part:
     """One part of a dump that another process finishes (`DumpOptions.part`): its name
     (hex digits, made from its samples' ids) and the dump's run id."""
@@ -96,7 +72,7 @@ class Part:
 
     @property
     def names(self) -> FileNames:
-        return FileNames(f"shard-p{self.name}-", f"manifest-p{self.name}.json")
+        return part_files(self.name)
 
 
 class DumpWriter:
@@ -148,7 +124,7 @@ class DumpWriter:
         """
         reserve = header_room(dict.fromkeys([*self.tensors, *keys_expected]))
         name = self._next_name()
-        self.place.claim(name + ".tmp")  # before it exists: never taken for an old dump's
+        self.place.claim(temporary(name))  # before it exists: never taken for an old dump's
         return ShardFile(self.out / name, reserve)
 
     def plan_shard(self, rows: int) -> PlannedShard:
@@ -165,7 +141,7 @@ class DumpWriter:
         if not self._named:
             self.place.keep_room(self.names.manifest, 0)
         self._named = max(self._named, len(self.shards)) + 1
-        return f"{self.names.shard_prefix}{self._named - 1:05d}.safetensors"
+        return self.names.shard(self._named - 1)
 
     def share_run_id(self, run_id: str | None) -> None:
         """Take the run id every torchrun rank agreed on: one dump, one id in its shards."""
@@ -381,8 +357,7 @@ class DumpWriter:
     ) -> DumpWriter:
         """Carry on an incomplete (validated) dump, keeping its listed shards (the engine
         has removed what else a killed run left: `engine.resume.keep_verified`)."""
-        writer = cls(place, shard_bytes=shard_bytes, names=names, fields=fields,
-                     checksum=checksum)  # fmt: skip
+        writer = cls(place, shard_bytes=shard_bytes, names=names, fields=fields, checksum=checksum)
         writer.tensors = dict(manifest["tensors"])
         writer.shards = [ShardEntry.of_json(entry) for entry in manifest["shards"]]
         listed_ids = manifest.get("sample_ids")

@@ -127,8 +127,13 @@ def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
             axes.bar(range(data.numel()), data.numpy(), color="tab:blue")
             for unit in high + low:
                 value = float(data[unit])
-                axes.annotate(str(unit), (unit, value), ha="center", fontsize=8,
-                              va="bottom" if value >= 0 else "top")  # fmt: skip
+                axes.annotate(
+                    str(unit),
+                    (unit, value),
+                    ha="center",
+                    fontsize=8,
+                    va="bottom" if value >= 0 else "top",
+                )
             axes.set_xlabel(f"unit (of {data.numel()})")
             chart = "bars"
         else:
@@ -140,8 +145,16 @@ def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
             ):
                 if units:
                     named = ", ".join(f"{unit} ({float(data[unit]):.4g})" for unit in units)
-                    axes.text(x, y, f"{words}: {named}", transform=axes.transAxes, ha=ha,
-                              va=va, fontsize=9, bbox=_LABEL_BOX)  # fmt: skip
+                    axes.text(
+                        x,
+                        y,
+                        f"{words}: {named}",
+                        transform=axes.transAxes,
+                        ha=ha,
+                        va=va,
+                        fontsize=9,
+                        bbox=_LABEL_BOX,
+                    )
             axes.set_xlabel(f"units sorted by value (of {data.numel()})")
             chart = "sorted profile"
         axes.set_ylabel("value")

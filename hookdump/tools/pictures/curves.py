@@ -126,8 +126,13 @@ def diff_plot(result: DiffResult, out: Path, title: str) -> Drawn:
             linestyle="--",
             label=f"rtol {result.rtol:g} (and atol {result.atol:g}: |a - b| <= atol + rtol |b|)",
         )
-        axes.axhline(TINY, color="grey", linestyle=":", linewidth=1,
-                     label=f"0 (no error at all), drawn at {TINY:g}")  # fmt: skip
+        axes.axhline(
+            TINY,
+            color="grey",
+            linestyle=":",
+            linewidth=1,
+            label=f"0 (no error at all), drawn at {TINY:g}",
+        )
         axes.set_yscale("log")
         axes.set_ylim(bottom=TINY / 10)
         # half a key of room each side: a line marking the first key stays off the axis

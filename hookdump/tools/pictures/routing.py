@@ -89,8 +89,9 @@ def _draw(grid: torch.Tensor, labels: list[str] | None, out: Path, title: str) -
     figure, axes = plt.subplots(figsize=size, dpi=100)
     try:
         top = max(1.0, float(grid.nan_to_num(0.0).max()))  # weights of 1 at most, mostly
-        image = axes.imshow(grid.numpy(), aspect="auto", cmap="viridis", vmin=0.0, vmax=top,
-                            interpolation="nearest")  # fmt: skip
+        image = axes.imshow(
+            grid.numpy(), aspect="auto", cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest"
+        )
         axes.set_facecolor("white")  # experts not chosen: blank
         figure.colorbar(image, ax=axes, label="weight (blank: not chosen)")
         load = (~grid.isnan()).sum(0).tolist()
