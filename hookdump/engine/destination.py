@@ -47,7 +47,7 @@ class Destination:
 
     out: Path | None
     ranks: Ranks | None = None
-    previous: dict[str, Any] | None = None  # the interrupted dump being resumed
+    previous: Manifest | None = None  # the interrupted dump being resumed
     overwrite: bool = False
     place: DumpPlace | None = None  # where the dump lives (`out`: where shards are finished)
     part: Part | None = None  # a part of a dump that another process finishes
@@ -153,7 +153,7 @@ class Destination:
         """Resuming: the statistics of the samples already in the dump."""
         if self.previous is None or self.place is None or not self.previous["shards"]:
             return {}  # (a torchrun rank that had written nothing)
-        manifest = Manifest.of_checked(self.previous)
+        manifest = self.previous
         reader = ShardReader(self.place.root, manifest, remote=self.place.remote)
         gone = reader.consumed()  # deleted by a follower: the statistics are of the rest
         return summarize(reader, [s for s in manifest.shards if s.file not in gone])

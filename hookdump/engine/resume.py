@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookdump.engine.distributed import Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
-from hookdump.format.manifest import ShardEntry, samples_fed
+from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.format.names import MANIFEST, RANK_MANIFESTS, FileNames, is_follower_file
 from hookdump.model.weights import sha256, state_sha256
 from hookdump.store.beside import beside_of
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 RESUME = opt("resume", True)
 # a torchrun rank's part that holds nothing yet (the other ranks' parts may)
-_NOTHING: dict[str, Any] = {"tensors": {}, "shards": [], "sample_ids": [], "num_samples": 0}
 
 
 def sources(loaded: LoadedModel, feed: Feed | None) -> dict[str, Any]:
@@ -153,10 +152,10 @@ class _Looked:
     def has(self, name: str) -> bool:
         return name in self.listed
 
-    def manifest(self, name: str) -> dict[str, Any]:
+    def manifest(self, name: str) -> Manifest:
         place = self.place
         missing = _gone(f"{place.label}/{name}")
-        return manifest_at(place.root, name, place.remote, missing).to_json()
+        return manifest_at(place.root, name, place.remote, missing)
 
     def rank_manifests(self) -> list[str]:
         return sorted(n for n in self.listed if fnmatch.fnmatchcase(n, RANK_MANIFESTS))
@@ -164,7 +163,7 @@ class _Looked:
 
 def previous_dump(
     options: RunOptions, ranks: Ranks | None, place: DumpPlace | None
-) -> dict[str, Any] | None:
+) -> Manifest | None:
     """The incomplete dump that `resume` carries on (None: nothing there yet, start anew).
     Under torchrun, this rank's own part of it (empty where the rank wrote nothing)."""
     if place is None:
@@ -174,12 +173,12 @@ def previous_dump(
     looked = _Looked(place)
     manifest = _one_process(looked) if ranks is None else _this_rank(looked, ranks)
     if manifest is None:  # nothing there: it starts anew (a rank, beside the others' parts)
-        return dict(_NOTHING) if ranks is not None and place.exists() else None
+        return Manifest.empty() if ranks is not None and place.exists() else None
     _check_recipe(options, manifest, looked.label)  # whatever it holds: it must be this run's
-    if not manifest["shards"]:  # nothing was finished (by this rank): it starts anew
-        return None if ranks is None else {**_NOTHING, "run_id": manifest.get("run_id")}
-    listed = manifest.get("sample_ids")
-    if listed is not None and len(listed) < samples_fed(manifest):
+    if not manifest.shards:  # nothing was finished (by this rank): it starts anew
+        return None if ranks is None else Manifest.empty(manifest.run_id)
+    listed = manifest.sample_ids
+    if listed is not None and len(listed) < manifest.samples_fed:
         raise HookdumpError(
             f"{RESUME}: the manifest in {looked.label} does not list its samples' ids, so the "
             f"dump cannot be carried on; start anew with {opt('overwrite', True)}"
@@ -187,8 +186,8 @@ def previous_dump(
     return manifest
 
 
-def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: str) -> None:
-    before = manifest.get("recipe") or {}
+def _check_recipe(options: RunOptions, manifest: Manifest, out: str) -> None:
+    before = manifest.recipe
     for name, value in options.recipe().items():
         if name not in before and value is False:  # an option newer than the dump, off
             continue
@@ -200,16 +199,16 @@ def _check_recipe(options: RunOptions, manifest: dict[str, Any], out: str) -> No
             )
 
 
-def _one_process(place: _Looked) -> dict[str, Any] | None:
+def _one_process(place: _Looked) -> Manifest | None:
     """The manifest a one-process run left (None: none, the run starts anew)."""
     out = place.label
     if place.has(MANIFEST):
         manifest = place.manifest(MANIFEST)
-        if manifest.get("complete"):
+        if manifest.complete:
             if _intact(place.place, manifest):
                 raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
             # damaged since: carried on from its first shard that differs, as a killed run's
-            return {**manifest, "complete": False}
+            return manifest.reopened()
         return manifest
     by_ranks = place.rank_manifests()
     if by_ranks:
@@ -221,18 +220,18 @@ def _one_process(place: _Looked) -> dict[str, Any] | None:
     return None
 
 
-def _intact(place: DumpPlace, manifest: dict[str, Any]) -> bool:
+def _intact(place: DumpPlace, manifest: Manifest) -> bool:
     """Whether every listed shard not consumed is there as its entry records it (size and
     checksum, read back)."""
     consumed = _consumed(place, manifest)
-    shards = [ShardEntry.of_json(entry) for entry in manifest["shards"]]
+    shards = list(manifest.shards)
     stats = manifest.get("feature_stats")
     if isinstance(stats, dict):
         shards.append(ShardEntry.of_json({**stats, "start": 0, "stop": 0}))
     return all(entry.file in consumed or place.matches(entry) for entry in shards)
 
 
-def _this_rank(place: _Looked, ranks: Ranks) -> dict[str, Any] | None:
+def _this_rank(place: _Looked, ranks: Ranks) -> Manifest | None:
     """The manifest this torchrun rank left (None where it wrote none)."""
     out = place.label
     if place.has(MANIFEST):
@@ -254,15 +253,13 @@ def _this_rank(place: _Looked, ranks: Ranks) -> dict[str, Any] | None:
     return manifest
 
 
-def keep_verified(
-    place: DumpPlace, previous: dict[str, Any], names: FileNames
-) -> dict[str, Any] | None:
+def keep_verified(place: DumpPlace, previous: Manifest, names: FileNames) -> Manifest | None:
     """What `--resume` keeps of a killed run's dump: the listed shards up to the first that
     is missing or differs in size or SHA-256 from its manifest entry (the rest are redone),
     the manifest cut to match (None: nothing kept, start anew). The files of this run's
     names that are not kept (a torchrun rank: its own; one process: any dump file) are
     removed, with the unfinished uploads of a URL's."""
-    shards = [ShardEntry.of_json(entry) for entry in previous["shards"]]
+    shards = previous.shards
     consumed = _consumed(place, previous)
     kept = 0
     for entry in shards:
@@ -278,28 +275,12 @@ def keep_verified(
         return previous
     if kept == 0:
         return None
-    return _cut(previous, shards[kept - 1], kept)
+    return previous.cut(kept)
 
 
-def _consumed(place: DumpPlace, previous: dict[str, Any]) -> set[str]:
+def _consumed(place: DumpPlace, previous: Manifest) -> set[str]:
     """The listed shards followers consumed (deleted once given out: `hookdump.follow`):
     kept by `--resume` as they are, gone."""
     return set(previous.get("consumed", [])) | set(
         consumed_shards(beside_of(place.root, place.remote))
     )
-
-
-def _cut(manifest: dict[str, Any], last: ShardEntry, kept: int) -> dict[str, Any]:
-    """`manifest` as if only its first `kept` shards, up to `last`, had been listed."""
-    fed = last.samples_fed
-    cut = {**manifest, "shards": manifest["shards"][:kept], "num_samples": last.stop}
-    if "num_sequences" in manifest:
-        cut["num_sequences"] = fed
-    if manifest.get("sample_ids") is not None:
-        cut["sample_ids"] = manifest["sample_ids"][:fed]
-    if manifest.get("generated") is not None:
-        cut["generated"] = manifest["generated"][:fed]
-    skipped = manifest.get("skipped_inputs", [])
-    upto = last.inputs_skipped
-    cut["skipped_inputs"] = skipped[: len(skipped) if upto is None else upto]
-    return cut

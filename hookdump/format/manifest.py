@@ -30,7 +30,7 @@ def recipe(name: str | None = None) -> dict[str, Any]:
     return {"recipe": name or True}
 
 
-def samples_fed(manifest: dict[str, Any]) -> int:
+def samples_fed(manifest: Mapping[str, Any]) -> int:
     """The samples a (validated) manifest's rows come from: its rows themselves, or with
     token rows the sequences whose tokens they are."""
     return int(manifest.get("num_sequences", manifest["num_samples"]))
@@ -143,10 +143,38 @@ class Manifest(Mapping[str, Any]):
             run_id=data.get("run_id"),
         )
 
+    @classmethod
+    def empty(cls, run_id: str | None = None) -> Manifest:
+        """What a torchrun rank that had finished nothing carries on from."""
+        fields = {"complete": False, "num_samples": 0, "tensors": {}, "shards": []}
+        return cls.of_checked({**fields, "sample_ids": [], "run_id": run_id})
+
     @property
     def recipe(self) -> Mapping[str, Any]:
         """The options that shaped the dump's contents (what `--resume` compares)."""
         return self.fields.get("recipe") or {}
+
+    def reopened(self) -> Manifest:
+        """This dump carried on as an incomplete one (`--resume` of a damaged dump)."""
+        return Manifest.of_checked({**self.fields, "complete": False})
+
+    def cut(self, kept: int) -> Manifest:
+        """This manifest as if only its first `kept` shards (at least one) had been listed:
+        the rows, sample ids, generations and skipped inputs up to the last one's end."""
+        last = self.shards[kept - 1]
+        fed = last.samples_fed
+        cut = {**self.fields, "shards": list(self.fields["shards"][:kept])}
+        cut["num_samples"] = last.stop
+        if "num_sequences" in self.fields:
+            cut["num_sequences"] = fed
+        if self.sample_ids is not None:
+            cut["sample_ids"] = self.sample_ids[:fed]
+        if self.fields.get("generated") is not None:
+            cut["generated"] = self.fields["generated"][:fed]
+        skipped = self.fields.get("skipped_inputs", [])
+        upto = last.inputs_skipped
+        cut["skipped_inputs"] = skipped[: len(skipped) if upto is None else upto]
+        return Manifest.of_checked(cut)
 
     def __getitem__(self, name: str) -> Any:
         return self.fields[name]

@@ -15,7 +15,7 @@ import torch
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.dtypes import dtype_name
 from hookdump.format.keys import KeyInfo
-from hookdump.format.manifest import FORMAT, ShardEntry, recipe, samples_fed
+from hookdump.format.manifest import FORMAT, Manifest, ShardEntry, recipe
 from hookdump.format.names import MANIFEST, STATS_FILE, FileNames, part_files, temporary
 from hookdump.format.rows import Rows, SampleIds, ids_for_manifest
 from hookdump.store.checksum import DEFAULT, Algorithm, checksum_of
@@ -348,7 +348,7 @@ class DumpWriter:
     def resume(
         cls,
         place: DumpPlace,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         *,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         names: FileNames = FileNames(),
@@ -358,19 +358,16 @@ class DumpWriter:
         """Carry on an incomplete (validated) dump, keeping its listed shards (the engine
         has removed what else a killed run left: `engine.resume.keep_verified`)."""
         writer = cls(place, shard_bytes=shard_bytes, names=names, fields=fields, checksum=checksum)
-        writer.tensors = dict(manifest["tensors"])
-        writer.shards = [ShardEntry.of_json(entry) for entry in manifest["shards"]]
-        listed_ids = manifest.get("sample_ids")
+        fed = manifest.samples_fed
+        writer.tensors = {key: dict(meta) for key, meta in manifest.tensors.items()}
+        writer.shards = list(manifest.shards)
+        listed_ids = manifest.sample_ids
         writer.fed = (
-            SampleIds(
-                range(samples_fed(manifest))
-                if listed_ids is None
-                else listed_ids[: samples_fed(manifest)]
-            ),
+            SampleIds(range(fed) if listed_ids is None else listed_ids[:fed]),
             list(manifest.get("skipped_inputs", [])),
         )
-        writer.generated = list(manifest.get("generated", []))[: samples_fed(manifest)]
-        writer.run_id = manifest.get("run_id")  # one dump, one id: its shards carry it
+        writer.generated = list(manifest.get("generated", []))[:fed]
+        writer.run_id = manifest.run_id  # one dump, one id: its shards carry it
         return writer
 
     def finish(
