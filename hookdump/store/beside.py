@@ -18,7 +18,7 @@ from typing import Any
 from hookdump.errors import HookdumpError, printable
 from hookdump.format.names import RUNNING
 from hookdump.store.folder import process_alive, remove_entry, valid_pid, write_durably
-from hookdump.store.location import Remote, UrlPath, is_url, local
+from hookdump.store.location import Remote, UrlPath, is_url, local, version_of
 
 
 class Beside(ABC):
@@ -147,24 +147,19 @@ class UrlBeside(Beside):
     def version(self, name: str) -> Hashable | None:
         remote = self._remote
         try:
-            info = remote.fs.info(remote.object(name))
+            with remote.failing(f"read {remote.url / name}", passing=(FileNotFoundError,)):
+                info = remote.fs.info(remote.object(name))
         except FileNotFoundError:
             return None
-        except Exception as exc:  # the clients' errors have no common base
-            raise HookdumpError(f"cannot read {remote.url / name}: {remote.reason(exc)}") from None
-        stamp = (
-            info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime")
-        )
-        return str(stamp), info.get("size")
+        return version_of(info), info.get("size")
 
     def read(self, name: str) -> bytes | None:
         remote = self._remote
         try:
-            return bytes(remote.fs.cat_file(remote.object(name)))
+            with remote.failing(f"read {remote.url / name}", passing=(FileNotFoundError,)):
+                return bytes(remote.fs.cat_file(remote.object(name)))
         except FileNotFoundError:
             return None
-        except Exception as exc:
-            raise HookdumpError(f"cannot read {remote.url / name}: {remote.reason(exc)}") from None
 
     def write(self, name: str, raw: bytes) -> None:
         remote = self._remote
@@ -185,11 +180,10 @@ class UrlBeside(Beside):
         remote = self._remote
         root = remote.root + "/"
         try:
-            found = remote.fs.ls(remote.root, detail=False, refresh=True)
+            with remote.failing(f"list {remote.url}", passing=(FileNotFoundError,)):
+                found = remote.fs.ls(remote.root, detail=False, refresh=True)
         except FileNotFoundError:
             return []
-        except Exception as exc:
-            raise HookdumpError(f"cannot list {remote.url}: {remote.reason(exc)}") from None
         return sorted(str(p)[len(root) :] for p in found if str(p).startswith(root))
 
     @contextlib.contextmanager
@@ -208,12 +202,8 @@ class UrlBeside(Beside):
 
         made = False
         for _ in range(2):
-            try:
+            with remote.failing(f"write {remote.url / name}"):
                 made = create()
-            except Exception as exc:
-                raise HookdumpError(
-                    f"cannot write {remote.url / name}: {remote.reason(exc)}"
-                ) from None
             if made:
                 break
             raw = self.read(name) or b""
@@ -232,10 +222,8 @@ class UrlBeside(Beside):
                     self.remove(name)
 
     def _do(self, what: str, action: Any) -> None:
-        try:
+        with self._remote.failing(what):
             action()
-        except Exception as exc:
-            raise HookdumpError(f"cannot {what}: {self._remote.reason(exc)}") from None
 
 
 def beside(

@@ -11,6 +11,7 @@ one line with each option's value blanked out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -107,6 +108,17 @@ def _leaves(value: object) -> Iterator[str]:
         yield str(value)
 
 
+def etag_of(info: Mapping[str, Any]) -> str:
+    """An object's ETag as its store's listing gives it (quotes stripped; "" where the
+    store gives none): what a manifest records to tell this version of a shard."""
+    return str(info.get("ETag") or info.get("etag") or "").strip('"')[:200]
+
+
+def version_of(info: Mapping[str, Any]) -> str:
+    """What tells this version of an object from another: its ETag, else its time."""
+    return etag_of(info) or str(info.get("LastModified") or info.get("mtime") or "")
+
+
 class Remote:
     """A prefix at a URL and the fsspec file system that reaches it."""
 
@@ -165,15 +177,35 @@ class Remote:
             text = text.replace(secret, "***")
         return text
 
+    @contextlib.contextmanager
+    def failing(
+        self,
+        what: str,
+        error: type[HookdumpError] = HookdumpError,
+        then: str = "",
+        passing: tuple[type[Exception], ...] = (),
+    ) -> Iterator[None]:
+        """The one place a storage client's failure becomes a line: within the block, any
+        error but ours is raised as `error("cannot WHAT: REASON" + then)`, every option's
+        value blanked out; `passing`: errors the caller handles itself (an entry not
+        there)."""
+        try:
+            yield
+        except HookdumpError:
+            raise
+        except passing:
+            raise
+        except Exception as exc:  # the clients' errors have no common base: botocore, aiohttp
+            raise error(f"cannot {what}: {self.reason(exc)}{then}") from None
+
     def call(self, what: str, action: Callable[[], T], missing: HookdumpError | None = None) -> T:
         """`action()`, a storage client's failure made one line naming `what` (an entry
         not there: `missing`, if given)."""
         try:
-            return action()
+            with self.failing(f"read {what}", InvalidDump, passing=(FileNotFoundError,)):
+                return action()
         except FileNotFoundError:
             raise missing or InvalidDump(f"{what} does not exist") from None
-        except Exception as exc:  # the client's errors have no common base: botocore, aiohttp
-            raise InvalidDump(f"cannot read {what}: {self.reason(exc)}") from None
 
     def reason(self, exc: BaseException) -> str:
         """A storage client's error as one short line (its lines joined: botocore's first is
@@ -219,8 +251,7 @@ class RemoteBlob:
         if info.get("type", "file") != "file":
             raise InvalidDump(f"{remote.url / name} is not a file; refused")
         self.size = int(info.get("size") or 0)
-        version = info.get("ETag") or info.get("etag") or info.get("LastModified") or ""
-        self.identity: tuple[object, ...] = (self.size, str(version))
+        self.identity: tuple[object, ...] = (self.size, version_of(info))
         self._head = b""  # the object's first bytes, read once: a shard's header is there
 
     def pread(self, nbytes: int, offset: int) -> bytes:

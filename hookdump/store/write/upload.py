@@ -33,7 +33,7 @@ from hookdump.store.checksum import (
     stream_checksum,
 )
 from hookdump.store.folder import check_entries
-from hookdump.store.location import Remote
+from hookdump.store.location import Remote, etag_of
 from hookdump.store.write.place import manifest_bytes
 
 T = TypeVar("T")
@@ -54,18 +54,14 @@ class Upload:
     def attempt(self, what: str, action: Callable[[], T], writing: bool = True) -> T:
         """`action()`, a storage client's failure made one line naming `what` (and, while
         `writing`, how to go on)."""
-        try:
+        then = (
+            f"; the shards uploaded so far are kept: run the same command with "
+            f"{opt('resume', True)} to finish the dump"
+            if writing
+            else ""
+        )
+        with self.remote.failing(what, then=then):
             return action()
-        except HookdumpError:
-            raise
-        except Exception as exc:  # botocore, aiohttp, OSError: no common base
-            then = (
-                f"; the shards uploaded so far are kept: run the same command with "
-                f"{opt('resume', True)} to finish the dump"
-                if writing
-                else ""
-            )
-            raise HookdumpError(f"cannot {what}: {self.remote.reason(exc)}{then}") from None
 
     def make_prefix(self) -> None:
         """A file system with folders (`file://`) gets the prefix's; an object store has
@@ -148,8 +144,8 @@ class Upload:
             )
         local.unlink()
         entry = checksum.entry()
-        if _etag(info):  # what this version of the object is: `--resume` compares it
-            entry["etag"] = _etag(info)
+        if etag_of(info):  # what this version of the object is: `--resume` compares it
+            entry["etag"] = etag_of(info)
         return entry
 
     def _put(self, local: Path, path: str, checksum: Checksum) -> None:
@@ -196,7 +192,7 @@ class Upload:
                 return False
             if size is not None and int(info.get("size") or 0) != size:
                 return False
-            if algorithm is None or (entry.etag and entry.etag == _etag(info)):
+            if algorithm is None or (entry.etag and entry.etag == etag_of(info)):
                 return True
             with fs.open(path, "rb", block_size=CHUNK) as file:
                 return matches(entry, stream_checksum(file.read, algorithm))
@@ -295,7 +291,3 @@ def _put_parts(fs: Any, local: Path, bucket: str, key: str, whole: str) -> None:
         with contextlib.suppress(Exception):
             fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
         raise
-
-
-def _etag(info: Mapping[str, Any]) -> str:
-    return str(info.get("ETag") or info.get("etag") or "").strip('"')[:200]
