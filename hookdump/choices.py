@@ -22,8 +22,12 @@ ExportTarget = Literal["hf", "saelens", "npy"]
 # what a manifest records of each shard: its CRC32C (the default), or its SHA-256
 ChecksumKind = Literal["crc32c", "sha256"]
 DiffStatus = Literal["match", "differ", "only in A", "only in B", "shape", "dtype"]
+# where `--generate` takes its values: one forward over prompt + response, or the passes
+# that produced the tokens
+GenerateCapture = Literal["prefill", "decode"]
 
 REDUCTIONS: tuple[Reduction, ...] = get_args(Reduction)
+GENERATE_CAPTURES: tuple[GenerateCapture, ...] = get_args(GenerateCapture)
 ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
 ROUTING_KINDS: tuple[RoutingKind, ...] = ("router_logits", "topk_ids", "topk_weights")
 ROUTER_VALUES: tuple[RoutingKind, ...] = get_args(RoutingKind)

@@ -27,7 +27,7 @@ from hookdump.engine.destination import Destination
 from hookdump.engine.distributed import RankShare, join_shares
 from hookdump.engine.live import run_options
 from hookdump.engine.options import RunOptions
-from hookdump.engine.parts import drop_parts, part_name, share_of
+from hookdump.engine.parts import PartResult, drop_parts, part_name, share_of
 from hookdump.engine.place import held
 from hookdump.engine.runner import run
 from hookdump.engine.signals import exit_code, interrupts_once
@@ -224,7 +224,8 @@ def _write(
         mapped.context.execution_options.preserve_order = True  # parts in the dataset's order
         try:
             parts = _collected(mapped)
-            whole = _joined([share for _, (share, _) in parts], [name for name, _ in parts])
+            shares = [part.share for part in parts if part.share is not None]
+            whole = _joined(shares, [part.name for part in parts])
         except HookdumpError:  # every task has ended: what the others wrote is of no use
             drop_parts(place, set())
             raise
@@ -234,7 +235,7 @@ def _write(
                 f"is a dump yet; run it again with {opt('overwrite', True)}",
                 exit_code(exc),
             ) from None
-        fields = parts[0][1][1]
+        fields = parts[0].fields
         fields["input"] = {**fields.get("input", {}), "source": "ray"}
         writer.take_over(whole.shards, whole.tensors, fields)
         destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
@@ -261,17 +262,17 @@ def _actor_cpus(ray: Any, concurrency: int, num_gpus: float) -> float | None:
     return max(0.0, min(1.0, spare / concurrency))
 
 
-def _collected(mapped: Any) -> list[tuple[str, tuple[RankShare, dict[str, Any]]]]:
+def _collected(mapped: Any) -> list[PartResult]:
     """Every part's name and what it wrote, in order; the first error of a task as one line."""
     try:
         rows = list(mapped.take_all())
     except Exception as exc:  # not a HookdumpError (those come back as rows): the last line
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         raise HookdumpError(f"a Ray task failed: {(lines or [type(exc).__name__])[-1]}") from None
-    parts = [(row["part"], pickle.loads(row["done"])) for row in rows]
-    for _, done in parts:
-        if isinstance(done, str):
-            raise HookdumpError(done)
+    parts: list[PartResult] = [pickle.loads(row["done"]) for row in rows]
+    for part in parts:
+        if part.error is not None:
+            raise HookdumpError(part.error)
     return parts
 
 
@@ -309,9 +310,9 @@ class _PartWriter:
             options = dataclasses.replace(task.options, dump=part)
             inputs = {column: _tensor(batch[column], column) for column in task.columns}
             data = PythonData(list(_pieces(inputs, task.batch_size)), task.forward, ids)
-            done: Any = share_of(run(options, model=self.module, data=data))
+            done = share_of(name, run(options, model=self.module, data=data))
         except HookdumpError as exc:  # Ray would keep only its traceback's text
-            done = exc.args[0] if exc.args else str(exc)  # its options marked, for the CLI
+            done = PartResult(name, error=exc.args[0] if exc.args else str(exc))  # for the CLI
         return {"part": np.array([name]), "done": np.array([pickle.dumps(done)], dtype=object)}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from hookdump.engine.distributed import RankShare
@@ -39,6 +40,17 @@ _GROWING = {
 }
 
 
+@dataclass(frozen=True)
+class PartResult:
+    """What a task hands back: its part's share of the dump and its manifest's other fields
+    (the model, the selection, the versions...), or the one line of its error."""
+
+    name: str
+    share: RankShare | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
 def part_name(ids: Sequence[Any]) -> str:
     """The name of the part holding the samples `ids` (the same for the same ids)."""
     text = json.dumps(list(ids), separators=(",", ":"), default=str)
@@ -50,9 +62,8 @@ def clear_part(names: FileNames, place: DumpPlace) -> None:
     place.remove_strays(lambda name: name.startswith((names.shard_prefix, names.manifest)))
 
 
-def share_of(result: RunResult) -> tuple[RankShare, dict[str, Any]]:
-    """What a part's run wrote, to be joined with the other parts, and its manifest's other
-    fields (the model, the selection, the versions...)."""
+def share_of(name: str, result: RunResult) -> PartResult:
+    """What part `name`'s run wrote, to be joined with the other parts."""
     manifest = result.manifest or {}
     ids = manifest.get("sample_ids")
     fed = result.num_sequences if result.num_sequences is not None else result.num_samples
@@ -65,7 +76,8 @@ def share_of(result: RunResult) -> tuple[RankShare, dict[str, Any]]:
         skipped=list(result.skipped),
         skipped_inputs=list(result.skipped_inputs),
     )
-    return share, {name: value for name, value in manifest.items() if name not in _GROWING}
+    fields = {key: value for key, value in manifest.items() if key not in _GROWING}
+    return PartResult(name, share, fields)
 
 
 def drop_parts(place: DumpPlace, listed: set[str]) -> None:

@@ -11,18 +11,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from hookdump.choices import choose
+from hookdump.choices import GENERATE_CAPTURES, GenerateCapture, choose
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.keys import ATTENTION_MASK, INPUT_IDS
 from hookdump.format.manifest import recipe
 from hookdump.inputs.samples import Batch
-
-GenerateCapture = Literal["prefill", "decode"]
-GENERATE_CAPTURES: tuple[GenerateCapture, ...] = ("prefill", "decode")
 
 
 @dataclass(frozen=True)

@@ -177,14 +177,7 @@ class UrlBeside(Beside):
         self._do(f"remove {remote.url / name}", gone)
 
     def names(self) -> list[str]:
-        remote = self._remote
-        root = remote.root + "/"
-        try:
-            with remote.failing(f"list {remote.url}", passing=(FileNotFoundError,)):
-                found = remote.fs.ls(remote.root, detail=False, refresh=True)
-        except FileNotFoundError:
-            return []
-        return sorted(str(p)[len(root) :] for p in found if str(p).startswith(root))
+        return sorted(name.rstrip("/") for name in self._remote.entries())
 
     @contextlib.contextmanager
     def hold(self, name: str, who: str) -> Iterator[None]:

@@ -207,6 +207,22 @@ class Remote:
         except FileNotFoundError:
             raise missing or InvalidDump(f"{what} does not exist") from None
 
+    def entries(self) -> list[str]:
+        """The names directly under the prefix, sorted (a folder's with a trailing '/'):
+        the one listing of a prefix, readers' and writers' alike."""
+        try:
+            with self.failing(f"list {self.url}", passing=(FileNotFoundError,)):
+                listed = list(self.fs.ls(self.root, detail=True, refresh=True))
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in listed:
+            path = str(entry.get("name", "")).rstrip("/")
+            if path.startswith(self.root + "/"):  # not the prefix itself, as some stores list
+                name = path[len(self.root) + 1 :]
+                found.append(name + "/" if entry.get("type") == "directory" else name)
+        return sorted(found)
+
     def reason(self, exc: BaseException) -> str:
         """A storage client's error as one short line (its lines joined: botocore's first is
         often only "Parameter validation failed:"), every option's value blanked out."""

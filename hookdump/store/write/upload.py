@@ -73,22 +73,7 @@ class Upload:
 
     def entries(self) -> list[str]:
         """The names directly under the prefix (a folder's with a trailing '/')."""
-        fs, root = self.remote.fs, self.remote.root
-
-        def listing() -> list[dict[str, Any]]:
-            try:
-                return list(fs.ls(root, detail=True, refresh=True))
-            except FileNotFoundError:
-                return []
-
-        found = []
-        for entry in self.attempt(f"list {self.url}", listing, writing=False):
-            path = str(entry.get("name", "")).rstrip("/")
-            if not path.startswith(root + "/"):
-                continue  # the prefix itself, as some stores list it
-            name = path[len(root) + 1 :]
-            found.append(name + "/" if entry.get("type") == "directory" else name)
-        return sorted(found)
+        return self.remote.entries()
 
     def check_prefix(self, overwrite: bool, ignore: Iterable[str] = (URL_LOCK,)) -> None:
         """Refuse a prefix that cannot take a dump, as `store.folder.check_out_dir` refuses
