@@ -12,8 +12,6 @@ keys have them (not token ids, positions or masks).
 from __future__ import annotations
 
 import functools
-import json
-import struct
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hookdump.store.feature_pass import feature_pass
+from hookdump.store.header import header_of
 
 FIELDS = ("count", "mean", "var", "min", "max", "norm_mean", "rows")
 F64 = torch.float64
@@ -252,12 +251,11 @@ def read_stats_file(
     from safetensors.torch import load
 
     try:
-        size = struct.unpack("<Q", raw[:8])[0]
-        header = json.loads(raw[8 : 8 + size]) if size <= len(raw) - 8 else None
+        header, _ = header_of(lambda nbytes, offset: raw[offset : offset + nbytes], len(raw))
         tensors = load(raw)
-    except (SafetensorError, RuntimeError, ValueError, struct.error) as exc:
+    except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
         raise ValueError(f"{where} is not a safetensors file ({exc})") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    meta = header.get("__metadata__")
     if not isinstance(meta, dict) or meta.get("run_id", "") != (run_id or ""):
         raise ValueError(f"{where} was written by another run than its manifest's")
     found: dict[str, dict[str, torch.Tensor]] = {}

@@ -13,25 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
-import struct
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
+from hookdump.store.header import SafetensorsError, header_of
 from hookdump.store.read.scatter import preadv_into
 
 if TYPE_CHECKING:
     import numpy as np
-
-MAX_HEADER = 100_000_000  # safetensors' own limit on a header's bytes
-
-
-class SafetensorsError(OSError):
-    """A file that is not a readable safetensors file (its header, or its rows)."""
 
 
 class Blob(Protocol):
@@ -98,17 +91,7 @@ class LocalBlob:
 
 def read_header(blob: Blob) -> tuple[dict[str, Any], int]:
     """The parsed header of `blob` and where its data starts."""
-    head = blob.pread(8, 0)
-    length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-    if not 0 < length <= min(MAX_HEADER, blob.size - 8):
-        raise SafetensorsError(f"its header length {length} does not fit the file")
-    try:
-        header = json.loads(blob.pread(length, 8))
-    except (ValueError, RecursionError):
-        raise SafetensorsError("its header is not JSON") from None
-    if not isinstance(header, dict):
-        raise SafetensorsError("its header is not a JSON object")
-    return header, 8 + length
+    return header_of(blob.pread, blob.size)
 
 
 class SafetensorsFile:
