@@ -29,7 +29,7 @@ from hookdump.engine.distributed import (
 )
 from hookdump.engine.options import RunOptions
 from hookdump.engine.parts import clear_part
-from hookdump.engine.resume import check_sources, keep_verified, previous_dump
+from hookdump.engine.resume import Sources, check_sources, keep_verified, previous_dump
 from hookdump.errors import opt
 from hookdump.format.manifest import Manifest, samples_fed
 from hookdump.store.checksum import DEFAULT, Algorithm
@@ -104,7 +104,7 @@ class Destination:
     def skipped_inputs_before(self) -> list[dict[str, str]]:
         return list(self.previous.get("skipped_inputs", [])) if self.previous else []
 
-    def check_sources(self, made_from: dict[str, Any]) -> None:
+    def check_sources(self, made_from: Sources) -> None:
         """Resuming: the model, weights and input files must be those the dump was made from."""
         if self.previous is not None and self.out is not None:
             check_sources(self.where, self.previous.get("sources"), made_from)

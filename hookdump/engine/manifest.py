@@ -12,6 +12,7 @@ import torch
 
 from hookdump._version import __version__
 from hookdump.engine.options import RunOptions
+from hookdump.engine.resume import Sources
 from hookdump.format.dtypes import dtype_name
 from hookdump.hooks.selection import select
 from hookdump.inputs.corpus import corpus_kind
@@ -28,7 +29,7 @@ def manifest_fields(
     loaded: LoadedModel,
     feed: Feed,
     form: Callable[[], SampleForm],
-    sources: dict[str, Any],
+    sources: Sources,
     processes: int | None,
 ) -> dict[str, Any]:
     """Everything but the shards, the tensors and what grows as the run goes on (sample ids,

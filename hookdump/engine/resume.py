@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from hookdump.engine.distributed import Ranks, rank_names
 from hookdump.errors import HookdumpError, opt
@@ -29,42 +30,62 @@ if TYPE_CHECKING:
     from hookdump.model.loading import LoadedModel
 
 RESUME = opt("resume", True)
-# a torchrun rank's part that holds nothing yet (the other ranks' parts may)
 
 
-def sources(loaded: LoadedModel, feed: Feed | None) -> dict[str, Any]:
+class FileDigest(TypedDict):
+    path: str
+    sha256: str
+
+
+StateDigest = TypedDict("StateDigest", {"class": str, "sha256": str})
+
+
+class Sources(TypedDict, total=False):
+    """The files a dump is made from, as the manifest records them (`sources`)."""
+
+    model: FileDigest
+    weights: FileDigest
+    model_files: list[FileDigest]  # a Hugging Face folder's weights
+    definition: list[FileDigest]  # what defines the model: config, tokenizer, class source
+    state_dict: StateDigest  # a module handed over in Python: its weights as they are now
+    input: list[list[str | int]]  # each input file's path, size and modification time (ns)
+
+
+def sources(loaded: LoadedModel, feed: Feed | None) -> Sources:
     """The files a dump is made from, as the manifest records them."""
-    found: dict[str, Any] = {}
-    for name, path in (
-        ("model", loaded.sources.model_file),
-        ("weights", loaded.sources.weights_file),
-    ):
-        if path is not None:
-            found[name] = {"path": str(path), "sha256": sha256(path)}
-    if loaded.sources.files:  # a Hugging Face folder's weights
-        found["model_files"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.sources.files]
-    found["definition"] = [{"path": str(p), "sha256": sha256(p)} for p in loaded.sources.definition]
-    if loaded.sources.live:  # a module handed over in Python: its weights as they are now
+    made = loaded.sources
+    found: Sources = {"definition": [_digest(p) for p in made.definition]}
+    if made.model_file is not None:
+        found["model"] = _digest(made.model_file)
+    if made.weights_file is not None:
+        found["weights"] = _digest(made.weights_file)
+    if made.files:
+        found["model_files"] = [_digest(p) for p in made.files]
+    if made.live:
         found["state_dict"] = {"class": loaded.spec, "sha256": state_sha256(loaded.module)}
     if feed is not None:
         found["input"] = [_stat(path) for path in feed.files]
     return found
 
 
-def _stat(path: Path) -> list[Any]:
+def _digest(path: Path) -> FileDigest:
+    return {"path": str(path), "sha256": sha256(path)}
+
+
+def _stat(path: Path) -> list[str | int]:
     info = os.stat(path)
     return [str(path), info.st_size, info.st_mtime_ns]
 
 
-def check_sources(out: str, before: Any, now: dict[str, Any]) -> None:
+def check_sources(out: str, before: Any, now: Sources) -> None:
     """Refuse to resume when a file the dump was made from has changed (one line naming it).
     A dump from a hookdump that did not record its sources is taken as it is."""
     if not isinstance(before, dict):
         return
     fix = f"restore it, or start anew with {opt('overwrite', True)}"
-    for name in ("model", "weights"):
+    for name, new in (("model", now.get("model")), ("weights", now.get("weights"))):
         flag = opt(name)
-        old, new = before.get(name), now.get(name)
+        old = before.get(name)
         if old != new:
             what = (new or old or {}).get("path", "?")
             raise HookdumpError(
@@ -103,7 +124,7 @@ def check_sources(out: str, before: Any, now: dict[str, Any]) -> None:
         )
 
 
-def _check_definition(out: str, before: dict[str, Any], now: dict[str, Any], fix: str) -> None:
+def _check_definition(out: str, before: Mapping[str, Any], now: Sources, fix: str) -> None:
     """What defines the model (config, tokenizer files, class source) must be unchanged; a
     dump from before this was recorded is taken as it is."""
     if "definition" not in before:
@@ -130,7 +151,7 @@ def _check_state(out: str, old: Any, new: Any) -> None:
         )
 
 
-def _short(entry: dict[str, Any] | None) -> str:
+def _short(entry: Mapping[str, Any] | None) -> str:
     if not entry:
         return "none"
     return str(entry.get("sha256", "?"))[:12]
