@@ -156,3 +156,24 @@ def test_a_vector_names_its_most_negative_units_too(tmp_path: Path) -> None:
     assert high[0] == 400 and low[0] == 17 and len(high) == len(low) == 5
     vector(many, tmp_path / "v.png", "a direction")
     vector(data, tmp_path / "bars.png", "a short one")
+
+
+def test_a_long_vectors_profile_is_drawn_from_few_points(tmp_path: Path) -> None:
+    """A vector of millions of units (a 5M-wide row under `ulimit -v`) is drawn as its sorted
+    profile at at most PROFILE_POINTS evenly spaced ranks: the highest and lowest values
+    and every point on the profile numpy's own sort gives, at a fixed cost in memory."""
+    from hookdump.tools.pictures.charts import PROFILE_POINTS, profile, vector
+
+    torch.manual_seed(0)
+    data = torch.randn(1_000_003)
+    ranks, values = profile(data)
+    assert len(ranks) == len(values) == PROFILE_POINTS
+    reference = numpy.sort(data.numpy())[::-1]  # highest first
+    assert int(ranks[0]) == 0 and int(ranks[-1]) == data.numel() - 1
+    assert numpy.array_equal(values.numpy(), reference[ranks.numpy()])
+    assert bool((ranks[1:] > ranks[:-1]).all())  # evenly spread, none twice
+    assert int((ranks[1:] - ranks[:-1]).max()) <= data.numel() // (PROFILE_POINTS - 1) + 1
+    short = torch.tensor([0.5, -3.0, 2.0])
+    assert profile(short)[1].tolist() == [2.0, 0.5, -3.0]
+    drawn = vector(data, tmp_path / "long.png", "a long row")
+    assert drawn.chart == "sorted profile"

@@ -22,6 +22,7 @@ from hookdump.tools.pictures.canvas import CMAP, Picture, fitted, plain, pyplot,
 
 MAX_CELLS = 1 << 20  # cells a heatmap draws, whatever the tensor holds (rows and cols cut)
 MAX_BARS = 256  # longer vectors are drawn as a sorted profile
+PROFILE_POINTS = 4096  # a sorted profile's points at most (a picture is ~1,000 pixels wide)
 SPLIT_COLOUR = "crimson"  # a generated sequence's response: its rows' labels, the line above
 TOP_UNITS = 5  # the largest units named on a vector's picture, and the most negative
 _LABEL_BOX = {"facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
@@ -115,6 +116,19 @@ def _extreme_units(data: torch.Tensor) -> tuple[list[int], list[int]]:
     return high, [u for u in low if u not in high]
 
 
+def profile(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A long vector's values sorted, highest first, at most PROFILE_POINTS of them at evenly
+    spaced ranks (the first and the last included): the drawn line is the whole profile's
+    within a pixel, and a vector of millions of units costs the picture no more memory
+    than one of thousands. Returns the ranks and the values there."""
+    ordered = torch.sort(data.flatten(), descending=True).values
+    count = ordered.numel()
+    if count <= PROFILE_POINTS:
+        return torch.arange(count), ordered
+    ranks = torch.linspace(0, count - 1, PROFILE_POINTS, dtype=torch.float64).round().long()
+    return ranks, ordered[ranks]
+
+
 def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
     """A `[D]` vector: a bar per unit (at most MAX_BARS), else its values sorted; the
     TOP_UNITS largest and the TOP_UNITS most negative named either way."""
@@ -137,8 +151,8 @@ def vector(values: torch.Tensor, out: Path, title: str) -> Picture:
             axes.set_xlabel(f"unit (of {data.numel()})")
             chart = "bars"
         else:
-            order = torch.argsort(data, descending=True)
-            axes.plot(range(data.numel()), data[order].numpy(), color="tab:blue")
+            ranks, sorted_values = profile(data)
+            axes.plot(ranks.numpy(), sorted_values.numpy(), color="tab:blue")
             for units, words, (x, y, ha, va) in (
                 (high, "largest units", (0.99, 0.97, "right", "top")),
                 (low, "most negative units", (0.01, 0.03, "left", "bottom")),
