@@ -23,22 +23,25 @@ URL_LOCK = "hookdump.lock"  # the one-writer lock object at a URL (store.write.u
 EXPORT_MARKER = "hookdump-export.json"  # in every folder `hookdump export` writes
 TRASH_PREFIX = ".hookdump-old-"  # an old dump being deleted (left behind if cut short)
 
-_WRITER = r"(?:r(?P<rank>\d+)|p(?P<part>[0-9a-f]+))"  # a torchrun rank's, a Ray part's tag
+_TAG = r"(?:r\d+|p[0-9a-f]+)"  # a torchrun rank's (`rNN`) or a Ray part's (`pHEX`) files
+_WRITER = r"(?:r(?P<rank>\d+)|p(?P<part>[0-9a-f]+))"  # the same tag, its number kept
+_NAME = r"[A-Za-z0-9_.-]{1,64}"  # a follower's name
 # a finished shard of one process, of a torchrun rank (`-rNN-`) or of a Ray part (`-pHEX-`)
 SHARD_FILE = re.compile(rf"^shard-(?:{_WRITER}-)?(?P<index>\d+)\.safetensors$")
 # anything named like a shard, which `inspect --check` reports when no manifest lists it
 SHARD_LIKE = re.compile(r"^shard-[A-Za-z0-9-]+\.safetensors$")
 RANK_MANIFEST = re.compile(r"^manifest-r(\d+)\.json$")  # a torchrun rank's, until joined
 PART_FILE = re.compile(r"^(shard|manifest)-p[0-9a-f]+[-.]")  # a Ray part's shard or manifest
-WAITING_FILE = re.compile(rf"^waiting(-{_WRITER})?\.json$")  # a writer waits for room
-FOLLOWER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_FOLLOWER = r"follow-[A-Za-z0-9_.-]{1,64}\.(json|inside|lock)(\.tmp)?"
+WAITING_FILE = re.compile(rf"^waiting(-{_TAG})?\.json$")  # a writer waits for room
+FOLLOWER_NAME = re.compile(rf"^{_NAME}$")
+_FOLLOWER = re.compile(rf"follow-{_NAME}\.(json|inside|lock)(\.tmp)?")
+_PROGRESS = re.compile(rf"follow-({_NAME})\.json")
 # every name a dump (or an interrupted run, or a follower) leaves in its folder
 DUMP_FILE = re.compile(
-    r"^(manifest(-(r\d+|p[0-9a-f]+))?\.json(\.tmp)?"
-    r"|shard-((r\d+|p[0-9a-f]+)-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
-    r"|stats\.safetensors(\.tmp)?|(running|waiting(-(r\d+|p[0-9a-f]+))?)\.json(\.tmp)?"
-    rf"|{_FOLLOWER}"
+    rf"^(manifest(-{_TAG})?\.json(\.tmp)?"
+    rf"|shard-({_TAG}-)?\d+\.safetensors(\.tmp(2|-grow)?)?"
+    rf"|stats\.safetensors(\.tmp)?|(running|waiting(-{_TAG})?)\.json(\.tmp)?"
+    rf"|{_FOLLOWER.pattern}"
     r"|\.hookdump-old-[\w-]+)$"
 )
 # the names that are never part of a finished dump: half-written files and old dumps' trash
@@ -102,10 +105,10 @@ def follow_lock(name: str) -> str:
 
 def is_follower_file(name: str) -> bool:
     """Whether `name` is one of a follower's files (never a run's to remove)."""
-    return bool(re.fullmatch(_FOLLOWER, name))
+    return bool(_FOLLOWER.fullmatch(name))
 
 
 def follower_of(file: str) -> str | None:
     """The follower whose progress `file` is (`follow-NAME.json`), else None."""
-    found = re.fullmatch(r"follow-([A-Za-z0-9_.-]{1,64})\.json", file)
+    found = _PROGRESS.fullmatch(file)
     return found[1] if found else None

@@ -129,8 +129,8 @@ class Upload:
             )
         local.unlink()
         entry = checksum.entry()
-        if etag_of(info):  # what this version of the object is: `--resume` compares it
-            entry["etag"] = etag_of(info)
+        if etag := etag_of(info):  # what this version of the object is: `--resume` compares it
+            entry["etag"] = etag
         return entry
 
     def _put(self, local: Path, path: str, checksum: Checksum) -> None:
