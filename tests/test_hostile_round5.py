@@ -567,7 +567,7 @@ def test_a_wait_for_room_is_said_even_when_quiet() -> None:
 def test_a_progress_naming_a_ray_parts_or_a_ranks_shards_is_a_followers(tmp_path: Path) -> None:
     """The shards a Ray part (`shard-pHEX-N`) or a torchrun rank (`shard-rNN-N`) writes are a
     run's: a follower that finished them goes on from its progress, not refused."""
-    from hookdump.store.beside import FolderBeside
+    from hookdump.store.media import FolderMedium
     from hookdump.store.read.progress import Progress
 
     names = ["shard-p1a2b3c-00000.safetensors", "shard-r01-00003.safetensors"]
@@ -575,6 +575,6 @@ def test_a_progress_naming_a_ray_parts_or_a_ranks_shards_is_a_followers(tmp_path
                                                          "consumed": names}))  # fmt: skip
     (tmp_path / "follow-x.inside").write_text(json.dumps({"run_id": "r", "inside": {
         "shard-p1a2b3c-00001.safetensors": 3}}))  # fmt: skip
-    progress = Progress.read(FolderBeside(tmp_path), "x")
+    progress = Progress.read(FolderMedium(tmp_path), "x")
     assert progress.finished == names and progress.consumed == names
     assert progress.inside == {"shard-p1a2b3c-00001.safetensors": 3}

@@ -408,10 +408,10 @@ def test_crc_sent(
     and, when it completes, the whole object's (FULL_OBJECT)."""
     import base64
 
-    from hookdump.store.write import upload
+    from hookdump.store.media import url as url_medium
 
     if parts:  # parts of 5 MiB (S3's least), a shard of about 12 MiB
-        monkeypatch.setattr(upload, "PART_BYTES", 5 << 20)
+        monkeypatch.setattr(url_medium, "PART_BYTES", 5 << 20)
     torch.manual_seed(2)
     rows = 3 << 20 if parts else 64  # float32 rows of 1: 12 MiB, or 256 bytes
     url = f"{bucket}/crc"

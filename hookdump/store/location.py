@@ -55,6 +55,15 @@ def out_place(out: str | os.PathLike[str] | None) -> tuple[Path | None, str | No
     return (None, text) if is_url(text) else (Path(text), None)
 
 
+class StorageError(HookdumpError):
+    """A storage client's failure as one line; `reason` is the client's own words (blanked),
+    for a caller that says what it was doing in its own terms."""
+
+    def __init__(self, line: str, reason: str = "") -> None:
+        super().__init__(line)
+        self.reason = reason
+
+
 class UrlPath(str):
     """A URL that joins like a path (`url / "manifest.json"`), for messages and listings."""
 
@@ -181,7 +190,7 @@ class Remote:
     def failing(
         self,
         what: str,
-        error: type[HookdumpError] = HookdumpError,
+        error: type[HookdumpError] = StorageError,
         then: str = "",
         passing: tuple[type[Exception], ...] = (),
     ) -> Iterator[None]:
@@ -196,7 +205,9 @@ class Remote:
         except passing:
             raise
         except Exception as exc:  # the clients' errors have no common base: botocore, aiohttp
-            raise error(f"cannot {what}: {self.reason(exc)}{then}") from None
+            reason = self.reason(exc)
+            line = f"cannot {what}: {reason}{then}"
+            raise (StorageError(line, reason) if error is StorageError else error(line)) from None
 
     def call(self, what: str, action: Callable[[], T], missing: HookdumpError | None = None) -> T:
         """`action()`, a storage client's failure made one line naming `what` (an entry

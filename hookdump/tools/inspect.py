@@ -25,10 +25,11 @@ from hookdump.errors import (
 from hookdump.format.keys import ATTENTION_MASK, RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.format.names import SHARD_LIKE, URL_LOCK
-from hookdump.store.beside import Beside, beside, beside_of, note_alive, running_note
 from hookdump.store.checksum import recorded
 from hookdump.store.folder import leftovers
 from hookdump.store.location import UrlPath, local
+from hookdump.store.media import Medium, medium_of, open_medium
+from hookdump.store.notes import note_alive, running_note
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
@@ -114,7 +115,7 @@ def _incomplete(dump: Dump) -> str | Message:
     """What an incomplete manifest means: a run writing the dump now, or one that stopped."""
     shards = len(dump.manifest.shards)
     so_far = f"{dump.num_samples} samples ({shards} complete shard{'s' * (shards != 1)})"
-    writer = _writer_now(beside_of(dump.path, dump.reader.remote), dump.manifest.run_id)
+    writer = _writer_now(medium_of(dump.path, dump.reader.remote), dump.manifest.run_id)
     if writer is not None:
         return f"being written by {writer}: {so_far} so far"
     return Message(
@@ -123,7 +124,7 @@ def _incomplete(dump: Dump) -> str | Message:
     )
 
 
-def _writer_now(where: Beside, run_id: str | None = None) -> str | None:
+def _writer_now(where: Medium, run_id: str | None = None) -> str | None:
     """The run writing the dump now, as its note beside the dump names it (a URL's: its
     lock object), or None where no run is (the note gone, or its process). `run_id`: the
     manifest's, which the note names (None: no manifest yet)."""
@@ -156,7 +157,7 @@ def _open(path: str | Path, storage_options: Mapping[str, Any] | None) -> Dump:
         return Dump(path, storage_options)
     except HookdumpError:
         try:
-            writer = _writer_now(beside(path, storage_options))
+            writer = _writer_now(open_medium(path, storage_options))
         except HookdumpError:
             writer = None
         if writer is None:
@@ -256,7 +257,7 @@ def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
     or copied in): not part of the dump, and a leftover as CI counts them."""
     if not dump.complete or dump.manifest.get("lone_file") is not None:
         return []
-    where = beside_of(dump.path, dump.reader.remote)
+    where = medium_of(dump.path, dump.reader.remote)
     listed = {shard.file for shard in dump.manifest.shards} | set(consumed)
     try:
         found = [n for n in where.names() if SHARD_LIKE.match(n) and n not in listed]

@@ -38,8 +38,9 @@ from hookdump.format.names import (
     follow_lock,
     inside_file,
 )
-from hookdump.store.beside import Beside, beside, note_alive, running_note
 from hookdump.store.location import UrlPath
+from hookdump.store.media import Medium, open_medium
+from hookdump.store.notes import note_alive, running_note
 from hookdump.store.read.batches import (
     BUFFER_BYTES,
     ROW,
@@ -97,7 +98,12 @@ def follow(
         ...     train_step(batch[key])
     """
     source = _FollowPass(
-        beside(path, storage_options), as_keys(keys), consume, name, notice or to_stderr, timeout
+        open_medium(path, storage_options),
+        as_keys(keys),
+        consume,
+        name,
+        notice or to_stderr,
+        timeout,
     )
     options = PassOptions(
         batch_size, shuffle, seed, with_index, drop_last, buffer_bytes=buffer_bytes
@@ -129,7 +135,7 @@ def follow_dataset(
     ranks` readers follows every n-th shard, so each row goes to one of them; each keeps its
     progress under `NAME.I-of-N`. `rank` and `world_size` default to torch.distributed's."""
     source = _FollowPass(
-        beside(path, storage_options), as_keys(keys), consume, name, to_stderr, timeout
+        open_medium(path, storage_options), as_keys(keys), consume, name, to_stderr, timeout
     )
     options = PassOptions(
         batch_size, shuffle, seed, with_index, drop_last, buffer_bytes=buffer_bytes
@@ -142,7 +148,7 @@ class _FollowPass:
     """What a follower reads (a `dataset.Pass`): `follow`'s whole pass, or one DataLoader
     worker's or rank's share (`PassOptions.split`), its progress under a name of its own."""
 
-    where: Beside
+    where: Medium
     keys: list[str]
     consume: bool
     name: str
@@ -392,7 +398,7 @@ class _Follower:
         """Delete consumed shards (after the progress that says so is written: a follower
         killed between the two deletes them when it starts again)."""
         for file in files:
-            self.where.remove(file)
+            self.where.delete(file)
 
 
 class _Buffer:
@@ -453,7 +459,7 @@ def _share(file: str, processes: int) -> int:
     return number if number < 1 << 62 else zlib.crc32(file.encode())
 
 
-def _refuse_overwriting(where: Beside, run_id: str | None) -> None:
+def _refuse_overwriting(where: Medium, run_id: str | None) -> None:
     """A run under way that will replace the dump there (`--overwrite`, its first shard
     not committed yet): following the old dump would end in its deletion."""
     running = running_note(where)

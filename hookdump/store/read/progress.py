@@ -17,7 +17,7 @@ from typing import Any
 from hookdump.errors import HookdumpError, printable
 from hookdump.format import names
 from hookdump.format.names import FOLLOWER_NAME, SHARD_FILE, follower_of, inside_file
-from hookdump.store.beside import Beside
+from hookdump.store.media import Medium
 
 _MOST_BYTES = 64 << 20  # a progress file's bytes: a shard name each, ~30 bytes
 
@@ -43,7 +43,7 @@ class Progress:
     inside: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, where: Beside, name: str) -> Progress:
+    def read(cls, where: Medium, name: str) -> Progress:
         """The progress kept under `name`; one that is not what a follower writes (a
         file received with a dump is untrusted: it names the shards deleted with
         `consume`) is a one-line error."""
@@ -88,16 +88,16 @@ class Progress:
             self.consumed.append(shard)
         return True
 
-    def write(self, where: Beside, finished: bool) -> None:
+    def write(self, where: Medium, finished: bool) -> None:
         """Keep the rows given out, and (`finished`: a shard was) the shards finished."""
         if finished:
             whole = {"run_id": self.run_id, "finished": self.finished, "consumed": self.consumed}
-            where.write(names.follow_file(self.name), json.dumps(whole).encode())
+            where.put(names.follow_file(self.name), json.dumps(whole).encode())
         rows = {"run_id": self.run_id, "inside": self.inside}
-        where.write(inside_file(self.name), json.dumps(rows).encode())
+        where.put(inside_file(self.name), json.dumps(rows).encode())
 
 
-def _read(where: Beside, file: str) -> dict[str, Any]:
+def _read(where: Medium, file: str) -> dict[str, Any]:
     raw = where.read(file)
     if raw is None:
         return {}
@@ -112,14 +112,14 @@ def _read(where: Beside, file: str) -> dict[str, Any]:
     return data
 
 
-def _run_id(data: dict[str, Any], where: Beside, file: str) -> str | None:
+def _run_id(data: dict[str, Any], where: Medium, file: str) -> str | None:
     run_id = data.get("run_id")
     if run_id is not None and not (isinstance(run_id, str) and len(run_id) <= 64):
         raise _damaged(where, file, "run_id")
     return run_id
 
 
-def _shards(data: dict[str, Any], field_name: str, where: Beside, file: str) -> list[str]:
+def _shards(data: dict[str, Any], field_name: str, where: Medium, file: str) -> list[str]:
     """A list of shard file names (a name of anything else is never deleted nor skipped)."""
     names = data.get(field_name, [])
     if not isinstance(names, list) or not all(
@@ -129,12 +129,12 @@ def _shards(data: dict[str, Any], field_name: str, where: Beside, file: str) -> 
     return names
 
 
-def _damaged(where: Beside, file: str, what: str) -> HookdumpError:
+def _damaged(where: Medium, file: str, what: str) -> HookdumpError:
     what = printable(what)
     return HookdumpError(f"{where.root / file} is not a follower's progress ({what}); delete it")
 
 
-def consumed_shards(where: Beside) -> dict[str, str]:
+def consumed_shards(where: Medium) -> dict[str, str]:
     """Shard file -> the follower that consumed it, from every follower's progress."""
     found: dict[str, str] = {}
     for file in where.names():

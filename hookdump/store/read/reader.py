@@ -22,10 +22,10 @@ from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.format.keys import KeyInfo
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.format.names import STATS_FILE
-from hookdump.store.beside import beside_of
 from hookdump.store.checksum import CHUNK, checksum_of, matches, recorded
 from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, RemoteBlob, UrlPath
+from hookdump.store.media import medium_of
 from hookdump.store.read.manifest import resolved_inside
 from hookdump.store.read.progress import consumed_shards
 from hookdump.store.read.scatter import BatchMemory
@@ -361,7 +361,7 @@ class ShardReader:
         manifest says so)."""
         listed = {shard.file for shard in self.manifest.shards}
         found = {f: "?" for f in self.manifest.fields.get("consumed", []) if f in listed}
-        by = consumed_shards(beside_of(self.path, self.remote))
+        by = consumed_shards(medium_of(self.path, self.remote))
         found.update((f, who) for f, who in by.items() if f in listed)
         return found
 

@@ -15,7 +15,6 @@ from hookdump.errors import HookdumpError, opt, printable
 from hookdump.format.manifest import ShardEntry
 from hookdump.format.names import DUMP_FILE, MANIFEST, RUNNING, WAITING, temporary
 from hookdump.format.values import format_bytes
-from hookdump.store.beside import FolderBeside, running_note
 from hookdump.store.checksum import Checksum, file_checksum, matches, recorded
 from hookdump.store.folder import (
     FolderBusy,
@@ -28,6 +27,8 @@ from hookdump.store.folder import (
     write_durably,
 )
 from hookdump.store.location import is_url, local
+from hookdump.store.media import FolderMedium
+from hookdump.store.notes import running_note
 from hookdump.store.write.direct_io import allocate
 from hookdump.store.write.place import DumpPlace, Stray, manifest_bytes
 from hookdump.store.write.shards import fsync_file
@@ -114,7 +115,7 @@ class FolderPlace(DumpPlace):
         self.work = out
         self._made: set[str] = set()  # the files this writer makes (`claim`)
         self._old = _OldDump(out, False, self._made, cleared=False)
-        self._beside = FolderBeside(out)  # its entries, and the run's notes in it
+        self.medium = FolderMedium(out)  # its entries, and the run's notes in it
 
     @classmethod
     def claims(cls, where: str | Path) -> bool:
@@ -152,7 +153,7 @@ class FolderPlace(DumpPlace):
             try:
                 stack.enter_context(locked(self.out if main else None))
             except FolderBusy as exc:
-                note = running_note(self._beside)
+                note = running_note(self.medium)
                 if note is None:
                     raise
                 raise FolderBusy(
@@ -164,10 +165,10 @@ class FolderPlace(DumpPlace):
 
     def put_note(self, name: str, raw: bytes) -> None:
         self.claim(name)
-        self._beside.write(name, raw)
+        self.medium.put(name, raw)
 
     def drop_note(self, name: str) -> None:
-        self._beside.remove(name)
+        self.medium.delete(name)
 
     def check(self, overwrite: bool, keep_old: bool = False) -> None:
         # a killed run's note of itself is no dump
@@ -250,7 +251,7 @@ class FolderPlace(DumpPlace):
         return self.out.is_dir()
 
     def entries(self) -> list[str]:
-        return self._beside.names()
+        return self.medium.names()
 
     def matches(self, entry: ShardEntry) -> bool:
         path = self.out / entry.file

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from hookdump.errors import HookdumpError, opt
 from hookdump.format.names import URL_LOCK
 from hookdump.store.folder import process_alive
+from hookdump.store.location import StorageError
 from hookdump.store.write.upload import Upload
 
 LOCK_BEAT = 60.0  # seconds between rewrites of a live run's lock
@@ -90,7 +91,7 @@ class UrlLock:
         now = time.time()
         run_id = upload.run_id or uuid.uuid4().hex
         self.holder = Holder(run_id, socket.gethostname(), os.getpid(), now, now)
-        self._path = upload.remote.object(URL_LOCK)
+        self.medium = upload.medium
         self._held = False
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -99,6 +100,7 @@ class UrlLock:
         """Make the lock object, or refuse in one line naming the run that holds it; with
         `take_over` (`--resume`, `--overwrite`), a stale lock is replaced (`resumable`:
         whether the refusal may offer `--resume`: the Ray path has none)."""
+        self.medium.refuse_weak_lock("a run")
         if not self._create():
             found = self._read()
             if found is not None and self._alive(found, take_over):
@@ -146,28 +148,13 @@ class UrlLock:
         )
 
     def _create(self) -> bool:
-        fs = self.upload.remote.fs
-
-        def put() -> bool:
-            try:
-                fs.pipe_file(self._path, self.holder.encode(), mode="create")
-            except FileExistsError:
-                return False
-            return True
-
-        return self.upload.attempt(f"lock {self.upload.url}", put, writing=False)
+        try:
+            return self.medium.put_if_absent(URL_LOCK, self.holder.encode())
+        except StorageError as exc:
+            raise HookdumpError(f"cannot lock {self.upload.url}: {exc.reason}") from None
 
     def _read(self) -> Holder | None:
-        fs = self.upload.remote.fs
-
-        def read() -> bytes:
-            try:
-                return bytes(fs.cat_file(self._path, start=0, end=4096))
-            except FileNotFoundError:
-                return b""
-
-        lock = self.upload.url / URL_LOCK
-        return Holder.parse(self.upload.attempt(f"read {lock}", read, writing=False))
+        return Holder.parse(self.medium.read(URL_LOCK, 4096) or b"")
 
     def _keep_alive(self) -> None:
         """Rewrite the lock every LOCK_BEAT seconds while it is this run's."""
@@ -179,7 +166,7 @@ class UrlLock:
                 # (a read, then a write: a takeover between the two is written over once;
                 # the store offers no conditional overwrite through this client)
                 beat = Holder(**{**asdict(self.holder), "beat": time.time()})
-                self.upload.remote.fs.pipe_file(self._path, beat.encode())
+                self.medium.put(URL_LOCK, beat.encode())
 
     def release(self) -> None:
         """Remove the lock (the run is over); raises nothing: a lock left behind is taken

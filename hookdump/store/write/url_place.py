@@ -77,7 +77,7 @@ class UrlPlace(DumpPlace):
         try:
             with locked(spool):
                 if lock is not None:
-                    self.upload.make_prefix()
+                    self.upload.medium.make_root()
                     lock.take(take_over, resumable)
                 self.work = spool
                 yield spool

@@ -1,0 +1,165 @@
+"""The medium under both wings (`store.media`): every kind keeps the same contract (a put
+replaces whole, a create only where nothing is, a finished file put whole, a lock held by
+one process), and the rules written once above it (a follower's progress, a run's note of
+itself, consumed shards) run unchanged on each, the in-memory kind included. A store whose
+creates are not atomic is refused for writing in one line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import fsspec
+import pytest
+import torch
+from fsspec.implementations.memory import MemoryFileSystem
+from tiny_models import TwoLinear
+
+import hookdump
+from hookdump.format.names import RUNNING
+from hookdump.store.location import Remote
+from hookdump.store.media import FolderMedium, Medium, UrlMedium, open_medium
+from hookdump.store.media.memory import MemoryMedium
+from hookdump.store.notes import running_note
+from hookdump.store.read.progress import Progress, consumed_shards
+
+_NAMES = itertools.count()
+KINDS = ["folder", "s3", "fsspec-memory", "memory"]
+
+
+@pytest.fixture(params=KINDS)
+def medium(request: pytest.FixtureRequest, tmp_path: Path) -> Medium:
+    """An empty medium of each kind: a folder, a prefix in a bucket of the loopback S3
+    server, a prefix of fsspec's `memory://`, and hookdump's in-memory kind."""
+    kind = request.param
+    if kind == "folder":
+        return FolderMedium(tmp_path)
+    if kind == "s3":
+        bucket = request.getfixturevalue("bucket")
+        return open_medium(f"{bucket}/m")
+    if kind == "fsspec-memory":
+        return open_medium(f"memory://media-tests/{next(_NAMES)}")
+    return MemoryMedium(f"tests-{next(_NAMES)}")
+
+
+def test_a_put_replaces_an_entry_whole_and_is_read_back(medium: Medium) -> None:
+    assert medium.names() == [] and medium.read("a") is None and medium.info("a") is None
+    medium.put("a", b"first")
+    before = medium.version("a")
+    medium.put("a", b"second, longer")
+    assert medium.read("a") == b"second, longer" and medium.read("a", 6) == b"second"
+    info = medium.info("a")
+    assert info is not None and info.size == len(b"second, longer")
+    assert medium.version("a") != before  # a follower tells a rewrite by it
+    medium.put("b", b"")
+    assert medium.names() == ["a", "b"]
+    with medium.reading("a") as read:
+        assert read(3) + read(100) + read(1) == b"second, longer"
+    medium.delete("a")
+    medium.delete("a")  # already gone: no error
+    assert medium.names() == ["b"] and medium.read("a") is None
+
+
+def test_a_create_happens_only_where_nothing_is(medium: Medium) -> None:
+    assert medium.put_if_absent("lock", b"mine")
+    assert not medium.put_if_absent("lock", b"theirs")
+    assert medium.read("lock") == b"mine"
+
+
+def test_a_finished_local_file_becomes_an_entry_whole(medium: Medium, tmp_path: Path) -> None:
+    local = tmp_path / "spool-file"
+    raw = os.urandom(3000)
+    local.write_bytes(raw)
+    stored = medium.put_file(local, "shard", None)
+    assert not local.exists()  # moved, or uploaded and deleted
+    assert medium.read("shard") == raw and stored.size == len(raw)
+
+
+def test_a_lock_is_held_by_one_holder_and_a_gone_processs_is_taken_over(
+    medium: Medium,
+) -> None:
+    with medium.hold("follow-x.lock", "follower 'x'"):
+        with (
+            pytest.raises(hookdump.HookdumpError) as raised,
+            medium.hold("follow-x.lock", "follower 'x'"),
+        ):
+            pass
+        assert "follower 'x' of" in str(raised.value) and "already running" in str(raised.value)
+    with medium.hold("follow-x.lock", "follower 'x'"):  # given back: taken again
+        pass
+    code = "import os; print(os.getpid())"
+    gone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    dead = json.dumps({"pid": int(gone.stdout), "host": socket.gethostname()}).encode()
+    medium.put("follow-y.lock", dead)  # what a killed follower left
+    with medium.hold("follow-y.lock", "follower 'y'"):
+        pass
+
+
+def test_the_rules_above_a_medium_run_on_each_kind(medium: Medium) -> None:
+    """A follower's progress, the shards it consumed and a run's note of itself: written
+    once, over the medium, read back the same on every kind."""
+    progress = Progress("x", "run-1")
+    progress.gave("shard-00000.safetensors", 4, 4, consume=True)
+    progress.gave("shard-00001.safetensors", 2, 4, consume=True)
+    progress.write(medium, finished=True)
+    again = Progress.read(medium, "x")
+    assert again.run_id == "run-1" and again.finished == ["shard-00000.safetensors"]
+    assert again.inside == {"shard-00001.safetensors": 2}
+    assert consumed_shards(medium) == {"shard-00000.safetensors": "x"}
+    note = {"run_id": "r", "overwrite": False, "pid": os.getpid(), "host": "h", "started": 1.0}
+    medium.put(RUNNING, json.dumps(note).encode())
+    assert running_note(medium) == note
+    medium.put(RUNNING, b"[" * 100_000)  # a damaged note: none
+    assert running_note(medium) is None
+
+
+def test_the_factory_decides_the_kind_once(tmp_path: Path) -> None:
+    assert isinstance(open_medium(tmp_path), FolderMedium)
+    folder = open_medium(f"file://{tmp_path}")  # this host's file:// is the folder
+    assert isinstance(folder, FolderMedium) and folder.root == tmp_path
+    assert isinstance(open_medium("memory://media-tests/f"), UrlMedium)
+    with pytest.raises(hookdump.HookdumpError, match="storage_options are for a dump at a URL"):
+        open_medium(tmp_path, {"key": "k"})
+
+
+class _PlainMemory(MemoryFileSystem):
+    """A store like fsspec's memory, under a protocol hookdump knows no conditional put of
+    (as sftp://, http:// or a plugin's)."""
+
+    protocol = "plainmem"
+
+
+@pytest.fixture
+def plain_store() -> Callable[[], list[str]]:
+    fsspec.register_implementation("plainmem", _PlainMemory, clobber=True)
+    fs = fsspec.filesystem("plainmem")
+    return lambda: sorted(fs.find("/weak")) if fs.exists("/weak") else []
+
+
+def test_a_store_without_an_atomic_create_is_refused_for_writing(
+    plain_store: Callable[[], list[str]], in_tests_dir: Path
+) -> None:
+    """Two runs could both take a lock made by "exists, then write": refused in one line,
+    from Python and the CLI, before anything is written; a follower's lock too."""
+    from clitools import assert_usage_error, invoke
+
+    with pytest.raises(hookdump.HookdumpError) as raised:
+        hookdump.dump(TwoLinear(), [torch.rand(2, 3)], "plainmem://weak/d", layers="linear_1")
+    line = str(raised.value)
+    assert "cannot lock plainmem://weak/d for a run" in line and "no atomic create" in line
+    result = invoke("run", "tiny_models:TwoLinear", "-n", "2", "-o", "plainmem://weak/e")
+    assert_usage_error(result, "cannot lock plainmem://weak/e", "s3://")
+    assert plain_store() == []
+    weak = UrlMedium(Remote("plainmem://weak/f"))
+    with (
+        pytest.raises(hookdump.HookdumpError, match="no atomic create"),
+        weak.hold("follow-x.lock", "follower 'x'"),
+    ):
+        pass
+    assert plain_store() == []
