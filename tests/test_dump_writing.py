@@ -483,13 +483,13 @@ def test_the_sink_refuses_two_tensors_of_one_batch_under_one_key(tmp_path: Path)
     from hookdump.errors import HookdumpError
     from hookdump.format.keys import KeyInfo
     from hookdump.format.rows import Rows
-    from hookdump.store.write.folder_place import FolderPlace
+    from hookdump.store.write.place import open_place
     from hookdump.store.write.sink import BatchSink
     from hookdump.store.write.writer import DumpWriter
 
     out = tmp_path / "d"
     out.mkdir()
-    sink = BatchSink(DumpWriter(FolderPlace(out)), None, total=4)
+    sink = BatchSink(DumpWriter(open_place(out, {}, None)), None, total=4)
     info = KeyInfo("x", "x", "Linear", "output", 0, None, (2, 3), torch.float32)
     for batch in range(2):
         sink.begin(Rows.of_samples(2 * batch, 2 * batch + 2), ["x"])

@@ -221,7 +221,7 @@ def test_a_sync_that_fails_in_the_background_is_a_clear_error_and_resume_finishe
     is (the dump has no gap)."""
     import errno
 
-    from hookdump.store.write import folder_place as writer
+    from hookdump.store.write import area as writer
 
     out = tmp_path / "d"
     real_fsync = writer.fsync_file
@@ -310,7 +310,7 @@ def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
     from hookdump.engine.resume import previous_dump
     from hookdump.inputs.samples import InputOptions
     from hookdump.model.prepare import ModelOptions
-    from hookdump.store.write.folder_place import FolderPlace
+    from hookdump.store.write.place import open_place
     from hookdump.store.write.writer import DumpOptions
 
     out = tmp_path / "d"
@@ -321,16 +321,16 @@ def test_resume_under_torchrun_refuses_a_dump_of_another_shape(
         dump=DumpOptions(out=out),
     )
     with pytest.raises(hookdump.HookdumpError, match="started by one process; resume it without"):
-        previous_dump(options, Ranks(rank=1, world=2, local_rank=1), FolderPlace(out))
+        previous_dump(options, Ranks(rank=1, world=2, local_rank=1), open_place(out, {}, None))
 
     (out / "manifest.json").unlink()  # as if two torchrun processes had started it
     mine = {"format": "hookdump/1", "complete": False, "processes": 2, "recipe": {},
             "tensors": {}, "shards": [], "num_samples": 0}  # fmt: skip
     (out / "manifest-r01.json").write_text(json.dumps(mine))
     with pytest.raises(hookdump.HookdumpError, match="started by 2 torchrun processes, now 3"):
-        previous_dump(options, Ranks(rank=1, world=3, local_rank=1), FolderPlace(out))
+        previous_dump(options, Ranks(rank=1, world=3, local_rank=1), open_place(out, {}, None))
     # a rank that had written nothing starts its part anew
-    fresh = previous_dump(options, Ranks(rank=2, world=3, local_rank=0), FolderPlace(out))
+    fresh = previous_dump(options, Ranks(rank=2, world=3, local_rank=0), open_place(out, {}, None))
     assert fresh is not None and (fresh["shards"], fresh["num_samples"]) == ([], 0)
 
 

@@ -348,10 +348,10 @@ def test_the_disk_estimate_of_token_rows_comes_from_the_corpus_size(
     report = json.loads(result.stdout)
     assert 0.8 < report["estimated_bytes"] / report["total_bytes"] < 1.25
 
-    import hookdump.store.write.folder_place as folder_place
+    import hookdump.store.write.area as area
 
     free = report["total_bytes"] // 2
-    monkeypatch.setattr(folder_place.shutil, "disk_usage", lambda _: type("U", (), {"free": free}))
+    monkeypatch.setattr(area.shutil, "disk_usage", lambda _: type("U", (), {"free": free}))
     result = invoke(*args, "-o", str(tmp_path / "b"))
     assert_usage_error(result, "the dump needs about", "is free under --out")
     assert not (tmp_path / "b").exists()

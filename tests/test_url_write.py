@@ -342,15 +342,14 @@ def test_the_spool_holds_a_few_shards_at_most() -> None:
     written makes SPOOL_SHARDS); the next waits for room, given back as each is committed."""
     import threading
 
+    from hookdump.store.write.area import SPOOL_SHARDS, Spool
     from hookdump.store.write.commit import Committer
-    from hookdump.store.write.upload import SPOOL_SHARDS
-    from hookdump.store.write.url_place import UrlPlace
 
     release, committed = threading.Event(), []
 
     class Place:  # as a URL's: each shard goes up at once, a few in the spool at most
-        groups_commits = UrlPlace.groups_commits
-        in_flight = UrlPlace.in_flight
+        groups_commits = Spool.groups_commits
+        in_flight = Spool.in_flight
 
     class Writer:  # a DumpWriter whose uploads wait for `release`
         place = Place()

@@ -26,6 +26,9 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.names import DUMP_FILE, LEFTOVER, TRASH_PREFIX
 
 _FILE_MODE = 0o666  # less the umask, as for any file a program creates
+# how file systems say no to O_DIRECT or fallocate (EINVAL on Linux; FUSE and others may say
+# unsupported)
+REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
 def check_out_dir(out: Path, overwrite: bool, ignore: Iterable[str] = ()) -> None:
@@ -260,3 +263,23 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Give bytes `offset:offset + length` of a new file (extended to cover them) disk blocks
+    now, so that writing them later needs no new space: a full disk then fails here, when
+    the file is made, never when a finished shard's header is written."""
+    if length <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+        return
+    except AttributeError:  # no posix_fallocate (macOS)
+        pass
+    except OSError as exc:
+        if exc.errno not in REFUSED:
+            raise
+    zeros = bytes(min(length, 1 << 20))  # the file has nothing there yet: zeros cost nothing
+    end = offset + length
+    while offset < end:
+        offset += os.pwrite(fd, zeros[: end - offset], offset)

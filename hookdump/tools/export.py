@@ -45,9 +45,9 @@ from hookdump.errors import HookdumpError, did_you_mean, keywords_checked, opt, 
 from hookdump.format.keys import POSITION, RESPONSE, SAMPLE, TOKEN_IDS, TOKEN_KEYS
 from hookdump.format.names import EXPORT_MARKER, STATS_FILE
 from hookdump.store.features import stats_file
-from hookdump.store.folder import inside
+from hookdump.store.folder import allocate, inside
 from hookdump.store.read.dump import Dump
-from hookdump.store.write.direct_io import allocate, pwrite_all
+from hookdump.store.write.direct_io import pwrite_all
 
 MARKER = EXPORT_MARKER  # in every export: what `overwrite` may replace
 CHUNK_BYTES = 64 << 20  # rows read and written at a time, at most

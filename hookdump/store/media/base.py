@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from hookdump.errors import HookdumpError, printable
+from hookdump.store.checksum import Algorithm, Checksum, stream_checksum
 from hookdump.store.folder import process_alive, valid_pid
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Medium(ABC):
     atomic_create: ClassVar[bool]  # `put_if_absent` decides between two processes
     renames: ClassVar[bool]  # a finished local file becomes an entry by a rename
     poll_s: ClassVar[float]  # how often a waiting reader looks again (each look may be a request)
+    noun: ClassVar[str] = "prefix"  # what a message calls the root
 
     @property
     @abstractmethod
@@ -51,6 +53,10 @@ class Medium(ABC):
     def remote(self) -> Remote | None:
         """A URL's client, for the readers that take one (None: not a URL)."""
         return None
+
+    def exists(self) -> bool:
+        """Whether the root is there (a prefix needs no making: always)."""
+        return True
 
     # reads
 
@@ -72,6 +78,11 @@ class Medium(ABC):
         """Entry `name` open for the `with` block, read in order by the function given
         (`read(n)`: up to n bytes, b"" at the end)."""
 
+    def checksum(self, name: str, algorithm: Algorithm) -> Checksum:
+        """Entry `name`'s size and checksum, read back whole."""
+        with self.reading(name) as read:
+            return stream_checksum(read, algorithm)
+
     @abstractmethod
     def names(self) -> list[str]:
         """The entries' names, sorted (a folder's with a trailing '/' where the medium has
@@ -80,8 +91,9 @@ class Medium(ABC):
     # writes
 
     @abstractmethod
-    def put(self, name: str, raw: bytes) -> None:
-        """Replace entry `name` whole: a reader sees the old bytes or the new."""
+    def put(self, name: str, raw: bytes, durable: bool = True) -> None:
+        """Replace entry `name` whole: a reader sees the old bytes or the new (`durable`:
+        the new survive a crash of the machine once this returns; a note need not)."""
 
     @abstractmethod
     def put_if_absent(self, name: str, raw: bytes) -> bool:
@@ -97,7 +109,31 @@ class Medium(ABC):
     def delete(self, name: str) -> None:
         """Remove entry `name` (one not there is no error; never a folder)."""
 
-    # a lock on an entry
+    def discard(self, names: list[str]) -> Callable[[], None]:
+        """Remove entries `names`, whatever they are (a folder's too), in order (a reader
+        never sees a later one gone while an earlier is there; those already gone are no
+        error); what waits until they are gone, where that goes on behind."""
+        for name in names:
+            self.delete(name)
+        return lambda: None
+
+    def abort_unfinished(self, mine: Callable[[str], bool]) -> int:
+        """Abort the unfinished writes (S3's multipart uploads) of entries `mine` claims;
+        how many."""
+        return 0
+
+    def reserve(self, name: str, nbytes: int | None) -> None:
+        """Keep `nbytes` of room for entry `name`'s next put, where a disk may fill (None:
+        no more; best effort)."""
+        return  # a store that does not fill: nothing to keep
+
+    # locks
+
+    def root_lock(self) -> contextlib.AbstractContextManager[object] | None:
+        """A lock on the whole root that goes with its process however it ends (a folder's
+        `flock`), for the `with` block; None: the medium has none, and a lock entry made by
+        `put_if_absent` stands in (`store.write.url_lock`)."""
+        return None
 
     @contextlib.contextmanager
     def hold(self, name: str, who: str) -> Iterator[None]:

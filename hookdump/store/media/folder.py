@@ -6,23 +6,34 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hookdump.errors import HookdumpError
-from hookdump.store.folder import publish, remove_entry, write_durably
+from hookdump.store.checksum import Algorithm, Checksum, file_checksum
+from hookdump.store.folder import (
+    allocate,
+    create_new,
+    locked,
+    make_trash,
+    publish,
+    remove_entry,
+    write_durably,
+)
 from hookdump.store.media.base import Info, Medium, holder_note, holder_of
+from hookdump.worker import Worker
 
 
 class FolderMedium(Medium):
     atomic_create = True
     renames = True
     poll_s = 0.2
+    noun = "folder"
 
-    def __init__(self, folder: Path, durable: bool = False) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.durable = durable  # whether a put survives a crash of the machine (fsync)
 
     @property
     def root(self) -> Path:
@@ -37,12 +48,21 @@ class FolderMedium(Medium):
         except OSError as exc:
             raise HookdumpError(f"cannot read {self.folder / name}: {exc.strerror}") from None
 
+    def exists(self) -> bool:
+        return self.folder.is_dir()
+
     def info(self, name: str) -> Info | None:
+        """A regular file's (a link, a folder: None)."""
         try:
-            found = os.stat(self.folder / name)
+            found = os.lstat(self.folder / name)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        if not stat.S_ISREG(found.st_mode):
+            return None
         return Info(found.st_size, (found.st_ino, found.st_mtime_ns))
+
+    def checksum(self, name: str, algorithm: Algorithm) -> Checksum:
+        return file_checksum(self.folder / name, algorithm)  # the cache dropped behind
 
     @contextlib.contextmanager
     def reading(self, name: str) -> Iterator[Callable[[int], bytes]]:
@@ -57,8 +77,8 @@ class FolderMedium(Medium):
             return sorted(os.listdir(self.folder))
         return []
 
-    def put(self, name: str, raw: bytes) -> None:
-        write_durably(self.folder / name, raw, durable=self.durable)
+    def put(self, name: str, raw: bytes, durable: bool = True) -> None:
+        write_durably(self.folder / name, raw, durable=durable)
 
     def put_if_absent(self, name: str, raw: bytes) -> bool:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -73,7 +93,8 @@ class FolderMedium(Medium):
         return True
 
     def put_file(self, local: Path, name: str, crc32c: str | None) -> Info:
-        publish(local, self.folder / name)  # the caller synced it
+        """Renamed into place, durably (the caller synced the file)."""
+        publish(local, self.folder / name)
         found = self.info(name)
         assert found is not None, "just renamed"
         return found
@@ -84,6 +105,41 @@ class FolderMedium(Medium):
             if stat.S_ISDIR(os.lstat(path).st_mode):
                 return  # never a folder: a dump's entries that go are files
         remove_entry(path)
+
+    def discard(self, names: list[str]) -> Callable[[], None]:
+        """Moved aside at once into a new trash folder inside the root (the order kept: a
+        rename each), then deleted behind (unlinking gigabytes takes a while)."""
+        if not names:
+            return lambda: None
+        trash = make_trash(self.folder)
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.folder / name, trash / name)  # moves links, never their targets
+        cleanup: Worker[Path] = Worker("hookdump-cleanup", _remove_tree)
+        cleanup.submit(trash)
+        cleanup.close(join=False)
+        return cleanup.close
+
+    def reserve(self, name: str, nbytes: int | None) -> None:
+        """An allocated file under `name`, which the next put (through a temporary file of
+        that name: `write_durably`) replaces: on a disk that fills, the put finds its room."""
+        room = self.folder / name
+        if nbytes is None:
+            remove_entry(room)
+            return
+        try:
+            fd = create_new(room)
+            try:
+                allocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except OSError:
+            remove_entry(room)
+
+    def root_lock(self) -> contextlib.AbstractContextManager[object]:
+        """The folder's `flock` (the folder made if missing; those made removed again if the
+        block fails while they are empty)."""
+        return locked(self.folder)
 
     @contextlib.contextmanager
     def hold(self, name: str, who: str) -> Iterator[None]:
@@ -106,3 +162,7 @@ class FolderMedium(Medium):
             yield
         finally:
             os.close(fd)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -51,7 +51,7 @@ class MemoryMedium(Medium):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
-    def put(self, name: str, raw: bytes) -> None:
+    def put(self, name: str, raw: bytes, durable: bool = True) -> None:
         with _LOCK:
             self._entries[name] = (next(_VERSIONS), bytes(raw))
 

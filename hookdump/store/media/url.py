@@ -71,7 +71,7 @@ class UrlMedium(Medium):
     def names(self) -> list[str]:
         return self._remote.entries()
 
-    def put(self, name: str, raw: bytes) -> None:
+    def put(self, name: str, raw: bytes, durable: bool = True) -> None:
         remote = self._remote
         with remote.failing(f"write {remote.url / name}"):
             remote.fs.pipe_file(remote.object(name), raw)
@@ -111,15 +111,6 @@ class UrlMedium(Medium):
         remote = self._remote
         with remote.failing(f"remove {remote.url / name}"), contextlib.suppress(FileNotFoundError):
             remote.fs.rm_file(remote.object(name))
-
-    def make_root(self) -> None:
-        """A file system with folders gets the prefix's; an object store has no folders
-        to make (and a bucket is never made here)."""
-        fs = self._remote.fs
-        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-        if protocols & {"file", "local"}:
-            with self._remote.failing(f"make {self.root}"):
-                fs.makedirs(self._remote.root, exist_ok=True)
 
     def abort_unfinished(self, mine: Callable[[str], bool]) -> int:
         """Abort the unfinished multipart uploads of entries whose names `mine` claims (a

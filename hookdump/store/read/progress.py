@@ -92,9 +92,9 @@ class Progress:
         """Keep the rows given out, and (`finished`: a shard was) the shards finished."""
         if finished:
             whole = {"run_id": self.run_id, "finished": self.finished, "consumed": self.consumed}
-            where.put(names.follow_file(self.name), json.dumps(whole).encode())
+            where.put(names.follow_file(self.name), json.dumps(whole).encode(), durable=False)
         rows = {"run_id": self.run_id, "inside": self.inside}
-        where.put(inside_file(self.name), json.dumps(rows).encode())
+        where.put(inside_file(self.name), json.dumps(rows).encode(), durable=False)
 
 
 def _read(where: Medium, file: str) -> dict[str, Any]:

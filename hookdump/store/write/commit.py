@@ -11,7 +11,7 @@ finished shards at once. Over an old dump (`--overwrite`) the first shard is com
 once, as it is what moves the old dump aside: the disk holds both only until then.
 
 A dump at a URL has no syncs to spare: each shard is uploaded as soon as it is finished,
-and a new shard waits while SPOOL_SHARDS are in the spool (`store.write.upload`).
+and a new shard waits while SPOOL_SHARDS are in the spool (`store.write.area`).
 
 Each shard's size and checksum (`store.checksum`) are taken as soon as it is finished, on
 threads of their own: a CRC32C is known already (taken as the bytes were written), a

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import mmap
 import os
 import queue
@@ -22,39 +21,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hookdump.store.checksum import Crc
-from hookdump.store.folder import create_new, open_existing, remove_entry
+from hookdump.store.folder import REFUSED, allocate, create_new, open_existing, remove_entry
 from hookdump.worker import Worker
 
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the device's block
 STAGE_BYTES = 8 << 20
 STAGES = 3  # one being filled, two on their way to the disk
 LENT = 4  # callers' own buffers queued for the disk at once (each written, then released)
-# how file systems say no to O_DIRECT (EINVAL on Linux; FUSE and others may say unsupported)
-_REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
 def round_up(n: int, to: int = BLOCK) -> int:
     return n + (-n % to)
-
-
-def allocate(fd: int, offset: int, length: int) -> None:
-    """Give bytes `offset:offset + length` of a new file (extended to cover them) disk blocks
-    now, so that writing them later needs no new space: a full disk then fails here, when
-    the file is made, never when a finished shard's header is written."""
-    if length <= 0:
-        return
-    try:
-        os.posix_fallocate(fd, offset, length)
-        return
-    except AttributeError:  # no posix_fallocate (macOS)
-        pass
-    except OSError as exc:
-        if exc.errno not in _REFUSED:
-            raise
-    zeros = bytes(min(length, 1 << 20))  # the file has nothing there yet: zeros cost nothing
-    end = offset + length
-    while offset < end:
-        offset += os.pwrite(fd, zeros[: end - offset], offset)
 
 
 def direct_io_wanted() -> bool:
@@ -163,7 +140,7 @@ class _DiskThread:
         try:
             pwrite_all(self._fd, data, offset)
         except OSError as exc:
-            if exc.errno not in _REFUSED or not self._direct:
+            if exc.errno not in REFUSED or not self._direct:
                 raise
             os.close(self._fd)  # accepted at open, refused at write: the page cache from now
             self._fd, self._direct = open_existing(self.path, os.O_WRONLY), False
@@ -186,7 +163,7 @@ def _open_direct(path: Path) -> _DiskThread | None:
     try:
         return _DiskThread(path, open_existing(path, os.O_WRONLY | os.O_DIRECT))
     except OSError as exc:
-        if exc.errno not in _REFUSED:
+        if exc.errno not in REFUSED:
             raise
         return None
 

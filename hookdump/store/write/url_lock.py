@@ -25,7 +25,7 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.names import URL_LOCK
 from hookdump.store.folder import process_alive
 from hookdump.store.location import StorageError
-from hookdump.store.write.upload import Upload
+from hookdump.store.media import Medium
 
 LOCK_BEAT = 60.0  # seconds between rewrites of a live run's lock
 LOCK_STALE = 600.0  # a lock not rewritten for this long is a killed run's (other hosts)
@@ -84,14 +84,14 @@ class Holder:
 
 
 class UrlLock:
-    """The lock on the dump at `upload`'s prefix, taken by `take` and given back by `release`."""
+    """The lock entry of the dump on `medium` (one with no lock of its own: an object
+    store's prefix), taken by `take` and given back by `release`. Its run id is the run's."""
 
-    def __init__(self, upload: Upload) -> None:
-        self.upload = upload
+    def __init__(self, medium: Medium) -> None:
+        self.medium = medium
+        self.url = medium.root
         now = time.time()
-        run_id = upload.run_id or uuid.uuid4().hex
-        self.holder = Holder(run_id, socket.gethostname(), os.getpid(), now, now)
-        self.medium = upload.medium
+        self.holder = Holder(uuid.uuid4().hex, socket.gethostname(), os.getpid(), now, now)
         self._held = False
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -109,10 +109,10 @@ class UrlLock:
                 who = found.describe() if found else "a run whose lock cannot be read"
                 finish = f"{opt('resume', True)} to finish its dump, or " if resumable else ""
                 raise HookdumpError(
-                    f"{opt('out')} {self.upload.url} is locked by {who}, which is gone; pass "
+                    f"{opt('out')} {self.url} is locked by {who}, which is gone; pass "
                     f"{finish}{opt('overwrite', True)} to replace it"
                 )
-            self.upload.remove([URL_LOCK])
+            self.medium.delete(URL_LOCK)
             if not self._create():  # another run took it over meanwhile
                 again = self._read()
                 raise HookdumpError(self._busy(again, take_over) if again else "lost the lock")
@@ -143,7 +143,7 @@ class UrlLock:
         if take_over and holder.host != socket.gethostname():
             later = f" (a lock not rewritten for {LOCK_STALE:.0f} s is taken over)"
         return (
-            f"{opt('out')} {self.upload.url} is being written by {holder.describe()}; wait "
+            f"{opt('out')} {self.url} is being written by {holder.describe()}; wait "
             f"for it to end{later}, or choose another prefix"
         )
 
@@ -151,7 +151,7 @@ class UrlLock:
         try:
             return self.medium.put_if_absent(URL_LOCK, self.holder.encode())
         except StorageError as exc:
-            raise HookdumpError(f"cannot lock {self.upload.url}: {exc.reason}") from None
+            raise HookdumpError(f"cannot lock {self.url}: {exc.reason}") from None
 
     def _read(self) -> Holder | None:
         return Holder.parse(self.medium.read(URL_LOCK, 4096) or b"")
@@ -178,5 +178,5 @@ class UrlLock:
             with contextlib.suppress(Exception):
                 found = self._read()
                 if found is not None and found.run_id == self.holder.run_id:
-                    self.upload.remove([URL_LOCK])
+                    self.medium.delete(URL_LOCK)
             self._held = False
