@@ -126,6 +126,8 @@ def test_the_factory_decides_the_kind_once(tmp_path: Path) -> None:
     assert isinstance(open_medium("memory://media-tests/f"), UrlMedium)
     with pytest.raises(hookdump.HookdumpError, match="storage_options are for a dump at a URL"):
         open_medium(tmp_path, {"key": "k"})
+    lenient = open_medium(tmp_path, {"key": "k"}, strict=False)  # a run's: left unused
+    assert isinstance(lenient, FolderMedium)
 
 
 class _PlainMemory(MemoryFileSystem):

@@ -19,13 +19,16 @@ __all__ = ["FolderMedium", "Info", "Medium", "UrlMedium", "medium_of", "open_med
 
 
 def open_medium(
-    where: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    where: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    strict: bool = True,
 ) -> Medium:
-    """The medium `where` names (a folder or a URL; `storage_options`: a URL's client's)."""
+    """The medium `where` names (a folder or a URL; `storage_options`: a URL's client's,
+    refused for a folder where `strict`, else left unused, as a run and `load` leave them)."""
     text = local(where)
     if is_url(text):
         return UrlMedium(Remote(text, storage_options))
-    if storage_options:
+    if storage_options and strict:
         raise HookdumpError(
             f"storage_options are for a dump at a URL; {text} is a folder: leave them out"
         )

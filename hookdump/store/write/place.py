@@ -372,4 +372,4 @@ def open_place(
 ) -> DumpPlace:
     """The place `--out` names (`storage_options`: a URL's client's; `spool`: where shards
     are finished when the medium cannot rename them into place)."""
-    return DumpPlace(open_medium(where, storage_options or None), spool)
+    return DumpPlace(open_medium(where, storage_options, strict=False), spool)
