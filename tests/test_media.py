@@ -165,3 +165,43 @@ def test_a_store_without_an_atomic_create_is_refused_for_writing(
     ):
         pass
     assert plain_store() == []
+
+
+def test_a_folders_link_is_no_regular_entry_but_its_version_is_its_targets(
+    tmp_path: Path,
+) -> None:
+    """A link inside the folder is never taken for a shard the run wrote (`info`: none, so a
+    resumed run writes the shard again), while a reader follows it, and so does the version a
+    follower watches."""
+    medium = FolderMedium(tmp_path)
+    medium.put("target.json", b"{}")
+    (tmp_path / "manifest.json").symlink_to("target.json")
+    assert medium.info("manifest.json") is None
+    assert medium.version("manifest.json") == medium.version("target.json") is not None
+    medium.put("target.json", b'{"complete": true}')
+    assert medium.version("manifest.json") == medium.version("target.json")
+
+
+def test_an_entry_is_read_at_offsets_and_a_missing_one_is_one_line(medium: Medium) -> None:
+    raw = bytes(range(256)) * 4
+    medium.put("shard", raw)
+    blob = medium.blob("shard", "shard")
+    try:
+        assert blob.size == len(raw) and blob.pread(10, 250) == raw[250:260]
+        view = memoryview(bytearray(8))
+        assert blob.readinto(view, len(raw) - 4) == 4 and bytes(view[:4]) == raw[-4:]
+    finally:
+        blob.close()
+    with pytest.raises(hookdump.InvalidDump) as raised:
+        medium.blob("gone", "shard")
+    assert "gone" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_folders_entry_that_leads_outside_it_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"not the dump's")
+    medium = FolderMedium(tmp_path / "d")
+    medium.folder.mkdir()
+    (medium.folder / "shard").symlink_to(outside)
+    with pytest.raises(hookdump.InvalidDump, match="resolves outside the dump folder"):
+        medium.blob("shard", "shard")

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from hookdump.errors import HookdumpError, opt
+from hookdump.errors import HookdumpError, InvalidDump, opt
 from hookdump.format.names import DUMP_FILE, LEFTOVER, TRASH_PREFIX
 
 _FILE_MODE = 0o666  # less the umask, as for any file a program creates
@@ -283,3 +283,14 @@ def allocate(fd: int, offset: int, length: int) -> None:
     end = offset + length
     while offset < end:
         offset += os.pwrite(fd, zeros[: end - offset], offset)
+
+
+def resolved_inside(path: Path, folder: Path, what: str) -> str:
+    """`path` resolved, if it stays inside `folder` (symlinks followed); else InvalidDump
+    (naming only the entry, never where it points)."""
+    real = os.path.realpath(path)
+    if not inside(real, os.path.realpath(folder)):
+        raise InvalidDump(
+            f"{what} {path.name!r} of {folder} resolves outside the dump folder; refused"
+        )
+    return real

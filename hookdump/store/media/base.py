@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 from hookdump.errors import HookdumpError, printable
 from hookdump.store.checksum import Algorithm, Checksum, stream_checksum
 from hookdump.store.folder import process_alive, valid_pid
+from hookdump.store.media.blob import Blob
 
 if TYPE_CHECKING:
     from hookdump.store.location import Remote, UrlPath
@@ -72,6 +73,11 @@ class Medium(ABC):
         """What tells this version of entry `name` from the next (None: not there)."""
         found = self.info(name)
         return None if found is None else (found.version, found.size)
+
+    @abstractmethod
+    def blob(self, name: str, what: str) -> Blob:
+        """Entry `name` open to be read at offsets (`what`: its part in a dump, for the
+        message); InvalidDump where it is not there or not a plain entry of the root."""
 
     @abstractmethod
     def reading(self, name: str) -> contextlib.AbstractContextManager[Callable[[int], bytes]]:

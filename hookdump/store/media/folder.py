@@ -8,10 +8,10 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
-from hookdump.errors import HookdumpError
+from hookdump.errors import HookdumpError, InvalidDump
 from hookdump.store.checksum import Algorithm, Checksum, file_checksum
 from hookdump.store.folder import (
     allocate,
@@ -20,9 +20,11 @@ from hookdump.store.folder import (
     make_trash,
     publish,
     remove_entry,
+    resolved_inside,
     write_durably,
 )
 from hookdump.store.media.base import Info, Medium, holder_note, holder_of
+from hookdump.store.media.blob import Blob, LocalBlob
 from hookdump.worker import Worker
 
 
@@ -61,8 +63,29 @@ class FolderMedium(Medium):
             return None
         return Info(found.st_size, (found.st_ino, found.st_mtime_ns))
 
+    def version(self, name: str) -> Hashable | None:
+        """Its target's, where the entry is a link (as a reader follows one inside the
+        folder)."""
+        try:
+            found = os.stat(self.folder / name)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return (found.st_ino, found.st_mtime_ns), found.st_size
+
     def checksum(self, name: str, algorithm: Algorithm) -> Checksum:
         return file_checksum(self.folder / name, algorithm)  # the cache dropped behind
+
+    def blob(self, name: str, what: str) -> Blob:
+        """A regular file inside the folder (a link is followed only where it stays inside)."""
+        path = self.folder / name
+        real = resolved_inside(path, self.folder, what)
+        try:
+            mode = os.stat(real).st_mode
+        except OSError as exc:
+            raise InvalidDump(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(mode):
+            raise InvalidDump(f"{what} {path} is not a regular file; refused")
+        return LocalBlob(real)
 
     @contextlib.contextmanager
     def reading(self, name: str) -> Iterator[Callable[[int], bytes]]:

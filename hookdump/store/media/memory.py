@@ -11,8 +11,10 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hookdump.errors import InvalidDump
 from hookdump.store.location import UrlPath
 from hookdump.store.media.base import Info, Medium
+from hookdump.store.media.blob import Blob, BytesBlob
 
 _STORES: dict[str, dict[str, tuple[int, bytes]]] = {}  # name -> entry -> (version, bytes)
 _LOCK = threading.Lock()
@@ -40,6 +42,12 @@ class MemoryMedium(Medium):
     def info(self, name: str) -> Info | None:
         found = self._entries.get(name)
         return None if found is None else Info(len(found[1]), found[0])
+
+    def blob(self, name: str, what: str) -> Blob:
+        found = self._entries.get(name)
+        if found is None:
+            raise InvalidDump(f"{self.root / name} does not exist")
+        return BytesBlob(found[1], found)
 
     @contextlib.contextmanager
     def reading(self, name: str) -> Iterator[Callable[[int], bytes]]:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from hookdump.store.checksum import CHUNK, crc32c, crc_base64, crc_hex
-from hookdump.store.location import Remote, UrlPath, etag_of, version_of
+from hookdump.store.location import Remote, RemoteBlob, UrlPath, etag_of, version_of
 from hookdump.store.media.base import Info, Medium
+from hookdump.store.media.blob import Blob
 
 # the protocols whose `pipe_file(mode="create")` is a conditional put
 ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"}
@@ -58,6 +59,9 @@ class UrlMedium(Medium):
         except FileNotFoundError:
             return None
         return Info(int(found.get("size") or 0), version_of(found), etag_of(found))
+
+    def blob(self, name: str, what: str) -> Blob:
+        return RemoteBlob(self._remote, name)
 
     @contextlib.contextmanager
     def reading(self, name: str) -> Iterator[Callable[[int], bytes]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from hookdump.errors import HookdumpError, InvalidDump
 from hookdump.format.manifest import Manifest
 from hookdump.format.names import MANIFEST
-from hookdump.store.folder import inside
+from hookdump.store.folder import resolved_inside
 from hookdump.store.location import Remote, UrlPath
 
 MAX_MANIFEST_BYTES = 1 << 30
@@ -84,14 +84,3 @@ def parse_manifest(data: bytes, path: str) -> Manifest:
         reason = "out of memory" if isinstance(exc, MemoryError) else str(exc)[:200]
         raise InvalidDump(f"{path} is not readable JSON: {reason}") from None
     return Manifest.of(parsed, path)
-
-
-def resolved_inside(path: Path, folder: Path, what: str) -> str:
-    """`path` resolved, if it stays inside `folder` (symlinks followed); else InvalidDump
-    (naming only the entry, never where it points)."""
-    real = os.path.realpath(path)
-    if not inside(real, os.path.realpath(folder)):
-        raise InvalidDump(
-            f"{what} {path.name!r} of {folder} resolves outside the dump folder; refused"
-        )
-    return real

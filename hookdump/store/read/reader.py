@@ -9,8 +9,6 @@ import bisect
 import contextlib
 import hashlib
 import math
-import os
-import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,12 +22,11 @@ from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.format.names import STATS_FILE
 from hookdump.store.checksum import CHUNK, checksum_of, matches, recorded
 from hookdump.store.features import read_stats_file
-from hookdump.store.location import Remote, RemoteBlob, UrlPath
+from hookdump.store.location import Remote, UrlPath
 from hookdump.store.media import medium_of
-from hookdump.store.read.manifest import resolved_inside
 from hookdump.store.read.progress import consumed_shards
 from hookdump.store.read.scatter import BatchMemory
-from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
+from hookdump.store.read.shard_file import Blob, SafetensorsFile
 
 # the most a reader holds of one shard at a time (rows read in slices), whatever its
 # header claims
@@ -87,6 +84,7 @@ class ShardReader:
         self.path = path
         self.manifest = manifest
         self.remote = remote  # None: a local folder
+        self.medium = medium_of(path, remote)  # where its files are read
         self._check_headers = check_headers
         self._key_rows = dict(key_rows or {})
         self._checked: set[str] = set()  # shard files whose header agreed with the manifest
@@ -174,17 +172,12 @@ class ShardReader:
     def blob(self, shard: ShardEntry) -> Blob:
         """A listed shard's bytes, opened: a regular file inside the folder, or the object
         under the dump's URL."""
-        if self.remote is not None:
-            remote = self.remote
-            try:
-                opened: Blob = RemoteBlob(remote, shard.file)
-            except InvalidDump:
-                if remote.call(remote.url, lambda: not remote.fs.exists(remote.object(shard.file))):
-                    self._refuse_consumed(shard)
-                raise
-        else:
-            path = self.shard_path(shard)
-            opened = self.guarded(shard, lambda: LocalBlob(path))
+        try:
+            opened = self.guarded(shard, lambda: self.medium.blob(shard.file, "shard"))
+        except InvalidDump:
+            if self.medium.version(shard.file) is None:  # not there: a follower's to delete?
+                self._refuse_consumed(shard)
+            raise
         if shard.bytes is not None and opened.size != shard.bytes:
             opened.close()
             raise InvalidDump(
@@ -256,21 +249,6 @@ class ShardReader:
         except ValueError as exc:
             raise InvalidDump(str(exc)) from None
         return self._stats
-
-    def shard_path(self, shard: ShardEntry) -> str:
-        """The file of a listed shard, once it is known to be a regular file in the dump."""
-        assert isinstance(self.path, Path), "a local dump's"
-        path = self.path / shard.file
-        real = resolved_inside(path, self.path, "shard")
-        try:
-            mode = os.stat(real).st_mode
-        except OSError as exc:
-            if not os.path.lexists(path):
-                self._refuse_consumed(shard)
-            raise InvalidDump(f"cannot read shard {path}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(mode):
-            raise InvalidDump(f"shard {path} is not a regular file; refused")
-        return real
 
     @contextlib.contextmanager
     def open(
@@ -361,7 +339,7 @@ class ShardReader:
         manifest says so)."""
         listed = {shard.file for shard in self.manifest.shards}
         found = {f: "?" for f in self.manifest.fields.get("consumed", []) if f in listed}
-        by = consumed_shards(medium_of(self.path, self.remote))
+        by = consumed_shards(self.medium)
         found.update((f, who) for f, who in by.items() if f in listed)
         return found
 

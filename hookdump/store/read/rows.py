@@ -26,9 +26,10 @@ import torch
 
 from hookdump.errors import InvalidDump
 from hookdump.format.manifest import ShardEntry
+from hookdump.store.media.blob import Blob, LocalBlob
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.scatter import Places, scattered_reads
-from hookdump.store.read.shard_file import Blob, LocalBlob, SafetensorsFile
+from hookdump.store.read.shard_file import SafetensorsFile
 
 # blocks asked for ahead of their read from a URL: each a request per key in flight, so
 # the memory beyond a pass's buffers is at most this many blocks (of BLOCK_BYTES)

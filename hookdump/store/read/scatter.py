@@ -13,60 +13,16 @@ memory is used for a later batch. Memory the user still holds is never written.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import math
-import os
 import threading
 import weakref
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
-IOV_MAX = 1024  # I/O vectors per preadv call (POSIX's least IOV_MAX; Linux's)
+from hookdump.store.media.blob import scattered_reads
 
-
-def _libc_preadv() -> Callable[..., int] | None:
-    """The C library's preadv, where there is one and `struct iovec` is two 64-bit words."""
-    if ctypes.sizeof(ctypes.c_void_p) != 8 or ctypes.sizeof(ctypes.c_size_t) != 8:
-        return None
-    try:
-        preadv = ctypes.CDLL(None, use_errno=True).preadv
-    except (AttributeError, OSError):
-        return None
-    preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
-    preadv.restype = ctypes.c_ssize_t
-    return preadv
-
-
-_PREADV = _libc_preadv()
-
-
-def scattered_reads() -> bool:
-    """Whether rows can be read straight into their places here."""
-    return _PREADV is not None
-
-
-def preadv_into(fd: int, vectors: np.ndarray, offset: int) -> int:
-    """Read the file's bytes from `offset` on into `vectors` ([n, 2] uint64: address,
-    length), IOV_MAX at a time; the bytes read (fewer only where the file ends)."""
-    assert _PREADV is not None and vectors.dtype == np.uint64 and vectors.shape[1:] == (2,)
-    done = 0
-    for first in range(0, len(vectors), IOV_MAX):
-        part = np.ascontiguousarray(vectors[first : first + IOV_MAX])
-        want = int(part[:, 1].sum())
-        while True:
-            got = _PREADV(fd, part.ctypes.data, len(part), offset + done)
-            if got >= 0 or ctypes.get_errno() != errno.EINTR:
-                break
-        if got < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-        done += got
-        if got != want:
-            return done
-    return done
+__all__ = ["scattered_reads"]
 
 
 class Places:

@@ -11,82 +11,17 @@ URL (`store.location.RemoteBlob`, read with ranged requests).
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import math
-import os
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.store.header import SafetensorsError, header_of
-from hookdump.store.read.scatter import preadv_into
+from hookdump.store.media.blob import Blob, LocalBlob
 
 if TYPE_CHECKING:
-    import numpy as np
-
-
-class Blob(Protocol):
-    """Bytes read at offsets: a file, or an object at a URL. `identity` changes when the
-    bytes are replaced (another run's shard under the same name)."""
-
-    size: int
-    identity: tuple[object, ...]
-
-    def pread(self, nbytes: int, offset: int) -> bytes: ...
-
-    def readinto(self, view: memoryview, offset: int) -> int: ...
-
-    def holds_data(self, offset: int, nbytes: int) -> bool: ...
-
-    def will_need(self, offset: int, nbytes: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class LocalBlob:
-    """A local file, open for `pread` (the caller checked what the path is)."""
-
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        status = os.fstat(self._fd)
-        self.size = status.st_size
-        identity = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-        self.identity: tuple[object, ...] = identity
-
-    def pread(self, nbytes: int, offset: int) -> bytes:
-        return os.pread(self._fd, nbytes, offset)
-
-    def readinto(self, view: memoryview, offset: int) -> int:
-        return os.preadv(self._fd, [view], offset)
-
-    def read_vectors(self, vectors: np.ndarray, offset: int) -> int:
-        """Bytes from `offset` on into I/O vectors (`store.read.scatter.preadv_into`)."""
-        return preadv_into(self._fd, vectors, offset)
-
-    def holds_data(self, offset: int, nbytes: int) -> bool:
-        """Whether bytes `offset:offset + nbytes` have any block on disk; False for a hole
-        of a sparse file, which reads as zeros (`SEEK_DATA`; True where the system cannot
-        tell)."""
-        try:
-            found = os.lseek(self._fd, offset, os.SEEK_DATA)
-        except AttributeError:  # no SEEK_DATA here
-            return True
-        except OSError as exc:  # ENXIO: no data from `offset` to the end of the file
-            return exc.errno != errno.ENXIO
-        return found < offset + nbytes
-
-    def will_need(self, offset: int, nbytes: int) -> None:
-        """Ask the disk for these bytes ahead of their read (a hint)."""
-        if hasattr(os, "posix_fadvise"):
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(self._fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+    pass
 
 
 def read_header(blob: Blob) -> tuple[dict[str, Any], int]:
