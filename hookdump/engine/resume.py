@@ -19,7 +19,6 @@ from hookdump.errors import HookdumpError, opt
 from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.format.names import MANIFEST, RANK_MANIFESTS, FileNames, is_follower_file
 from hookdump.model.weights import sha256, state_sha256
-from hookdump.store.media import medium_of
 from hookdump.store.read.manifest import manifest_at
 from hookdump.store.read.progress import consumed_shards
 from hookdump.store.write.place import DumpPlace
@@ -302,6 +301,4 @@ def keep_verified(place: DumpPlace, previous: Manifest, names: FileNames) -> Man
 def _consumed(place: DumpPlace, previous: Manifest) -> set[str]:
     """The listed shards followers consumed (deleted once given out: `hookdump.follow`):
     kept by `--resume` as they are, gone."""
-    return set(previous.get("consumed", [])) | set(
-        consumed_shards(medium_of(place.root, place.remote))
-    )
+    return set(previous.get("consumed", [])) | set(consumed_shards(place.medium))

@@ -31,18 +31,6 @@ _FILE_MODE = 0o666  # less the umask, as for any file a program creates
 REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
-def check_out_dir(out: Path, overwrite: bool, ignore: Iterable[str] = ()) -> None:
-    """Refuse an `--out` that cannot take a dump (`ignore`: names of our own files)."""
-    if out.exists() and not out.is_dir():
-        raise HookdumpError(f"{opt('out')} {out} is a file; give a folder (new or empty)")
-    if not out.is_dir():
-        return
-    listed = [p.name for p in out.iterdir()]
-    skip = set(ignore)  # read after the listing: a writer names its files before making them
-    present = sorted(name for name in listed if name not in skip)
-    check_entries(str(out), present, overwrite)
-
-
 def check_entries(where: str, present: list[str], overwrite: bool, place: str = "folder") -> None:
     """Refuse an `--out` (`where`: a folder, or a `prefix` at a URL) that holds `present`
     entries: those of a dump are replaced with `overwrite`, others never."""

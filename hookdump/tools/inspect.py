@@ -28,7 +28,7 @@ from hookdump.format.names import SHARD_LIKE, URL_LOCK
 from hookdump.store.checksum import recorded
 from hookdump.store.folder import leftovers
 from hookdump.store.location import UrlPath, local
-from hookdump.store.media import Medium, medium_of, open_medium
+from hookdump.store.media import Medium, open_medium
 from hookdump.store.notes import note_alive, running_note
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
@@ -115,7 +115,7 @@ def _incomplete(dump: Dump) -> str | Message:
     """What an incomplete manifest means: a run writing the dump now, or one that stopped."""
     shards = len(dump.manifest.shards)
     so_far = f"{dump.num_samples} samples ({shards} complete shard{'s' * (shards != 1)})"
-    writer = _writer_now(medium_of(dump.path, dump.reader.remote), dump.manifest.run_id)
+    writer = _writer_now(dump.reader.medium, dump.manifest.run_id)
     if writer is not None:
         return f"being written by {writer}: {so_far} so far"
     return Message(
@@ -257,7 +257,7 @@ def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
     or copied in): not part of the dump, and a leftover as CI counts them."""
     if not dump.complete or dump.manifest.get("lone_file") is not None:
         return []
-    where = medium_of(dump.path, dump.reader.remote)
+    where = dump.reader.medium
     listed = {shard.file for shard in dump.manifest.shards} | set(consumed)
     try:
         found = [n for n in where.names() if SHARD_LIKE.match(n) and n not in listed]

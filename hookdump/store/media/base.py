@@ -3,7 +3,7 @@ folder's files, a prefix's objects), and nothing else. It knows no dump: which n
 dump has, what a manifest is, when an old dump goes, are the rules written once above it
 (`store.notes`, the writer's `DumpPlace`, the readers).
 
-A kind is one module of byte operations and a line in the factory (`store.media.KINDS`).
+A kind is one module of byte operations and a line in the factory (`store.media.open_medium`).
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ from hookdump.store.checksum import CHUNK, checksum_of, matches, recorded
 from hookdump.store.features import read_stats_file
 from hookdump.store.location import Remote, UrlPath
 from hookdump.store.media import medium_of
+from hookdump.store.media.blob import Blob
 from hookdump.store.read.progress import consumed_shards
 from hookdump.store.read.scatter import BatchMemory
-from hookdump.store.read.shard_file import Blob, SafetensorsFile
+from hookdump.store.read.shard_file import SafetensorsFile
 
 # the most a reader holds of one shard at a time (rows read in slices), whatever its
 # header claims

@@ -26,9 +26,9 @@ import torch
 
 from hookdump.errors import InvalidDump
 from hookdump.format.manifest import ShardEntry
-from hookdump.store.media.blob import Blob, LocalBlob
+from hookdump.store.media.blob import Blob, LocalBlob, scattered_reads
 from hookdump.store.read.reader import ShardReader
-from hookdump.store.read.scatter import Places, scattered_reads
+from hookdump.store.read.scatter import Places
 from hookdump.store.read.shard_file import SafetensorsFile
 
 # blocks asked for ahead of their read from a URL: each a request per key in flight, so

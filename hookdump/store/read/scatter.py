@@ -20,10 +20,6 @@ import weakref
 import numpy as np
 import torch
 
-from hookdump.store.media.blob import scattered_reads
-
-__all__ = ["scattered_reads"]
-
 
 class Places:
     """Where the rows of one buffer go: output position p is row p % size of batch

@@ -12,16 +12,13 @@ URL (`store.location.RemoteBlob`, read with ranged requests).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hookdump.format.dtypes import DTYPE_OF_SAFETENSORS, ITEMSIZE
 from hookdump.store.header import SafetensorsError, header_of
 from hookdump.store.media.blob import Blob, LocalBlob
-
-if TYPE_CHECKING:
-    pass
 
 
 def read_header(blob: Blob) -> tuple[dict[str, Any], int]:

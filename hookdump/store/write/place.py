@@ -148,9 +148,16 @@ class DumpPlace:
         """Refuse a place that cannot take a dump: entries that are not a dump's, or a dump
         without `overwrite`. With `overwrite`, the old dump's files are removed by
         `clear_old` (`keep_old`: resuming, none are old)."""
-        present = [name for name in self._others() if name not in _NOTES]
-        check_entries(self.label, present, overwrite or keep_old, self.medium.noun)
+        self._checked_others(overwrite or keep_old)
         self._overwrite, self._cleared = overwrite, keep_old
+
+    def _checked_others(self, overwrite: bool) -> list[str]:
+        """The entries this writer did not make, once those that are no run's note are
+        found to be a dump's (replaced with `overwrite`, else none may be there)."""
+        present = self._others()
+        dump = [name for name in present if name not in _NOTES]
+        check_entries(self.label, dump, overwrite, self.medium.noun)
+        return present
 
     def _others(self) -> list[str]:
         """The entries this writer did not make (the set is read after the listing: a file
@@ -176,9 +183,7 @@ class DumpPlace:
             return
         if keep:
             self._made.add(keep)
-        present = self._others()
-        others = [name for name in present if name not in _NOTES]
-        check_entries(self.label, others, self._overwrite, self.medium.noun)
+        present = self._checked_others(self._overwrite)
         with self._writing():
             self.medium.abort_unfinished(lambda name: bool(DUMP_FILE.match(name)))
             self._waiter = self.medium.discard(sorted(present, key=lambda n: n != MANIFEST))
