@@ -205,3 +205,53 @@ def test_a_folders_entry_that_leads_outside_it_is_refused(tmp_path: Path) -> Non
     (medium.folder / "shard").symlink_to(outside)
     with pytest.raises(hookdump.InvalidDump, match="resolves outside the dump folder"):
         medium.blob("shard", "shard")
+
+
+def _within(seconds: float, call: Callable[[], object]) -> object:
+    """`call()`'s result, or a failed test (not a hung one) if it takes longer."""
+    import threading
+
+    done: list[object] = []
+    worker = threading.Thread(target=lambda: done.append(_outcome(call)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert done, f"still blocked after {seconds} s"
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except BaseException as exc:
+        return exc
+
+
+def test_a_fifo_beside_a_dump_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO under a note's or a follower's progress's name (a tar carries FIFOs) would
+    block its open, and the read, until something wrote to it: refused in one line, and a
+    run's note there reads as a damaged one."""
+    medium = FolderMedium(tmp_path)
+    os.mkfifo(tmp_path / RUNNING)
+    os.mkfifo(tmp_path / "follow-x.json")
+    with pytest.raises(hookdump.InvalidDump, match=r"follow-x\.json is not a regular file"):
+        _within(30, lambda: medium.read("follow-x.json"))
+    assert _within(30, lambda: running_note(medium)) is None
+    with pytest.raises(hookdump.HookdumpError, match=r"follow-x\.json is not a regular file"):
+        _within(30, lambda: Progress.read(medium, "x"))
+
+
+def test_inspect_of_a_dump_whose_note_is_a_fifo_ends(tmp_path: Path, in_tests_dir: Path) -> None:
+    """`inspect` of an incomplete dump reads the run's note: a FIFO there ends in the
+    stopped run's line, as a missing note does, not in a wait."""
+    from clitools import finish, hookdump_process
+
+    out = tmp_path / "d"
+    hookdump.dump(TwoLinear(), [torch.rand(4, 2)], out, layers="linear_1")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    os.mkfifo(out / RUNNING)
+    code, stdout, stderr = finish(hookdump_process("inspect", str(out)))
+    assert code == 0, stderr
+    assert "incomplete" in stdout and "--resume" in stdout

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from hookdump.errors import InvalidDump
 from hookdump.format.names import RUNNING
 from hookdump.store.folder import process_alive, valid_pid
 from hookdump.store.media import Medium
@@ -18,7 +19,10 @@ def running_note(where: Medium) -> dict[str, Any] | None:
     start, whether it overwrites), if anything readable: a note that is not what a run
     writes (a pid that is no process's, a host that is not a short line, a huge or deep
     file) is a damaged one, and None."""
-    raw = where.read(RUNNING, _NOTE_BYTES + 1) or b"null"
+    try:
+        raw = where.read(RUNNING, _NOTE_BYTES + 1) or b"null"
+    except InvalidDump:  # not a file (a FIFO, a folder)
+        return None
     if len(raw) > _NOTE_BYTES:
         return None
     try:

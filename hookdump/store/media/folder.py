@@ -42,13 +42,22 @@ class FolderMedium(Medium):
         return self.folder
 
     def read(self, name: str, most: int | None = None) -> bytes | None:
+        """A regular file's bytes (through a link); anything else, a FIFO planted beside a
+        dump that would block the open or the read forever, is refused in one line."""
+        path = self.folder / name
         try:
-            with (self.folder / name).open("rb") as file:
-                return file.read(-1 if most is None else most)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise HookdumpError(f"cannot read {self.folder / name}: {exc.strerror}") from None
+            raise HookdumpError(f"cannot read {path}: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InvalidDump(f"{path} is not a regular file; refused")
+            try:
+                return file.read(-1 if most is None else most)
+            except OSError as exc:
+                raise HookdumpError(f"cannot read {path}: {exc.strerror}") from None
 
     def exists(self) -> bool:
         return self.folder.is_dir()
