@@ -255,3 +255,26 @@ def test_inspect_of_a_dump_whose_note_is_a_fifo_ends(tmp_path: Path, in_tests_di
     code, stdout, stderr = finish(hookdump_process("inspect", str(out)))
     assert code == 0, stderr
     assert "incomplete" in stdout and "--resume" in stdout
+
+
+def test_a_protocol_whose_client_is_not_installed_names_the_package(tmp_path: Path) -> None:
+    """fsspec names a missing client package only in its message (`sftp://` without
+    paramiko): the line names it and the pip command, never `needs None`."""
+    fsspec.register_implementation(
+        "needsfake",
+        "fakepkg_missing.FS",
+        clobber=True,
+        errtxt='FakeFS requires "fakepkg" to be installed',
+    )
+    with pytest.raises(hookdump.HookdumpError) as raised:
+        open_medium("needsfake://bucket/d")
+    assert (
+        str(raised.value) == "needsfake://bucket/d: needsfake:// needs fakepkg: pip install fakepkg"
+    )
+    fsspec.register_implementation(
+        "needsother", "fakepkg_missing.FS", clobber=True, errtxt="no client here"
+    )
+    with pytest.raises(
+        hookdump.HookdumpError, match=r"needs its fsspec client: install it \(no client here\)"
+    ):
+        open_medium("needsother://bucket/d")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from hookdump.errors import HookdumpError, InvalidDump
+from hookdump.errors import HookdumpError, InvalidDump, printable
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 T = TypeVar("T")
@@ -167,9 +167,14 @@ class Remote:
             fs, root = url_to_fs(self._given, **self._options)
             return fs, str(root)
         except ImportError as exc:
+            # fsspec names the package only in its message: 'requires "paramiko" to be ...'
+            quoted = re.search(r'"([A-Za-z0-9_.-]{1,64})"', str(exc))
+            package = exc.name or (quoted.group(1) if quoted else "its fsspec client")
             s3 = protocol in ("s3", "s3a")
-            fix = "pip install 'hookdump[s3]'" if s3 else f"pip install {exc.name}"
-            raise HookdumpError(f"{self.url}: {protocol}:// needs {exc.name}: {fix}") from None
+            fix = "pip install 'hookdump[s3]'" if s3 else f"pip install {package}"
+            if exc.name is None and quoted is None:
+                fix = f"install it ({printable(str(exc))[:200]})"
+            raise HookdumpError(f"{self.url}: {protocol}:// needs {package}: {fix}") from None
         except (ValueError, TypeError) as exc:
             known = ", ".join(sorted(fsspec.available_protocols())[:12])
             raise HookdumpError(
