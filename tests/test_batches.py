@@ -303,11 +303,11 @@ def test_batches_held_keep_their_rows_while_the_pass_goes_on(
     the batches held here (whole, by a view, by a NumPy array of them) keep their own rows
     to the end of a pass of buffers of 8 rows, while the rest are let go; each equals the
     dump's own rows (`dump[key][rows]`). Once without `preadv` (rows read, then copied)."""
-    from hookdump.store.read import rows as rows_module
+    from hookdump.store.media.blob import LocalBlob
     from hookdump.store.read.batches import ROW_OVERHEAD
 
     if not scattered:
-        monkeypatch.setattr(rows_module, "scattered_reads", lambda: False)
+        monkeypatch.setattr(LocalBlob, "vectored", False)
     budget = 16 * (dump.reader.row_bytes([X, Y]) + ROW_OVERHEAD)
     batches = dump.batches([X, Y], 3, shuffle=shuffle, seed=1, with_index=True,
                               buffer_bytes=budget)  # fmt: skip

@@ -278,3 +278,30 @@ def test_a_protocol_whose_client_is_not_installed_names_the_package(tmp_path: Pa
         hookdump.HookdumpError, match=r"needs its fsspec client: install it \(no client here\)"
     ):
         open_medium("needsother://bucket/d")
+
+
+def test_an_entry_larger_than_its_limit_is_refused_before_it_is_read(
+    medium: Medium, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest is read whole, so one that is too large is refused by its size, before a
+    byte of it is read: on every kind, through the one reader of a manifest."""
+    from hookdump.store.read import manifest as manifest_module
+
+    medium.put("manifest.json", b"{" + b" " * 4000 + b"}")
+    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", 1000)
+    with pytest.raises(hookdump.InvalidDump) as raised:
+        hookdump.load(str(medium.root))
+    message = str(raised.value)
+    assert "manifest.json is 4,002 bytes, more than the 1,000 it may be" in message
+    assert "\n" not in message
+    assert medium.read("manifest.json", limit=4002) is not None  # at its limit: read
+
+
+def test_a_sparse_manifest_of_terabytes_is_refused_at_once(tmp_path: Path) -> None:
+    """A forged manifest.json of 1 TiB of holes (no disk taken) is refused by its size: a
+    read of it, even of the limit's gigabyte, would take minutes and that memory."""
+    (tmp_path / "d").mkdir()
+    with (tmp_path / "d" / "manifest.json").open("wb") as file:
+        file.truncate(1 << 40)
+    with pytest.raises(hookdump.InvalidDump, match=r"is 1,099,511,627,776 bytes, more than"):
+        hookdump.load(tmp_path / "d")

@@ -148,3 +148,35 @@ def test_resuming_keeps_what_is_there(medium: Medium, tmp_path: Path) -> None:
         sealed.write_bytes(b"new")
         place.commit_shard(sealed, "shard-00001.safetensors", file_checksum(sealed, "crc32c"))
     assert medium.names() == [MANIFEST, SHARD, "shard-00001.safetensors", "stats.safetensors"]
+
+
+def test_a_dump_in_memory_goes_round_whole_through_the_one_factory(tmp_path: Path) -> None:
+    """The third kind is a line in the factory (`mem://NAME`), and every door takes it: a
+    dump written there by `hookdump.dump` (spooled: memory renames nothing) reads back, key
+    by key and through a shuffled pass, exactly as the same run written to a folder, and
+    `inspect --check` finds every shard's checksum good."""
+    import torch
+
+    from hookdump.tools.inspect import inspect_dump
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    inputs = [torch.randn(4, 6) for _ in range(3)]
+    where = f"mem://round-{next(_NAMES)}"
+    kwargs = {"shard_size": "200B", "spool": tmp_path / "spool"}
+    hookdump.dump(model, inputs, where, **kwargs)
+    hookdump.dump(model, inputs, tmp_path / "d", **kwargs)
+    held, folder = hookdump.load(where), hookdump.load(tmp_path / "d")
+    assert str(held.path) == where and held.complete and len(held.manifest.shards) > 1
+    assert held.keys() == folder.keys() == ["0", "1", "2"]
+    for key in folder:
+        torch.testing.assert_close(held[key], folder[key], rtol=0, atol=0)
+    with torch.no_grad():  # and the forward itself computed the last layer's rows
+        torch.testing.assert_close(held["2"], model(torch.cat(inputs)), rtol=0, atol=0)
+    rows = list(held.batches(["0", "2"], 5, shuffle=True, seed=3, with_index=True))
+    order = torch.cat([b["__row__"] for b in rows])
+    assert sorted(order.tolist()) == list(range(12))
+    torch.testing.assert_close(torch.cat([b["2"] for b in rows]), folder["2"][order])
+    checked = inspect_dump(where, check=True)
+    assert checked.complete and not checked.problems and checked.shards == len(held.manifest.shards)
+    assert checked.checked is not None and not checked.checked.damaged

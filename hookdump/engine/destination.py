@@ -154,7 +154,7 @@ class Destination:
         if self.previous is None or self.place is None or not self.previous["shards"]:
             return {}  # (a torchrun rank that had written nothing)
         manifest = self.previous
-        reader = ShardReader(self.place.root, manifest, remote=self.place.remote)
+        reader = ShardReader(self.place.medium, manifest)
         gone = reader.consumed()  # deleted by a follower: the statistics are of the rest
         return summarize(reader, [s for s in manifest.shards if s.file not in gone])
 

@@ -175,7 +175,7 @@ class _Looked:
     def manifest(self, name: str) -> Manifest:
         place = self.place
         missing = _gone(f"{place.label}/{name}")
-        return manifest_at(place.root, name, place.remote, missing)
+        return manifest_at(place.medium, missing, name)
 
     def rank_manifests(self) -> list[str]:
         return sorted(n for n in self.listed if fnmatch.fnmatchcase(n, RANK_MANIFESTS))

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from hookdump.errors import HookdumpError, InvalidDump, opt
-from hookdump.format.names import DUMP_FILE, LEFTOVER, TRASH_PREFIX
+from hookdump.format.names import DUMP_FILE, TRASH_PREFIX
 
 _FILE_MODE = 0o666  # less the umask, as for any file a program creates
 # how file systems say no to O_DIRECT or fallocate (EINVAL on Linux; FUSE and others may say
@@ -49,13 +49,6 @@ def check_entries(where: str, present: list[str], overwrite: bool, place: str = 
             f"{opt('out')} {where} holds a dump already; pass {opt('overwrite', True)} to "
             f"replace it, or choose another {place}"
         )
-
-
-def leftovers(folder: Path) -> list[str]:
-    """Half-written files and old dumps' trash that a run cut short left in `folder`."""
-    with contextlib.suppress(OSError):
-        return sorted(p.name for p in folder.iterdir() if LEFTOVER.search(p.name))
-    return []
 
 
 class FolderBusy(HookdumpError):

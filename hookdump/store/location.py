@@ -24,7 +24,6 @@ from hookdump.errors import HookdumpError, InvalidDump, printable
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 T = TypeVar("T")
-HEAD_BYTES = 64 << 10  # read of an object's start at once: a shard's header fits, mostly
 
 
 def is_url(where: object) -> bool:
@@ -272,40 +271,3 @@ class Remote:
     def read(self, name: str, start: int, end: int) -> bytes:
         """Bytes `start:end` of entry `name` (one ranged request), waited for."""
         return self.take(name, self.fetch(name, start, end))
-
-
-class RemoteBlob:
-    """One object read at offsets, as `SafetensorsFile` and the row readers read a file."""
-
-    def __init__(self, remote: Remote, name: str) -> None:
-        self.remote, self.name = remote, name
-        info = remote.info(name)
-        if info.get("type", "file") != "file":
-            raise InvalidDump(f"{remote.url / name} is not a file; refused")
-        self.size = int(info.get("size") or 0)
-        self.identity: tuple[object, ...] = (self.size, version_of(info))
-        self._head = b""  # the object's first bytes, read once: a shard's header is there
-
-    def pread(self, nbytes: int, offset: int) -> bytes:
-        end = min(offset + nbytes, self.size)
-        if end <= offset:
-            return b""
-        if end <= HEAD_BYTES:
-            if len(self._head) < min(HEAD_BYTES, self.size):
-                self._head = self.remote.read(self.name, 0, min(HEAD_BYTES, self.size))
-            return self._head[offset:end]
-        return self.remote.read(self.name, offset, end)
-
-    def readinto(self, view: memoryview, offset: int) -> int:
-        data = self.pread(len(view), offset)
-        view[: len(data)] = data
-        return len(data)
-
-    def holds_data(self, offset: int, nbytes: int) -> bool:
-        return True  # an object store keeps no holes
-
-    def will_need(self, offset: int, nbytes: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

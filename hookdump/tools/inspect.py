@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,15 +23,15 @@ from hookdump.errors import (
 )
 from hookdump.format.keys import ATTENTION_MASK, RESPONSE, SAMPLE, TOKEN_IDS
 from hookdump.format.manifest import Manifest, ShardEntry
-from hookdump.format.names import SHARD_LIKE, URL_LOCK
+from hookdump.format.names import LEFTOVER, SHARD_LIKE, URL_LOCK
 from hookdump.store.checksum import recorded
-from hookdump.store.folder import leftovers
 from hookdump.store.location import UrlPath, local
 from hookdump.store.media import Medium, open_medium
 from hookdump.store.notes import note_alive, running_note
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.summary import summarize
 from hookdump.store.stats import KeySummary
+from hookdump.store.write.url_lock import Holder
 from hookdump.tools.experts import checked_ids, experts_of
 from hookdump.tools.pictures.tokens import decoded
 
@@ -129,12 +128,9 @@ def _writer_now(where: Medium, run_id: str | None = None) -> str | None:
     lock object), or None where no run is (the note gone, or its process). `run_id`: the
     manifest's, which the note names (None: no manifest yet)."""
     try:
-        if where.remote is not None:
-            from hookdump.store.write.url_lock import Holder
-
-            holder = Holder.parse(where.read(URL_LOCK) or b"")
-            alive = holder is not None and holder.alive(time.time()) is not False
-            return holder.describe() if holder is not None and alive else None
+        holder = Holder.parse(where.read(URL_LOCK, 4096) or b"")  # a medium with no lock's
+        if holder is not None:
+            return holder.describe() if holder.alive(time.time()) is not False else None
         running = running_note(where)
     except HookdumpError:
         return None
@@ -182,19 +178,19 @@ def inspect_dump(
     `check`: first read every shard's bytes against the size and checksum (CRC32C or
     SHA-256) its manifest records (`progress(done, total)`: bytes read so far, of all)."""
     dump = _open(path, storage_options)
-    path = local(path)  # a file:// URL of this host: the folder
-    folder = isinstance(dump.path, Path) and Path(path).is_dir()
+    lone = dump.manifest.get("lone_file")  # one file's: the folder it is in is not looked at
+    listed = _listing(dump.reader.medium) if lone is None else None
     problems: list[str] = []
     if not dump.complete:
         problems.append(_incomplete(dump))
-    stray = leftovers(dump.path) if isinstance(dump.path, Path) and folder else []
+    stray = sorted(n for n in listed or () if LEFTOVER.search(n))
     if stray:
         problems.append(
             f"half-written files or an old dump's remains from an interrupted run: "
             f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}"
         )
     consumed = dump.reader.consumed()
-    readable, missing = _present(dump, consumed)
+    readable, missing = _present(dump, consumed, listed)
     problems.extend(_missing(dump, missing))
     checked = None
     if check and dump.manifest.get("lone_file") is None:
@@ -202,7 +198,7 @@ def inspect_dump(
         checked = Checked(said, len(readable) + len(missing) < len(dump.manifest.shards))
     summaries = summarize(dump.reader, readable)
     features = _features(dump, problems)
-    problems.extend(_unlisted(dump, consumed))  # after what makes the dump itself bad
+    problems.extend(_unlisted(dump, consumed, listed))  # after what makes the dump itself bad
     if dump.complete and (
         missing
         or (checked is not None and checked.damaged)
@@ -214,15 +210,14 @@ def inspect_dump(
                 "keeps the shards that match their records and rewrites the rest"
             )
         )
-    lone = dump.manifest.get("lone_file") or {}
-    if lone.get("kind") == "safetensors":  # rows mean nothing here: each tensor whole
+    if lone is not None and lone.get("kind") == "safetensors":  # each tensor whole: no rows
         shapes = lone.get("shapes", {})
         summaries = {
             key: dataclasses.replace(summary, shape=tuple(shapes.get(key, summary.shape)))
             for key, summary in summaries.items()
         }
     return Inspection(
-        dump.path if folder or dump.reader.remote is not None else Path(path),
+        dump.path if lone is None else Path(local(path)),
         dump.complete and not problems,
         dump.num_samples,
         len(readable),
@@ -252,17 +247,21 @@ def _missing(dump: Dump, missing: list[ShardEntry]) -> list[str]:
     return [f"{len(missing):,} of {shards:,} shards are missing, the first {where}"]
 
 
-def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
+def _listing(medium: Medium) -> set[str] | None:
+    """The entries beside the dump, listed once (None: the listing failed)."""
+    try:
+        return set(medium.names())
+    except HookdumpError:
+        return None
+
+
+def _unlisted(dump: Dump, consumed: Mapping[str, str], names: set[str] | None) -> list[str]:
     """Shard files beside a complete dump that its manifest does not list (another run's,
     or copied in): not part of the dump, and a leftover as CI counts them."""
-    if not dump.complete or dump.manifest.get("lone_file") is not None:
+    if not dump.complete or names is None:
         return []
-    where = dump.reader.medium
     listed = {shard.file for shard in dump.manifest.shards} | set(consumed)
-    try:
-        found = [n for n in where.names() if SHARD_LIKE.match(n) and n not in listed]
-    except HookdumpError:
-        return []
+    found = sorted(n for n in names if SHARD_LIKE.match(n) and n not in listed)
     if not found:
         return []
     shown = ", ".join(printable(n) for n in found[:5]) + (", ..." if len(found) > 5 else "")
@@ -273,13 +272,16 @@ def _unlisted(dump: Dump, consumed: Mapping[str, str]) -> list[str]:
     ]
 
 
-def _present(dump: Dump, consumed: Mapping[str, str]) -> tuple[list[ShardEntry], list[ShardEntry]]:
-    """The listed shards there to read, and those missing (a problem to report; anything
-    else wrong is refused when read); those a follower consumed are said apart."""
+def _present(
+    dump: Dump, consumed: Mapping[str, str], names: set[str] | None
+) -> tuple[list[ShardEntry], list[ShardEntry]]:
+    """The listed shards there to read (`names`: the entries listed; None: take each to be
+    there), and those missing (a problem to report; anything else wrong is refused when
+    read); those a follower consumed are said apart."""
     readable: list[ShardEntry] = []
     missing: list[ShardEntry] = []
     for shard in dump.manifest.shards:
-        exists = dump.reader.remote is not None or os.path.lexists(dump.path / shard.file)
+        exists = names is None or shard.file in names
         if shard.file in consumed and not exists:
             continue
         (readable if exists else missing).append(shard)

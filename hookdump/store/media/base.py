@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from hookdump.errors import HookdumpError, printable
+from hookdump.errors import HookdumpError, InvalidDump, printable
 from hookdump.store.checksum import Algorithm, Checksum, stream_checksum
 from hookdump.store.folder import process_alive, valid_pid
 from hookdump.store.media.blob import Blob
 
 if TYPE_CHECKING:
-    from hookdump.store.location import Remote, UrlPath
+    from hookdump.store.location import UrlPath
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Medium(ABC):
     atomic_create: ClassVar[bool]  # `put_if_absent` decides between two processes
     renames: ClassVar[bool]  # a finished local file becomes an entry by a rename
     poll_s: ClassVar[float]  # how often a waiting reader looks again (each look may be a request)
+    reads_ahead: ClassVar[int] = 1  # blocks worth announcing ahead of a read (`Blob.will_need`)
     noun: ClassVar[str] = "prefix"  # what a message calls the root
 
     @property
@@ -50,20 +51,21 @@ class Medium(ABC):
     def root(self) -> Path | UrlPath:
         """The folder or URL (for messages, and for a reader's open)."""
 
-    @property
-    def remote(self) -> Remote | None:
-        """A URL's client, for the readers that take one (None: not a URL)."""
-        return None
-
     def exists(self) -> bool:
         """Whether the root is there (a prefix needs no making: always)."""
         return True
 
+    def lone_entry(self) -> tuple[Medium, str] | None:
+        """Where the root names one entry rather than a place of them (a file given for a
+        folder): the medium holding it, and its name (None: the root is a place)."""
+        return None
+
     # reads
 
     @abstractmethod
-    def read(self, name: str, most: int | None = None) -> bytes | None:
-        """Entry `name`'s bytes, its first `most` at most (None: not there)."""
+    def read(self, name: str, most: int | None = None, limit: int | None = None) -> bytes | None:
+        """Entry `name`'s bytes, its first `most` at most (None: not there); one of more
+        than `limit` bytes is refused in one line before it is read (InvalidDump)."""
 
     @abstractmethod
     def info(self, name: str) -> Info | None:
@@ -181,6 +183,10 @@ class Medium(ABC):
             f"{who} of {self.root} is already running ({printable(holder)[:200]}); wait for it "
             "to end, or give this one another name"
         )
+
+
+def too_large(where: object, size: int, limit: int) -> InvalidDump:
+    return InvalidDump(f"{where} is {size:,} bytes, more than the {limit:,} it may be; refused")
 
 
 def holder_note() -> str:

@@ -1,6 +1,6 @@
 """A file or an object read at offsets (`Blob`), as the readers read a shard: a local file
 with `pread` (`LocalBlob`, and `preadv` straight into the places rows go), an object at a
-URL with ranged requests (`store.location.RemoteBlob`), or bytes in memory (`BytesBlob`).
+URL with ranged requests (`store.media.url.RemoteBlob`), or bytes in memory (`BytesBlob`).
 A medium opens them (`Medium.blob`)."""
 
 from __future__ import annotations
@@ -61,10 +61,12 @@ def preadv_into(fd: int, vectors: np.ndarray, offset: int) -> int:
 
 class Blob(Protocol):
     """Bytes read at offsets: a file, or an object at a URL. `identity` changes when the
-    bytes are replaced (another run's shard under the same name)."""
+    bytes are replaced (another run's shard under the same name); `vectored`: it reads
+    straight into I/O vectors (`read_vectors`), where the others give bytes to copy."""
 
     size: int
     identity: tuple[object, ...]
+    vectored: bool
 
     def pread(self, nbytes: int, offset: int) -> bytes: ...
 
@@ -74,11 +76,15 @@ class Blob(Protocol):
 
     def will_need(self, offset: int, nbytes: int) -> None: ...
 
+    def read_vectors(self, vectors: np.ndarray, offset: int) -> int: ...
+
     def close(self) -> None: ...
 
 
 class LocalBlob:
     """A local file, open for `pread` (the caller checked what the path is)."""
+
+    vectored = _PREADV is not None
 
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -124,6 +130,8 @@ class LocalBlob:
 class BytesBlob:
     """Bytes in memory, read as a file is."""
 
+    vectored = False
+
     def __init__(self, data: bytes, identity: tuple[object, ...]) -> None:
         self._data = data
         self.size = len(data)
@@ -142,6 +150,9 @@ class BytesBlob:
 
     def will_need(self, offset: int, nbytes: int) -> None:
         return
+
+    def read_vectors(self, vectors: np.ndarray, offset: int) -> int:
+        raise NotImplementedError("not vectored: read its bytes")
 
     def close(self) -> None:
         return

@@ -23,7 +23,7 @@ from hookdump.store.folder import (
     resolved_inside,
     write_durably,
 )
-from hookdump.store.media.base import Info, Medium, holder_note, holder_of
+from hookdump.store.media.base import Info, Medium, holder_note, holder_of, too_large
 from hookdump.store.media.blob import Blob, LocalBlob
 from hookdump.worker import Worker
 
@@ -41,26 +41,42 @@ class FolderMedium(Medium):
     def root(self) -> Path:
         return self.folder
 
-    def read(self, name: str, most: int | None = None) -> bytes | None:
-        """A regular file's bytes (through a link); anything else, a FIFO planted beside a
-        dump that would block the open or the read forever, is refused in one line."""
+    def read(self, name: str, most: int | None = None, limit: int | None = None) -> bytes | None:
+        """A regular file's bytes (through a link that stays inside the folder); anything
+        else, a FIFO planted beside a dump that would block the open or the read forever,
+        is refused in one line."""
         path = self.folder / name
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(
+                resolved_inside(path, self.folder, "entry"),
+                os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC,
+            )
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             raise HookdumpError(f"cannot read {path}: {exc.strerror}") from None
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):  # before fdopen, which refuses a folder on its own
+            os.close(fd)
+            raise InvalidDump(f"{path} is not a regular file; refused")
         with os.fdopen(fd, "rb") as file:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise InvalidDump(f"{path} is not a regular file; refused")
+            if limit is not None and found.st_size > limit:
+                raise too_large(path, found.st_size, limit)
+            want = found.st_size + 1 if most is None else min(most, found.st_size + 1)
             try:
-                return file.read(-1 if most is None else most)
+                return file.read(want)  # never a buffer larger than the file
             except OSError as exc:
                 raise HookdumpError(f"cannot read {path}: {exc.strerror}") from None
 
     def exists(self) -> bool:
         return self.folder.is_dir()
+
+    def lone_entry(self) -> tuple[Medium, str] | None:
+        """A file (wherever a link to it points: the one the user named)."""
+        if not self.folder.exists() or self.folder.is_dir():
+            return None
+        real = self.folder.resolve()
+        return FolderMedium(real.parent), real.name
 
     def info(self, name: str) -> Info | None:
         """A regular file's (a link, a folder: None)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hookdump.errors import InvalidDump
 from hookdump.store.location import UrlPath
-from hookdump.store.media.base import Info, Medium
+from hookdump.store.media.base import Info, Medium, too_large
 from hookdump.store.media.blob import Blob, BytesBlob
 
 _STORES: dict[str, dict[str, tuple[int, bytes]]] = {}  # name -> entry -> (version, bytes)
@@ -25,6 +25,7 @@ class MemoryMedium(Medium):
     atomic_create = True  # under the process's lock
     renames = False
     poll_s = 0.01
+    scheme = "mem://"
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -33,10 +34,12 @@ class MemoryMedium(Medium):
 
     @property
     def root(self) -> UrlPath:
-        return UrlPath(f"mem://{self.name}")
+        return UrlPath(f"{self.scheme}{self.name}")
 
-    def read(self, name: str, most: int | None = None) -> bytes | None:
+    def read(self, name: str, most: int | None = None, limit: int | None = None) -> bytes | None:
         found = self._entries.get(name)
+        if found is not None and limit is not None and len(found[1]) > limit:
+            raise too_large(self.root / name, len(found[1]), limit)
         return None if found is None else found[1][:most]
 
     def info(self, name: str) -> Info | None:

@@ -10,22 +10,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from hookdump.errors import InvalidDump
 from hookdump.store.checksum import CHUNK, crc32c, crc_base64, crc_hex
-from hookdump.store.location import Remote, RemoteBlob, UrlPath, etag_of, version_of
-from hookdump.store.media.base import Info, Medium
+from hookdump.store.location import Remote, UrlPath, etag_of, version_of
+from hookdump.store.media.base import Info, Medium, too_large
 from hookdump.store.media.blob import Blob
 
 # the protocols whose `pipe_file(mode="create")` is a conditional put
 ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"}
 PART_BYTES = 64 << 20  # a file larger than this goes up in parts of this size
+HEAD_BYTES = 64 << 10  # read of an object's start at once: a shard's header fits, mostly
+# blocks a reader asks for ahead of their read: each a request per key in flight, so the
+# memory beyond a pass's buffers is at most this many blocks
+READS_AHEAD = 8
 
 
 class UrlMedium(Medium):
     renames = False
     poll_s = 0.5  # each look a request
+    reads_ahead = READS_AHEAD
 
     def __init__(self, remote: Remote) -> None:
         self._remote = remote
@@ -39,14 +48,17 @@ class UrlMedium(Medium):
     def root(self) -> UrlPath:
         return self._remote.url
 
-    @property
-    def remote(self) -> Remote:
-        return self._remote
-
-    def read(self, name: str, most: int | None = None) -> bytes | None:
+    def read(self, name: str, most: int | None = None, limit: int | None = None) -> bytes | None:
         remote = self._remote
         try:
             with remote.failing(f"read {remote.url / name}", passing=(FileNotFoundError,)):
+                if limit is not None:  # its size asked first: never a download to refuse
+                    found = remote.fs.info(remote.object(name), refresh=True)
+                    if found.get("type", "file") != "file":
+                        raise InvalidDump(f"{remote.url / name} is not a file; refused")
+                    size = int(found.get("size") or 0)
+                    if size > limit:
+                        raise too_large(remote.url / name, size, limit)
                 return bytes(remote.fs.cat_file(remote.object(name), start=0, end=most))
         except FileNotFoundError:
             return None
@@ -143,6 +155,56 @@ class UrlMedium(Medium):
                     )
                     done += 1
             return done
+
+
+class RemoteBlob:
+    """One object read at offsets, as `SafetensorsFile` and the row readers read a file: a
+    range announced (`will_need`) is asked for at once, beside the others in flight, and
+    taken by the read of that very range."""
+
+    vectored = False
+
+    def __init__(self, remote: Remote, name: str) -> None:
+        self.remote, self.name = remote, name
+        info = remote.info(name)
+        if info.get("type", "file") != "file":
+            raise InvalidDump(f"{remote.url / name} is not a file; refused")
+        self.size = int(info.get("size") or 0)
+        self.identity: tuple[object, ...] = (self.size, version_of(info))
+        self._head = b""  # the object's first bytes, read once: a shard's header is there
+        self._asked: dict[tuple[int, int], Future[bytes]] = {}  # (offset, nbytes): in flight
+
+    def pread(self, nbytes: int, offset: int) -> bytes:
+        asked = self._asked.pop((offset, nbytes), None)
+        if asked is not None:
+            return self.remote.take(self.name, asked)
+        end = min(offset + nbytes, self.size)
+        if end <= offset:
+            return b""
+        if end <= HEAD_BYTES:
+            if len(self._head) < min(HEAD_BYTES, self.size):
+                self._head = self.remote.read(self.name, 0, min(HEAD_BYTES, self.size))
+            return self._head[offset:end]
+        return self.remote.read(self.name, offset, end)
+
+    def readinto(self, view: memoryview, offset: int) -> int:
+        data = self.pread(len(view), offset)
+        view[: len(data)] = data
+        return len(data)
+
+    def holds_data(self, offset: int, nbytes: int) -> bool:
+        return True  # an object store keeps no holes
+
+    def will_need(self, offset: int, nbytes: int) -> None:
+        end = min(offset + nbytes, self.size)
+        if end > offset and (offset, nbytes) not in self._asked:
+            self._asked[(offset, nbytes)] = self.remote.fetch(self.name, offset, end)
+
+    def read_vectors(self, vectors: np.ndarray, offset: int) -> int:
+        raise NotImplementedError("not vectored: read its bytes")
+
+    def close(self) -> None:
+        self._asked.clear()  # what is in flight ends on its own; nobody takes it
 
 
 # what servers that keep no list of multipart uploads answer a listing with: rclone's `serve

@@ -17,10 +17,11 @@ from hookdump.format.manifest import FORMAT, Manifest
 from hookdump.format.names import EXPORT_MARKER, MANIFEST
 from hookdump.format.values import format_bytes
 from hookdump.store.features import FIELDS
-from hookdump.store.location import Remote, UrlPath, is_url, local
+from hookdump.store.location import UrlPath
+from hookdump.store.media import Medium, open_medium
 from hookdump.store.read.batches import BUFFER_BYTES, PassOptions, as_keys, iter_batches
 from hookdump.store.read.dataset import DumpDataset, KeysPass
-from hookdump.store.read.manifest import read_manifest, read_remote_manifest
+from hookdump.store.read.manifest import manifest_at
 from hookdump.store.read.reader import ShardReader, allocation_failed
 from hookdump.store.read.shard_file import SafetensorsFile
 
@@ -60,10 +61,8 @@ class Dump(Mapping[str, torch.Tensor]):
     ) -> None:
         if isinstance(path, ShardReader):  # a reader made already (a torchrun rank's part)
             self.reader = path
-        elif is_url(text := local(path)):  # (a file:// URL of this host: the folder)
-            self.reader = _open_url(text, storage_options)
         else:
-            self.reader = _open(Path(text))
+            self.reader = _open(open_medium(path, storage_options, strict=False))
         self.path, self.manifest = self.reader.path, self.reader.manifest
 
     @property
@@ -264,27 +263,31 @@ class Dump(Mapping[str, torch.Tensor]):
         return "\n".join([head, *lines])
 
 
-def _open_url(url: str, storage_options: Mapping[str, Any] | None) -> ShardReader:
-    """The reader of a dump under a URL (its manifest read now, its shards when asked)."""
-    remote = Remote(url, storage_options)
-    return ShardReader(remote.url, read_remote_manifest(remote, _no_manifest), remote=remote)
+def _open(medium: Medium) -> ShardReader:
+    """The reader of the dump in `medium` (its manifest read now, its shards when asked), or
+    of one safetensors file read as a dump."""
+    lone = medium.lone_entry()
+    if lone is not None:
+        return _open_file(*lone)
+    if not medium.exists():
+        raise HookdumpError(
+            f"{medium.root} does not exist; give a dump folder or a .safetensors file"
+        )
+
+    def missing(root: Path | UrlPath) -> HookdumpError:
+        return _not_an_export(medium) or _no_manifest(root)
+
+    return ShardReader(medium, manifest_at(medium, missing))
 
 
-def _open(path: Path) -> ShardReader:
-    """The reader of a dump folder, or of one safetensors file read as a dump."""
-    if path.is_file() and path.suffix == ".safetensors":
-        path = path.resolve()  # the file the user named, wherever a link to it points
-        manifest, rows = _manifest_of_file(path)
-        ragged = rows if len(set(rows.values())) > 1 else None  # a weights file, say
-        # the manifest was made from this very header: nothing to check it against
-        return ShardReader(path.parent, manifest, check_headers=False, key_rows=ragged)
-    if not path.exists():
-        raise HookdumpError(f"{path} does not exist; give a dump folder or a .safetensors file")
-    if not path.is_dir():
-        raise HookdumpError(f"{path} is not a dump folder or a .safetensors file")
-    if not os.path.lexists(path / MANIFEST):
-        raise _not_an_export(path) or _no_manifest(path)
-    return ShardReader(path, read_manifest(path / MANIFEST))
+def _open_file(medium: Medium, name: str) -> ShardReader:
+    """The reader of entry `name`, one safetensors file, as a dump of its keys."""
+    if not name.endswith(".safetensors"):
+        raise HookdumpError(f"{medium.root / name} is not a dump folder or a .safetensors file")
+    manifest, rows = _manifest_of_file(medium, name)
+    ragged = rows if len(set(rows.values())) > 1 else None  # a weights file, say
+    # the manifest was made from this very header: nothing to check it against
+    return ShardReader(medium, manifest, check_headers=False, key_rows=ragged)
 
 
 # how each export opens, as `hookdump export --to FORMAT` writes it (see tools.export)
@@ -295,15 +298,19 @@ _OPEN_EXPORT = {
 }
 
 
-def _not_an_export(path: Path) -> HookdumpError | None:
+def _not_an_export(medium: Medium) -> HookdumpError | None:
     """A folder `hookdump export` wrote, said so, with how to open it (None: not one)."""
-    marker = path / EXPORT_MARKER
-    if not marker.is_file() or marker.is_symlink():
+    try:
+        marker = medium.read(EXPORT_MARKER, most=1_000_000)
+    except HookdumpError:  # not a plain file: no export's
+        return None
+    if marker is None:
         return None
     try:
-        written = json.loads(marker.read_text(encoding="utf-8")[:1_000_000]).get("format")
-    except (OSError, ValueError, AttributeError):
+        written = json.loads(marker).get("format")
+    except (ValueError, AttributeError, RecursionError):
         written = None
+    path = medium.root
     how = _OPEN_EXPORT.get(written) if isinstance(written, str) else None
     made = f"to {written} " if how else ""
     opened = f"; open it with {how.format(path=str(path))}" if how else ""
@@ -341,11 +348,12 @@ def load(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None
     return Dump(path, storage_options)
 
 
-def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:
+def _manifest_of_file(medium: Medium, name: str) -> tuple[Manifest, dict[str, int]]:
     """A manifest for a lone safetensors file (keys parsed, rows from dim 0: the most any
     key has), and each key's rows."""
+    path = medium.root / name
     try:
-        with SafetensorsFile(str(path)) as f:
+        with SafetensorsFile(medium.blob(name, "file")) as f:
             shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118
             dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
             meta = f.metadata() or {}
@@ -371,7 +379,7 @@ def _manifest_of_file(path: Path) -> tuple[Manifest, dict[str, int]]:
         "complete": True,
         "num_samples": num_rows,
         "tensors": tensors,
-        "shards": [{"file": path.name, "start": 0, "stop": num_rows}],
+        "shards": [{"file": name, "start": 0, "stop": num_rows}],
         # not a dump: one file, a shard of a dump or any safetensors file (weights, say)
         "lone_file": {
             "kind": "shard" if meta.get("format") == FORMAT else "safetensors",

@@ -292,18 +292,11 @@ class _Follower:
         return names, tuple((n, self.where.version(n)) for n in names)
 
     def _read(self, names: list[str]) -> _Listing:
-        def missing(url: UrlPath) -> HookdumpError:
+        def missing(url: Path | UrlPath) -> HookdumpError:
             return InvalidDump(f"{url} has no manifest")
 
         where = self.where
-        readers = [
-            ShardReader(
-                where.root,
-                manifest_at(where.root, name, where.remote, missing),
-                remote=where.remote,
-            )
-            for name in names
-        ]
+        readers = [ShardReader(where, manifest_at(where, missing, name)) for name in names]
         joined = names == [MANIFEST]
         first = readers[0].manifest
         failed = [r.manifest.get("failed") for r in readers if r.manifest.get("failed")]

@@ -1,19 +1,17 @@
-"""A manifest read from disk: a regular file inside its folder, of sane size, checked into a
-`Manifest` record before anything else reads it."""
+"""A manifest read from its medium: a regular entry inside its folder or under its URL, of
+sane size, checked into a `Manifest` record before anything else reads it."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from hookdump.errors import HookdumpError, InvalidDump
 from hookdump.format.manifest import Manifest
 from hookdump.format.names import MANIFEST
-from hookdump.store.folder import resolved_inside
-from hookdump.store.location import Remote, UrlPath
+from hookdump.store.location import UrlPath
+from hookdump.store.media import Medium
 
 MAX_MANIFEST_BYTES = 1 << 30
 # what parsing a manifest may build, whatever its bytes: JSON's small objects cost 20 to 70
@@ -22,51 +20,18 @@ MAX_MANIFEST_VALUES = 32_000_000
 MAX_MANIFEST_CONTAINERS = 4_000_000
 
 
-def read_manifest(path: Path) -> Manifest:
-    """Read and check a manifest: a regular file inside its folder (never a FIFO, a device
-    or a link out of the folder), of sane size, holding a valid manifest."""
-    resolved_inside(path, path.parent, "manifest")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InvalidDump(f"cannot read {path}: {exc.strerror or exc}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):  # before fdopen, which refuses a folder on its own
-        os.close(fd)
-        raise InvalidDump(f"{path} is not a regular file; refused")
-    with os.fdopen(fd, "rb") as file:
-        if info.st_size > MAX_MANIFEST_BYTES:
-            raise InvalidDump(f"{path} is {info.st_size} bytes, too large for a manifest")
-        data = file.read(info.st_size + 1)  # never a buffer of the largest size allowed
-    return parse_manifest(data, str(path))
-
-
-def read_remote_manifest(
-    remote: Remote, missing: Callable[[UrlPath], HookdumpError], name: str = MANIFEST
-) -> Manifest:
-    """The manifest under a URL (`name`: a torchrun rank's), read and checked as a local one
-    is (`missing(url)`: the error where there is none)."""
-    where = remote.url / name
-    info = remote.info(name, missing=missing(remote.url))
-    size = int(info.get("size") or 0)
-    if info.get("type", "file") != "file":
-        raise InvalidDump(f"{where} is not a file; refused")
-    if size > MAX_MANIFEST_BYTES:
-        raise InvalidDump(f"{where} is {size} bytes, too large for a manifest")
-    return parse_manifest(remote.read(name, 0, size), str(where))
-
-
 def manifest_at(
-    root: Path | UrlPath,
-    name: str,
-    remote: Remote | None,
-    missing: Callable[[UrlPath], HookdumpError],
+    medium: Medium,
+    missing: Callable[[Path | UrlPath], HookdumpError],
+    name: str = MANIFEST,
 ) -> Manifest:
-    """Manifest `name` of a dump in a folder, or under a URL (`remote`: its client)."""
-    if remote is not None:
-        return read_remote_manifest(remote, missing, name)
-    assert isinstance(root, Path)
-    return read_manifest(root / name)
+    """Manifest `name` of the dump in `medium` (a torchrun rank's, say), read and checked:
+    a regular entry (never a FIFO, a device or a link out of the folder) of sane size,
+    holding a valid manifest (`missing(root)`: the error where there is none)."""
+    data = medium.read(name, limit=MAX_MANIFEST_BYTES)
+    if data is None:
+        raise missing(medium.root)
+    return parse_manifest(data, str(medium.root / name))
 
 
 def parse_manifest(data: bytes, path: str) -> Manifest:

@@ -22,8 +22,8 @@ from hookdump.format.manifest import Manifest, ShardEntry
 from hookdump.format.names import STATS_FILE
 from hookdump.store.checksum import CHUNK, checksum_of, matches, recorded
 from hookdump.store.features import read_stats_file
-from hookdump.store.location import Remote, UrlPath
-from hookdump.store.media import medium_of
+from hookdump.store.location import UrlPath
+from hookdump.store.media import Medium
 from hookdump.store.media.blob import Blob
 from hookdump.store.read.progress import consumed_shards
 from hookdump.store.read.scatter import BatchMemory
@@ -75,17 +75,15 @@ class ShardReader:
 
     def __init__(
         self,
-        path: Path | UrlPath,
+        medium: Medium,
         manifest: Manifest,
         *,
         check_headers: bool = True,
         key_rows: Mapping[str, int] | None = None,
-        remote: Remote | None = None,
     ) -> None:
-        self.path = path
+        self.medium = medium  # where its files are read
+        self.path: Path | UrlPath = medium.root
         self.manifest = manifest
-        self.remote = remote  # None: a local folder
-        self.medium = medium_of(path, remote)  # where its files are read
         self._check_headers = check_headers
         self._key_rows = dict(key_rows or {})
         self._checked: set[str] = set()  # shard files whose header agreed with the manifest

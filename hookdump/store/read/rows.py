@@ -1,7 +1,7 @@
-"""Rows of a dump's shards read straight into a caller's buffer, or to their places in a
-pass's batches (`scatter`): with `preadv` from a local file (no memory map, no intermediate
+"""Rows of a dump's shards read to their places in a pass's batches (`scatter`), from the
+blob its medium opens: with `preadv` from a local file (no memory map, no intermediate
 tensor, one copy from the kernel, in as large a read as the rows make), or with ranged
-requests from an object at a URL, asked for `REMOTE_AHEAD` blocks ahead, and copied to
+requests from an object at a URL, sent `Medium.reads_ahead` blocks ahead, and copied to
 their places. `Dump.batches` reads this way.
 
 A shard is checked once (its run id, and its header against the manifest, by
@@ -17,8 +17,6 @@ size or ETag).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,14 +24,11 @@ import torch
 
 from hookdump.errors import InvalidDump
 from hookdump.format.manifest import ShardEntry
-from hookdump.store.media.blob import Blob, LocalBlob, scattered_reads
+from hookdump.store.media.blob import Blob
 from hookdump.store.read.reader import ShardReader
 from hookdump.store.read.scatter import Places
 from hookdump.store.read.shard_file import SafetensorsFile
 
-# blocks asked for ahead of their read from a URL: each a request per key in flight, so
-# the memory beyond a pass's buffers is at most this many blocks (of BLOCK_BYTES)
-REMOTE_AHEAD = 8
 OPEN_SHARDS = 64  # shards a pass keeps open, the least recently read closed first
 
 
@@ -58,10 +53,7 @@ class ShardRows:
         # kept for the dump's later passes: a shard's header is read again only where the
         # shard changed (at a URL, a request fewer per shard and pass)
         self._layouts = _LAYOUTS.setdefault(dump, {}).setdefault(tuple(self.keys), {})
-        # at a URL: the blocks asked for ahead (each a request per key in flight), and each
-        # shard's object, looked up (and checked) once per pass
-        self.ahead = 1 if dump.remote is None else REMOTE_AHEAD
-        self._pending: dict[tuple[int, int], list[Future[bytes]]] = {}
+        self.ahead = dump.medium.reads_ahead  # blocks announced ahead of the one read
         self._opened: dict[str, Blob] = {}  # by file, the most recently read last
 
     def close(self) -> None:
@@ -85,38 +77,11 @@ class ShardRows:
         infos = [self.dump.info(key) for key in self.keys]  # the reader's shapes and dtypes
         return {i.key: torch.empty((count, *i.shape), dtype=i.dtype) for i in infos}
 
-    def read_into(self, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
-        """Rows `lo:hi` of a local shard (dump row numbers, inside one shard) into `out`
-        (`hi - lo` rows of each key, contiguous): where `preadv` cannot scatter them."""
-        self._read_local(lo, hi, lambda key, blob, at: blob.readinto(_bytes_of(out[key]), at))
-
     def scatter(self, lo: int, hi: int, places: Places, positions: torch.Tensor) -> None:
         """Rows `lo:hi` (inside one shard) straight to `positions` of `places` (one each):
-        locally with one `preadv` per key, into the batches themselves; at a URL from each
-        response's bytes."""
-        where = positions.numpy()
-        if self.dump.remote is not None:
-            for key, data in self._remote_rows(lo, hi):
-                if data:
-                    raw = np.frombuffer(data, dtype=np.uint8).reshape(hi - lo, -1)
-                    places.put_bytes(key, raw, where)
-            return
-        if not scattered_reads():
-            rows = self.allocate(hi - lo)
-            self.read_into(lo, hi, rows)
-            for key, values in rows.items():
-                places.put(key, values, positions)
-            return
-
-        def read(key: str, blob: Blob, at: int) -> int:
-            assert isinstance(blob, LocalBlob)
-            return blob.read_vectors(places.vectors(key, self._row_bytes[key], where), at)
-
-        self._read_local(lo, hi, read)
-
-    def _read_local(self, lo: int, hi: int, read: Callable[[str, Blob, int], int]) -> None:
-        """Rows `lo:hi` of a local shard, key by key: `read(key, blob, offset)` reads a
-        key's rows from `offset` on and says how many bytes it read."""
+        from a local file with one `preadv` per key into the batches themselves; from
+        another blob (an object at a URL, bytes in memory) copied from the bytes it gives."""
+        at = positions.numpy()
         shard = self.dump.shard_of(lo)
         blob = self._blob(shard)
         try:
@@ -125,7 +90,15 @@ class ShardRows:
                 span = self._span(layout, shard, key, lo, hi)
                 if not span:
                     continue
-                got = read(key, blob, span.start)
+                if blob.vectored:
+                    vectors = places.vectors(key, self._row_bytes[key], at)
+                    got = blob.read_vectors(vectors, span.start)
+                else:
+                    data = blob.pread(len(span), span.start)
+                    got = len(data)
+                    if got == len(span):
+                        raw = np.frombuffer(data, dtype=np.uint8).reshape(hi - lo, -1)
+                        places.put_bytes(key, raw, at)
                 if got != len(span):
                     raise self._short(shard, key, got, len(span))
         except OSError as exc:
@@ -133,45 +106,18 @@ class ShardRows:
             raise InvalidDump(f"cannot read shard {where}: {exc.strerror or exc}") from None
 
     def will_need(self, lo: int, hi: int) -> None:
-        """Ask for rows `lo:hi` ahead of their read (a hint: errors wait for the read)."""
+        """Announce rows `lo:hi` ahead of their read (a local file: a hint to the disk; an
+        object: its requests sent now). Errors wait for the read."""
         shard = self.dump.shard_of(lo)
-        if self.dump.remote is not None:
-            if (lo, hi) not in self._pending:
-                self._pending[(lo, hi)] = self._fetch(shard, lo, hi)
-            return
-        layout = self._layouts.get(shard.file)
-        if layout is None:
-            return
         try:
             blob = self._blob(shard)
+            layout = self._layout(shard, blob)
         except (OSError, InvalidDump):
             return
         for key in self.keys:
             span = self._span(layout, shard, key, lo, hi)
-            blob.will_need(span.start, len(span))
-
-    def _fetch(self, shard: ShardEntry, lo: int, hi: int) -> list[Future[bytes]]:
-        """Requests for rows `lo:hi` of each key, sent now (the object looked up and its
-        header checked the first time the pass meets the shard)."""
-        remote = self.dump.remote
-        assert remote is not None
-        layout = self._layout(shard, self._blob(shard))
-        spans = [self._span(layout, shard, key, lo, hi) for key in self.keys]
-        return [remote.fetch(shard.file, span.start, span.stop) for span in spans]
-
-    def _remote_rows(self, lo: int, hi: int) -> Iterator[tuple[str, bytes]]:
-        """Each key's bytes of rows `lo:hi` from the URL (asked for ahead, or now), as the
-        responses hold them, checked to be whole."""
-        remote = self.dump.remote
-        assert remote is not None
-        shard = self.dump.shard_of(lo)
-        futures = self._pending.pop((lo, hi), None) or self._fetch(shard, lo, hi)
-        for key, future in zip(self.keys, futures, strict=True):
-            data = remote.take(shard.file, future)
-            want = (hi - lo) * self._row_bytes[key]
-            if len(data) != want:
-                raise self._short(shard, key, len(data), want)
-            yield key, data
+            if span:
+                blob.will_need(span.start, len(span))
 
     def _layout(self, shard: ShardEntry, blob: Blob) -> _Layout:
         known = self._layouts.get(shard.file)

@@ -27,7 +27,7 @@ from hookdump.format.manifest import ShardEntry
 from hookdump.format.names import DUMP_FILE, MANIFEST, RUNNING, URL_LOCK, WAITING, temporary
 from hookdump.store.checksum import Checksum, matches, recorded
 from hookdump.store.folder import FolderBusy, check_entries
-from hookdump.store.location import Remote, StorageError, UrlPath
+from hookdump.store.location import StorageError
 from hookdump.store.media import Medium, open_medium
 from hookdump.store.notes import running_note
 from hookdump.store.write.area import InPlace, Spool, WorkArea
@@ -66,16 +66,6 @@ class DumpPlace:
     def label(self) -> str:
         """The folder or URL, for messages."""
         return str(self.medium.root)
-
-    @property
-    def root(self) -> Path | UrlPath:
-        """Where readers find the dump (with `remote`)."""
-        return self.medium.root
-
-    @property
-    def remote(self) -> Remote | None:
-        """The client readers reach the dump with (None: a local folder)."""
-        return self.medium.remote
 
     @property
     def groups_commits(self) -> bool:
