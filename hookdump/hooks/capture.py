@@ -8,14 +8,18 @@ Correctness rules (where hand-written hooks usually go wrong):
 - gradients come from tensor hooks, registered before any in-place op can touch the tensor
   (module backward hooks refuse in-place ops), so they are taken w.r.t. the value captured;
 - hooks are removed, and train/eval modes restored, on every exit path.
+
+`Hooks` is the root, as TransformerLens' `HookedRootModule`: it selects the modules, makes
+a `HookedModule` of each (`hooks.hooked`: its hooks, what is taken of it), attaches them
+for its block with the taps that reach inside modules, and holds the engine's controls;
+every value goes through one `Keeper` (`hooks.keep`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,30 +28,26 @@ from torch.utils.hooks import RemovableHandle
 from hookdump.choices import (
     ATTENTION_KINDS,
     ROUTER_VALUES,
-    ROUTING_KINDS,
     CaptureKind,
     Reduction,
     parse_reduction,
 )
 from hookdump.errors import HookdumpError, keywords_checked, opt
-from hookdump.format.keys import RESERVED_KEYS, KeyInfo, called, tensor_key
+from hookdump.format.keys import KeyInfo
 from hookdump.hooks.attention import AttentionTap, check_selection
-from hookdump.hooks.calls import Calls, StopForward
-from hookdump.hooks.names import Side, Site, first_names, name_of
+from hookdump.hooks.calls import Calls
+from hookdump.hooks.hooked import hooked_modules
+from hookdump.hooks.keep import Keeper
+from hookdump.hooks.names import Side, Site, first_names
 from hookdump.hooks.ops import OpRecorder, check_patterns
-from hookdump.hooks.reduce import channels_first, reduce_attention, reduce_tensor
 from hookdump.hooks.routing import RoutingTap
 from hookdump.hooks.routing import check_selection as check_routing
-from hookdump.hooks.selection import Selection, module_type_name, select
-from hookdump.hooks.values import Receiver, Skipped, Tensors, flatten, parse_capture
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+from hookdump.hooks.selection import Selection, select
+from hookdump.hooks.values import Receiver, Skipped, Tensors, parse_capture
 
 
 class _Attached:
-    """What `Hooks` attach to the model inside their block: the hooks, with `ops` the
+    """What `Hooks` attach to the model inside its block: the hooks, with `ops` the
     recorder of the modules' own ops, with attention kinds the tap, and the stack that
     takes them off again (and puts the modules' modes back)."""
 
@@ -56,9 +56,6 @@ class _Attached:
         self.recorder: OpRecorder | None = None
         self.tap: AttentionTap | None = None
         self.routing: RoutingTap | None = None
-        # module -> its pattern, kept (held until its output is seen: a freed pattern's
-        # memory may hold the output by then)
-        self.patterns: dict[str, torch.Tensor] = {}
         self.stack: contextlib.ExitStack | None = None
 
     def quiet(self) -> contextlib.AbstractContextManager[None]:
@@ -164,17 +161,28 @@ class Hooks:
         check_selection(model, self.named, self.kinds)
         check_routing(model, self.named, self.kinds)
         self.train = train
-        self._receiver: Receiver = receiver or Tensors()
-        # the current batch's attention mask ([B, T]): token reductions skip the padding
-        self.token_mask: torch.Tensor | None = None
-        self.info: dict[str, KeyInfo] = {}
-        self.skipped: dict[str, Skipped] = {}
         self._inside = _Inside(tuple(ops), repeat_kv_heads)
         sides = [site.side for sites in self.sites.values() for site in sites]
         _check_inside(self._inside, [*self.kinds, *sides])
         _check_routing_reduce([*self.kinds, *sides], self.reduce)
         self._calls = Calls()
+        self._keeper = Keeper(
+            receiver or Tensors(), self.reduce, self._targets.standard, self._calls
+        )
         self._attached = _Attached()
+        self._hooked = hooked_modules(
+            self.modules, self.named, self.kinds, self.sites, self._keeper, self._attached
+        )
+
+    @property
+    def info(self) -> dict[str, KeyInfo]:
+        """key -> where its value came from (module, class, kind, call, part, shape)."""
+        return self._keeper.info
+
+    @property
+    def skipped(self) -> dict[str, Skipped]:
+        """key -> a non-tensor value met where a tensor could have been (not stored)."""
+        return self._keeper.skipped
 
     @property
     def modules(self) -> dict[str, nn.Module]:
@@ -219,7 +227,7 @@ class Hooks:
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
         """key -> captured copy, in the order the hooks fired (empty with a `receiver`)."""
-        return self._receiver.tensors if isinstance(self._receiver, Tensors) else {}
+        return self._keeper.tensors
 
     def __repr__(self) -> str:
         names = list(self.modules)
@@ -275,23 +283,15 @@ class Hooks:
                 stack.callback(_restore_modes, [(m, m.training) for m in self.model.modules()])
                 self.model.train(self.train)
             stack.callback(attached.remove_handles)
-            for name, module in self.modules.items():
-                module_type = module_type_name(module)
-                attached.handles.append(
-                    module.register_forward_pre_hook(
-                        self._pre_hook(name, module_type), with_kwargs=True
-                    )
-                )
-                attached.handles.append(
-                    module.register_forward_hook(self._post_hook(name, module_type))
-                )
+            for hooked in self._hooked.values():
+                attached.handles.extend(hooked.attach())
             if "ops" in self.kinds:
                 recorder = OpRecorder(self.model, list(self.named), self.ops, self._record_op)
                 stack.callback(recorder.remove)
                 attached.recorder = stack.enter_context(recorder)
             inside = self._attention_kinds()
             if inside:
-                rows = bool(getattr(self._receiver, "token_rows", False))
+                rows = bool(getattr(self._keeper.receiver, "token_rows", False))
                 repeat = self._inside.repeat_kv_heads
                 tap = AttentionTap(self.modules, inside, self._record_inside, rows, repeat)
                 attached.tap = stack.enter_context(tap)
@@ -332,12 +332,11 @@ class Hooks:
     def next_batch(self, token_mask: torch.Tensor | None) -> None:
         """The next batch's attention mask ([B, T], 1 for real tokens), when reductions are
         to take its real tokens only (None: every position counts)."""
-        self.token_mask = token_mask
+        self._keeper.next_batch(token_mask)
 
     def clear(self) -> None:
         """Forget what was captured and start counting calls afresh."""
-        if isinstance(self._receiver, Tensors):
-            self._receiver.clear()
+        self._keeper.clear()
         self._calls.clear()
         if self._attached.recorder is not None:
             self._attached.recorder.clear()
@@ -353,184 +352,14 @@ class Hooks:
         self.clear()
         return tensors
 
-    def _pre_hook(self, name: str, module_type: str) -> Callable[..., None]:
-        kinds = self.kinds if name in self.named else ()
-        sites = [site for site in self.sites.get(name, ()) if site.side == "input"]
-
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            call = self._calls.enter(name)
-            inputs = [(str(i), arg) for i, arg in enumerate(args)] + list(kwargs.items())
-            with self._attached.quiet():
-                for part, arg in inputs:
-                    if "input" in kinds:
-                        self._record(name, module_type, "input", part, arg, call)
-                    if "grad" in kinds:
-                        self._hook_grads(name, module_type, "grad_input", part, arg, call)
-                if sites:
-                    first = inputs[0] if args else ("hidden_states", kwargs.get("hidden_states"))
-                    self._record_sites(sites, module_type, first, call)
-
-        return hook
-
-    def _post_hook(self, name: str, module_type: str) -> Callable[..., None]:
-        kinds = self.kinds if name in self.named else ()
-        sites = [site for site in self.sites.get(name, ()) if site.side == "output"]
-
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            call = self._calls.leave(name)
-            with self._attached.quiet():
-                if "output" in kinds:  # an eager module's weights, kept as `pattern` already
-                    kept = self._attached.patterns.pop(name, None)
-                    self._record(name, module_type, "output", None, output, call, kept)
-                if "grad" in kinds:
-                    self._hook_grads(name, module_type, "grad_output", None, output, call)
-                if sites:
-                    self._record_sites(sites, module_type, next(flatten(output)), call)
-            if self._calls.last_needed(name, call):
-                raise StopForward
-
-        return hook
-
-    def _record_sites(
-        self, sites: list[Site], module_type: str, first: tuple[str | None, Any], call: int
-    ) -> None:
-        """The value standard names take: a module's hidden states, or its output's first."""
-        part, value = first
-        for site in sites:
-            key = called(site.name, call)
-            if not isinstance(value, torch.Tensor):
-                self.skipped.setdefault(key, Skipped(key, type(value).__name__))
-                continue
-            self._keep(key, site.module, module_type, site.side, call, part, value, site.name)
-
-    def _record(
-        self,
-        name: str,
-        module_type: str,
-        kind: str,
-        prefix: str | None,
-        value: Any,
-        call: int,
-        kept: torch.Tensor | None = None,
-    ) -> None:
-        """Keep each tensor of `value` (`kept`: one kept under another key already; a
-        tensor in its memory is left out)."""
-        for part, leaf in flatten(value, prefix):
-            key = tensor_key(name, kind, part, call)
-            if not isinstance(leaf, torch.Tensor):
-                self.skipped.setdefault(key, Skipped(key, type(leaf).__name__))
-                continue
-            if kept is not None and _same_memory(leaf, kept):
-                continue
-            self._keep(key, name, module_type, kind, call, part, leaf)
-
-    def _keep(
-        self,
-        key: str,
-        name: str,
-        module_type: str,
-        kind: str,
-        call: int,
-        part: str | None,
-        tensor: torch.Tensor,
-        standard: str | None = None,
-    ) -> None:
-        """Note where `key` came from (once) and keep a copy of its value; `standard`: the
-        standard name it is kept under (else the one its value has, if any)."""
-        known = self.info.get(key)
-        if known is None and key in RESERVED_KEYS:
-            raise HookdumpError(
-                f"the module {name!r} would be saved under {key!r}, a key the dump keeps for "
-                f"its input and token rows; {opt('exclude')} it"
-            )
-        if known is None:
-            rows = tensor.shape[0] if tensor.dim() else None
-            if standard is None and call == 0:
-                standard = name_of(self._targets.standard, name, kind, part)
-            self.info[key] = KeyInfo(
-                key,
-                name,
-                module_type,
-                kind,
-                call,
-                part,
-                tuple(tensor.shape[1:]),
-                tensor.dtype,
-                rows,
-                standard,
-            )
-        elif (known.module, known.kind, known.call, known.part) != (name, kind, call, part):
-            raise HookdumpError(
-                f"two tensors would be saved under the key {key!r}: {_origin(known)} and "
-                f"{_origin(KeyInfo(key, name, module_type, kind, call, part, (), tensor.dtype))} "
-                f"(a module's name holds '@' or ':', which keys use); {opt('exclude')} one of "
-                "them"
-            )
-        if not self._calls.storing:
-            return
-        value = tensor.detach()
-        try:
-            if kind in ATTENTION_KINDS:
-                reduced = reduce_attention(value, self.reduce, kind, self.token_mask)
-            else:
-                reduced = reduce_tensor(
-                    value, self.reduce, channels_first(self.modules[name]), self.token_mask
-                )
-        except HookdumpError as exc:  # which key could not be reduced
-            raise HookdumpError(f"{key!r}: {exc.args[0]}") from None
-        # a mean or max is a new tensor already; the rest (views included) must be copied
-        # before an in-place op can change it
-        fresh = reduced.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()
-        self._receiver.keep(key, reduced, self.info[key], fresh)
-
-    def _hook_grads(
-        self, name: str, module_type: str, kind: str, prefix: str | None, value: Any, call: int
-    ) -> None:
-        for part, leaf in flatten(value, prefix):
-            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
-                key = tensor_key(name, kind, part or "0", call)
-                leaf.register_hook(self._grad_hook(key, name, module_type, kind, part or "0", call))
-
     def _record_op(self, name: str, op: str, value: torch.Tensor) -> None:
-        """The result of an op `name`'s own forward called (see `hooks.ops`)."""
-        call = self._calls.op_call(name, op)
-        key = tensor_key(name, "op", op, call)
-        self._keep(key, name, module_type_name(self.modules[name]), "op", call, op, value)
+        self._hooked[name].record_op(op, value)
 
     def _record_inside(self, name: str, kind: str, value: torch.Tensor) -> None:
-        """A value from inside attention module `name` (see `hooks.attention`)."""
-        by_name = name in self.named and kind in self.kinds
-        self._record_value(name, kind, value, by_name)
-        if by_name and kind == "pattern":
-            self._attached.patterns[name] = value
+        self._hooked[name].record_inside(kind, value)
 
     def _record_routing(self, name: str, kind: str, value: torch.Tensor) -> None:
-        """What MoE block `name`'s router gave (see `hooks.routing`)."""
-        by_name = name in self.named and "routing" in self.kinds and kind in ROUTING_KINDS
-        self._record_value(name, kind, value, by_name)
-
-    def _record_value(self, name: str, kind: str, value: torch.Tensor, by_name: bool) -> None:
-        """A value of module `name` other than its inputs and outputs, under its key where
-        the module was selected by name for it (`by_name`), and under its standard names."""
-        call = self._calls.current(name)
-        module_type = module_type_name(self.modules[name])
-        with self._attached.quiet():
-            if by_name:
-                key = tensor_key(name, kind, None, call)
-                self._keep(key, name, module_type, kind, call, None, value)
-            for site in self.sites.get(name, ()):
-                if site.side == kind:
-                    key = called(site.name, call)
-                    self._keep(key, name, module_type, kind, call, None, value, site.name)
-
-    def _grad_hook(
-        self, key: str, name: str, module_type: str, kind: str, part: str, call: int
-    ) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            if self._attached.handles:  # else the block was left before the backward pass
-                self._keep(key, name, module_type, kind, call, part, grad)
-
-        return hook
+        self._hooked[name].record_routing(kind, value)
 
 
 def _check_kinds(
@@ -553,13 +382,6 @@ def _check_routing_reduce(kinds: Sequence[str], reduce: Reduction) -> None:
             f"{opt('capture')} routing keeps each token's experts and weights as they are; "
             f"leave {opt('reduce')} {reduce} out (or dump routing in a run of its own)"
         )
-
-
-def _origin(info: KeyInfo) -> str:
-    """Where a key's tensor comes from, in words."""
-    what = info.kind if info.part is None else f"{info.kind} {info.part}"
-    call = f", call {info.call + 1}" if info.call else ""
-    return f"the {what} of module {info.module!r} ({info.module_type}{call})"
 
 
 @keywords_checked
