@@ -36,7 +36,7 @@ from hookdump.cli._options import (
 )
 from hookdump.cli._progress import GCPause, progress_bar
 from hookdump.errors import CheckFailed, HookdumpError, opt
-from hookdump.store.location import out_place
+from hookdump.store.location import destination_of
 
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
@@ -571,10 +571,8 @@ def _dump_options(
     from hookdump.model.prepare import resolve_dtype
     from hookdump.store.write.writer import DumpOptions
 
-    folder, url = out_place(out)
     return DumpOptions(
-        out=folder,
-        url=url,
+        out=destination_of(out),
         storage_options=storage_options(storage_option),
         spool=spool,
         overwrite=overwrite,

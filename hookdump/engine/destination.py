@@ -15,9 +15,8 @@ between the modes happens here, before the loop (`open`, `start`) or after it (`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hookdump.engine.distributed import (
@@ -45,11 +44,10 @@ from hookdump.store.write.writer import DumpWriter, Part
 class Destination:
     """The dump a run writes into (None: no `--out`), what it holds already, and its mode."""
 
-    out: Path | None
     ranks: Ranks | None = None
     previous: Manifest | None = None  # the interrupted dump being resumed
     overwrite: bool = False
-    place: DumpPlace | None = None  # where the dump lives (`out`: where shards are finished)
+    place: DumpPlace | None = None  # where the dump lives (shards are finished in its `work`)
     part: Part | None = None  # a part of a dump that another process finishes
     writer: DumpWriter | None = field(default=None, init=False)
 
@@ -62,22 +60,22 @@ class Destination:
         if place is None:
             if dump.resume:
                 previous_dump(options, ranks, place)  # refused: nothing to resume
-            return cls(None, ranks)
+            return cls(ranks)
         if dump.part is not None:  # the place holds the other parts: no check
             clear_part(dump.part.names, place)
-            return cls(dump.out, ranks, None, True, place, dump.part)
+            return cls(ranks, None, True, place, dump.part)
         previous = previous_dump(options, ranks, place) if dump.resume else None
         if previous is not None:
             previous = keep_verified(place, previous, rank_names(ranks))
         # resuming with nothing to carry on (or only a first shard cut short) starts anew
         overwrite = dump.overwrite or (dump.resume and previous is None)
         place.check(overwrite, keep_old=previous is not None)
-        return cls(dump.out, ranks, previous, overwrite, place)
+        return cls(ranks, previous, overwrite, place)
 
     @property
     def where(self) -> str:
         """The dump's folder or URL, for messages."""
-        return self.place.label if self.place is not None else str(self.out)
+        return self.place.label if self.place is not None else "-"
 
     @property
     def done_ids(self) -> Sequence[Any]:
@@ -106,11 +104,11 @@ class Destination:
 
     def check_sources(self, made_from: Sources) -> None:
         """Resuming: the model, weights and input files must be those the dump was made from."""
-        if self.previous is not None and self.out is not None:
+        if self.previous is not None and self.place is not None:
             check_sources(self.where, self.previous.get("sources"), made_from)
 
     def start(
-        self, *, shard_bytes: int, fields: dict[str, Any], checksum: Algorithm = DEFAULT
+        self, *, shard_bytes: int, fields: Mapping[str, object], checksum: Algorithm = DEFAULT
     ) -> None:
         """Make the writer (`fields`: what the manifest records of the run; `checksum`:
         of each shard)."""
@@ -122,13 +120,17 @@ class Destination:
                 self.place,
                 self.previous,
                 shard_bytes=shard_bytes,
-                fields=fields,
+                fields=dict(fields),
                 names=names,
                 checksum=checksum,
             )
         else:
             self.writer = DumpWriter(
-                self.place, shard_bytes=shard_bytes, fields=fields, names=names, checksum=checksum
+                self.place,
+                shard_bytes=shard_bytes,
+                fields=dict(fields),
+                names=names,
+                checksum=checksum,
             )
         if self.part is not None:  # the dump's process has moved an old dump aside
             self.writer.clear_old_dump(here=False)
@@ -186,7 +188,7 @@ class Destination:
             return part
         return merge_ranks(self.ranks, part) or part
 
-    def finish(self, whole: RankShare, extra: dict[str, Any]) -> dict[str, Any] | None:
+    def finish(self, whole: RankShare, extra: Mapping[str, object]) -> dict[str, object] | None:
         """Write the complete manifest of `whole` (on torchrun's rank 0 only), with `extra`
         fields; the manifest written, if any."""
         manifest = None

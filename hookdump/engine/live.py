@@ -32,7 +32,7 @@ from hookdump.inputs.samples import Ends, InputOptions
 from hookdump.model.loading import class_path
 from hookdump.model.prepare import ModelOptions, resolve_device, resolve_dtype
 from hookdump.model.zoo import load_tokenizer
-from hookdump.store.location import out_place
+from hookdump.store.location import destination_of
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.writer import DumpOptions
 
@@ -198,7 +198,7 @@ def dump(
         shown = Progress(progress, _stderr_console() if progress else None)
         with shown as on_batch:
             run(options, on_batch, model=live, data=given, on_notice=shown.notice)
-    written = options.dump.url or options.dump.out  # the dump's URL, or its folder
+    written = options.dump.out  # the dump's URL, or its folder
     assert written is not None  # `out` is required
     return Dump(written, storage_options=storage_options)
 
@@ -307,7 +307,7 @@ def _dump_options(
     checksum: object = "crc32c",
 ) -> DumpOptions:
     return DumpOptions(
-        *out_place(out),
+        destination_of(out),
         dict(storage_options or {}),
         None if spool is None else Path(spool),
         overwrite,

@@ -136,7 +136,7 @@ def _version(package: str) -> str | None:
 def _scrubbed(options: RunOptions) -> list[str]:
     """The command line with every storage option's value, and a password in the URL,
     blanked: the manifest never holds a secret."""
-    secrets = secrets_of(options.dump.storage_options, options.dump.url)
+    secrets = secrets_of(options.dump.storage_options, str(options.dump.out or ""))
     command, blank_next = [], False
     for arg in options.command:
         if arg.startswith("--storage-option="):

@@ -122,13 +122,13 @@ def dump(
         storage_options=storage_options,
         spool=spool,
     )
-    if options.dump.out is not None:  # every actor writes into the same folder, from anywhere
+    if options.dump.folder is not None:  # every actor writes into the same folder, from anywhere
         options = dataclasses.replace(
-            options, dump=dataclasses.replace(options.dump, out=options.dump.out.resolve())
+            options, dump=dataclasses.replace(options.dump, out=options.dump.folder.resolve())
         )
     task = _Task(options, "", id_column, inputs, forward, batch_size, "cuda" if num_gpus else "cpu")
     _write(ray, dataset, model, task, (part_size, concurrency, num_gpus))
-    written = options.dump.url or options.dump.out
+    written = options.dump.out
     assert written is not None
     return Dump(written, storage_options=storage_options)
 
@@ -201,9 +201,10 @@ def _write(
     started = time.perf_counter()
     with (
         interrupts_once(force=True),
-        held(task.options, True, resumable=False) as (options, place),
+        held(task.options, True, resumable=False) as place,
     ):
         assert place is not None  # `out` is checked first
+        options = task.options
         destination = Destination.open(options, None, place)
         destination.start(
             shard_bytes=options.dump.shard_bytes, fields={}, checksum=options.dump.checksum

@@ -112,9 +112,9 @@ def run(
             options, input=dataclasses.replace(options.input, source=PYTHON)
         )
     _check(options, python=data is not None)
-    given_out: Path | str | None = options.dump.url or options.dump.out  # reported as given
-    if options.dump.out is not None:  # a link is followed once, here: entries never are
-        dump = dataclasses.replace(options.dump, out=options.dump.out.resolve())
+    given_out = options.dump.out  # reported as given
+    if options.dump.folder is not None:  # a link is followed once, here: entries never are
+        dump = dataclasses.replace(options.dump, out=options.dump.folder.resolve())
         options = dataclasses.replace(options, dump=dump)
     if data is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise HookdumpError(
@@ -125,7 +125,7 @@ def run(
     # a part's process writes into a dump another process has locked and finishes
     main = (ranks is None or ranks.main) and options.dump.part is None
     shown = (on_batch, on_notice, on_wait or on_notice or to_stderr)
-    with interrupts_once(), held(options, main) as (options, place):
+    with interrupts_once(), held(options, main) as place:
         try:
             made = _run(options, ranks, started, shown, model, data, place)
             return dataclasses.replace(made, out=given_out)
@@ -194,7 +194,7 @@ def _check(options: RunOptions, python: bool = False) -> None:
     for name, path in named.items():
         if path is not None:
             what = opt("model") if name == "model_folder" else opt(name)
-            refuse_reads_inside(options.dump.out, what, [Path(path)])
+            refuse_reads_inside(options.dump.folder, what, [Path(path)])
 
 
 def _check_text(options: RunOptions) -> None:
@@ -496,7 +496,7 @@ def _feed(
     feed = open_feed(source, loaded, form, place)
     if data is None:
         what = opt("text") if options.text is not None else opt("input")
-        refuse_reads_inside(options.dump.out, what, feed.files)
+        refuse_reads_inside(options.dump.folder, what, feed.files)
     return feed
 
 

@@ -176,12 +176,12 @@ class Hooks:
 
     @property
     def info(self) -> dict[str, KeyInfo]:
-        """key -> where its value came from (module, class, kind, call, part, shape)."""
+        """What the keeper noted of each key (`Capture.info`)."""
         return self._keeper.info
 
     @property
     def skipped(self) -> dict[str, Skipped]:
-        """key -> a non-tensor value met where a tensor could have been (not stored)."""
+        """The non-tensor values the keeper met (`Capture.skipped`)."""
         return self._keeper.skipped
 
     @property

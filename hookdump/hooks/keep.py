@@ -4,6 +4,7 @@ receiver. The hooked modules (`hooks.hooked`) share one `Keeper`."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,10 @@ class Keeper:
         standard name it is kept under (else the one its value has, if any)."""
         known = self.info.get(key)
         if known is None:
-            self.info[key] = self._note(origin, key, kind, call, part, tensor, standard)
+            shape, rows = tuple(tensor.shape[1:]), tensor.shape[0] if tensor.dim() else None
+            name, module_type, dtype = origin.name, origin.module_type, tensor.dtype
+            made = KeyInfo(key, name, module_type, kind, call, part, shape, dtype, rows, standard)
+            self.info[key] = self._note(made)
         elif (known.module, known.kind, known.call, known.part) != (origin.name, kind, call, part):
             made = KeyInfo(key, origin.name, origin.module_type, kind, call, part, (), tensor.dtype)
             raise HookdumpError(
@@ -122,30 +126,18 @@ class Keeper:
         fresh = reduced.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()
         self.receiver.keep(key, reduced, self.info[key], fresh)
 
-    def _note(
-        self,
-        origin: Origin,
-        key: str,
-        kind: str,
-        call: int,
-        part: str | None,
-        tensor: torch.Tensor,
-        standard: str | None,
-    ) -> KeyInfo:
-        """A new key's record, refused where it is one the dump keeps for itself."""
-        if key in RESERVED_KEYS:
+    def _note(self, made: KeyInfo) -> KeyInfo:
+        """A new key's record (with the standard name its value has, if it has one and
+        none was given), refused where it is one the dump keeps for itself."""
+        if made.key in RESERVED_KEYS:
             raise HookdumpError(
-                f"the module {origin.name!r} would be saved under {key!r}, a key the dump "
-                f"keeps for its input and token rows; {opt('exclude')} it"
+                f"the module {made.module!r} would be saved under {made.key!r}, a key the "
+                f"dump keeps for its input and token rows; {opt('exclude')} it"
             )
-        rows = tensor.shape[0] if tensor.dim() else None
-        if standard is None and call == 0:
-            standard = name_of(self.standard, origin.name, kind, part)
-        shape = tuple(tensor.shape[1:])
-        name, module_type = origin.name, origin.module_type
-        return KeyInfo(
-            key, name, module_type, kind, call, part, shape, tensor.dtype, rows, standard
-        )
+        if made.standard_name is None and made.call == 0:
+            standard = name_of(self.standard, made.module, made.kind, made.part)
+            return dataclasses.replace(made, standard_name=standard)
+        return made
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -45,13 +45,13 @@ def local(where: str | os.PathLike[str]) -> str:
     return unquote(parts.path) or "/"
 
 
-def out_place(out: str | os.PathLike[str] | None) -> tuple[Path | None, str | None]:
-    """What `--out` (or `out=`) names: (a local folder, None) or (None, a URL); neither for
-    no `--out`."""
+def destination_of(out: str | os.PathLike[str] | None) -> Path | str | None:
+    """What `--out` (or `out=`) names, one value from the door down: a local folder (a
+    `Path`) or a URL (a `str`); None for no `--out`."""
     if out is None:
-        return None, None
+        return None
     text = local(out)
-    return (None, text) if is_url(text) else (Path(text), None)
+    return text if is_url(text) else Path(text)
 
 
 class StorageError(HookdumpError):

@@ -31,11 +31,11 @@ class DumpOptions:
     """Where the dump goes and how it is written.
 
     Args:
-        out: the dump folder (None: nothing is written, statistics only); for a dump at a
-            URL, the local folder its shards are finished in before they go up.
-        url: the URL the dump is written to (None: `out` is the dump).
-        storage_options: fsspec's options for `url` (never recorded or printed).
-        spool: where `url`'s shards are finished (a new folder in it; None: the system's
+        out: where the dump goes, as the user named it: a folder (a `Path`) or a URL (a
+            `str`, `store.location.destination_of`); None: nothing is written, statistics
+            only. Never rewritten: the shards are finished in the place's own `work`.
+        storage_options: fsspec's options for a URL (never recorded or printed).
+        spool: where a URL's shards are finished (a new folder in it; None: the system's
             temporary folder).
         overwrite: replace a dump already in `out`.
         resume: finish an interrupted dump in `out`.
@@ -49,8 +49,7 @@ class DumpOptions:
             written, or its SHA-256 (a content address), read back.
     """
 
-    out: Path | None = None
-    url: str | None = None
+    out: Path | str | None = None
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     spool: Path | None = None
     overwrite: bool = False
@@ -60,6 +59,11 @@ class DumpOptions:
     part: Part | None = None
     max_disk: int | None = None
     checksum: Algorithm = DEFAULT
+
+    @property
+    def folder(self) -> Path | None:
+        """The local folder the dump is (None: a URL, or no `out`)."""
+        return self.out if isinstance(self.out, Path) else None
 
 
 @dataclass(frozen=True)
