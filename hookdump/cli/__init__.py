@@ -16,7 +16,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from hookdump._version import __version__
-from hookdump.cli import diff, export, inspect, layers, models, run, show
+from hookdump.cli import diff, export, import_, inspect, layers, models, run, show
 from hookdump.cli._errors import EXIT_INTERRUPTED, HookdumpGroup
 from hookdump.cli._output import printable
 from hookdump.engine.signals import ignore_from_now, interrupts_once
@@ -64,6 +64,7 @@ app.command("show", short_help="Draw one captured tensor, or every key in forwar
     show.show
 )
 app.command("export", short_help="Write a dump for datasets, SAELens or numpy.")(export.export)
+app.command("import", short_help="Make a serving engine's hidden states a dump.")(import_.import_)
 
 
 def main() -> None:

@@ -1,0 +1,114 @@
+"""`hookdump import`: a serving engine's hidden states, one file per request, made a dump."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookdump.cli import _output
+from hookdump.cli._options import QuietOpt, StorageOpt, storage_options
+from hookdump.errors import printable
+
+
+def import_(
+    kind: Annotated[
+        str,
+        typer.Argument(
+            metavar="KIND",
+            help="The engine that wrote the files: vllm (its hidden-states connectors' "
+            "<request>.safetensors, or .safetensors.zst: the zstd extra).",
+            show_default=False,
+        ),
+    ],
+    source: Annotated[
+        Path,
+        typer.Argument(
+            metavar="SOURCE",
+            help="The engine's folder (searched down), or one file.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        str,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="DIR|URL",
+            help="Folder for the dump (new or empty), or a URL (s3://bucket/prefix).",
+            show_default=False,
+        ),
+    ],
+    layer_ids: Annotated[
+        str,
+        typer.Option(
+            "--layer-ids",
+            metavar="N,N,...",
+            help="The model's layers the files hold, in their order (vLLM's "
+            "eagle_aux_hidden_state_layer_ids): layer N's rows become the key "
+            "blocks.N.hook_resid_pre, the residual stream entering decoder layer N.",
+            show_default=False,
+        ),
+    ] = "",
+    shard_size: Annotated[
+        str,
+        typer.Option(
+            "--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."
+        ),
+    ] = "1GiB",
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing dump in --out.")
+    ] = False,
+    spool: Annotated[
+        Path | None,
+        typer.Option(
+            "--spool",
+            metavar="DIR",
+            help="With --out URL: where shards are finished before they go up.",
+            show_default=False,
+        ),
+    ] = None,
+    storage_option: StorageOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Import a serving engine's hidden states into a dump, checked row by row."""
+    from hookdump.engine.importing import Writing, import_engine
+
+    writing = Writing(shard_size, overwrite, storage_options(storage_option), spool)
+    imported = import_engine(
+        kind, source, out, layer_ids=_numbers(layer_ids), writing=writing, progress=not quiet
+    )
+    dump = imported.dump
+    if imported.waiting:
+        first = printable(str(imported.waiting[0]))
+        _output.stderr().print(
+            f"warning: {len(imported.waiting):,} files the engine is still writing were left "
+            f"for a later import (the first: {first})",
+            markup=False,
+            highlight=False,
+        )
+    if not quiet:
+        sequences = dump.manifest.samples_fed
+        layers = [key for key in dump if not key.startswith("__")]
+        _output.stdout().print(
+            f"imported {sequences:,} requests ({dump.num_samples:,} token rows, "
+            f"{len(layers)} layers) into {dump.path}",
+            markup=False,
+            highlight=False,
+        )
+
+
+def _numbers(text: str) -> list[int]:
+    """`--layer-ids 1,2,3` as numbers (one that is not: an error naming it)."""
+    from hookdump.errors import HookdumpError, opt
+
+    found = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if not part.isdigit():
+            raise HookdumpError(
+                f"{opt('layer_ids')} {printable(part)!r} is not a layer's number; "
+                "give them as 1,2,3"
+            )
+        found.append(int(part))
+    return found

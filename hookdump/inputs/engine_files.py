@@ -1,0 +1,200 @@
+"""Hidden states a serving engine wrote, one file per request, found, read and checked row by
+row before a row of them is kept.
+
+vLLM's hidden-states connectors (the `extract_hidden_states` speculative method; read from
+`vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py` and the
+online connector's writer): one `<request id>.safetensors` per request, under the storage
+path or a folder of it (`base/`, one per LoRA adapter), zstd-compressed as
+`.safetensors.zst` by the online connector, holding `hidden_states` `[tokens, layers,
+hidden]` (the layers in the order of `eagle_aux_hidden_state_layer_ids`; layer N's is the
+residual stream entering decoder layer N) and `token_ids` `[tokens]`. While the example
+connector writes a file, it holds an exclusive `flock` on `<file>.lock`: such a file is
+left for a later import, never read half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+
+from hookdump.errors import HookdumpError, printable
+
+SUFFIXES = (".safetensors", ".safetensors.zst")
+MAX_FILE_BYTES = 64 << 30  # one request's file, decompressed: refused beyond
+CHUNK_BYTES = 64 << 20
+
+
+class BadEngineFile(HookdumpError):
+    """A file that is not what the engine writes, named with what is wrong."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request's rows: its id (the file's name), its token ids `[tokens]` and hidden
+    states `[tokens, layers, hidden]`."""
+
+    id: str
+    path: Path
+    token_ids: torch.Tensor
+    hidden: torch.Tensor
+
+
+@dataclass
+class Layout:
+    """What every file of one import holds alike: layers, width, dtype (set by the first)."""
+
+    layers: int | None = None
+    width: int | None = None
+    dtype: torch.dtype | None = None
+
+    def check(self, request: Request) -> None:
+        _, layers, width = request.hidden.shape
+        if self.layers is None:
+            self.layers, self.width, self.dtype = layers, width, request.hidden.dtype
+            return
+        where = printable(str(request.path))
+        if layers != self.layers:
+            raise BadEngineFile(
+                f"{where} holds {layers} layers where the files before it hold {self.layers}"
+            )
+        if width != self.width:
+            raise BadEngineFile(
+                f"{where} holds rows {width} wide where the files before it hold {self.width}"
+            )
+        if request.hidden.dtype != self.dtype:
+            raise BadEngineFile(
+                f"{where} holds {_name(request.hidden.dtype)} where the files before it hold "
+                f"{_name(self.dtype)}"
+            )
+
+
+def request_files(source: Path) -> list[Path]:
+    """The request files under `source` (a folder, searched down; or one file), in the
+    order of their paths."""
+    if source.is_file():
+        return [source]
+    if not source.is_dir():
+        raise HookdumpError(f"{printable(str(source))} does not exist; give the engine's folder")
+    found = [
+        path
+        for path in source.rglob("*")
+        if path.name.endswith(SUFFIXES) and not path.name.startswith(".") and path.is_file()
+    ]
+    return sorted(found, key=lambda p: p.relative_to(source).as_posix())
+
+
+def being_written(path: Path) -> bool:
+    """Whether the engine is writing `path` now: another process holds the exclusive lock
+    on its `.lock` companion (the example connector's)."""
+    lock = path.with_name(path.name.removesuffix(".zst") + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock: written whole (or by a writer that renames into place)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # a shared lock taken here goes with it
+    return False
+
+
+def read_request(path: Path) -> Request:
+    """One request's file, decompressed if it is `.zst`, checked: `hidden_states`
+    `[tokens, layers, hidden]` of floats and `token_ids` `[tokens]` of integers, as many rows
+    as tokens, every value finite."""
+    where = printable(str(path))
+    raw = _raw(path)
+    try:
+        tensors = load_safetensors(raw)
+    except (SafetensorError, ValueError) as exc:
+        raise BadEngineFile(f"{where} is not a whole safetensors file ({exc})") from None
+    if "hidden_states" not in tensors or "token_ids" not in tensors:
+        keys = ", ".join(sorted(tensors)) or "nothing"
+        raise BadEngineFile(f"{where} holds {keys}, not hidden_states and token_ids")
+    hidden, ids = tensors["hidden_states"], tensors["token_ids"]
+    if hidden.dim() != 3 or not hidden.is_floating_point():
+        raise BadEngineFile(
+            f"{where}: hidden_states is {_name(hidden.dtype)} {list(hidden.shape)}, not floats "
+            "[tokens, layers, hidden]"
+        )
+    if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise BadEngineFile(
+            f"{where}: token_ids is {_name(ids.dtype)} {list(ids.shape)}, not integers [tokens]"
+        )
+    if len(hidden) != len(ids):
+        raise BadEngineFile(
+            f"{where} holds {len(hidden)} rows of hidden states for {len(ids)} tokens: "
+            "every token has one row"
+        )
+    bad = ~torch.isfinite(hidden)
+    if bool(bad.any()):
+        token, layer = (int(i) for i in bad.nonzero()[0][:2])
+        raise BadEngineFile(
+            f"{where}: token {token}'s hidden state in layer {layer} is not finite (NaN or "
+            "infinity)"
+        )
+    request_id = path.name.removesuffix(".zst").removesuffix(".safetensors")
+    return Request(request_id, path, ids.to(torch.int64), hidden)
+
+
+def _raw(path: Path) -> bytes:
+    """The file's bytes, decompressed where it is `.zst` (never more than MAX_FILE_BYTES)."""
+    where = printable(str(path))
+    try:
+        with path.open("rb") as file:
+            if not path.name.endswith(".zst"):
+                return _whole(file.read, where)
+            try:
+                import zstandard
+            except ImportError:
+                raise HookdumpError(
+                    f"{where} is zstd-compressed: pip install 'hookdump[zstd]' to read it"
+                ) from None
+            reader = zstandard.ZstdDecompressor().stream_reader(file)
+            with contextlib.closing(reader):
+                return _whole(reader.read, where)
+    except OSError as exc:
+        raise BadEngineFile(f"cannot read {where}: {exc.strerror or exc}") from None
+    except Exception as exc:  # zstandard's ZstdError: not a whole frame
+        if type(exc).__name__ == "ZstdError":
+            raise BadEngineFile(f"{where} is not a whole zstd frame ({exc})") from None
+        raise
+
+
+def _whole(read: Callable[[int], bytes], where: str) -> bytes:
+    """Everything `read` gives, in chunks (a read of the limit at once would take that
+    much memory whatever the file holds), refused beyond MAX_FILE_BYTES."""
+    chunks, size = [], 0
+    while chunk := read(CHUNK_BYTES):
+        size += len(chunk)
+        if size > MAX_FILE_BYTES:
+            raise BadEngineFile(f"{where} holds more than {MAX_FILE_BYTES:,} bytes; refused")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def requests(paths: list[Path], skipped: list[Path]) -> Iterator[Request]:
+    """Each file's request, checked and alike in layout, in order; a file the engine is
+    still writing is left (added to `skipped`) for a later import."""
+    layout = Layout()
+    for path in paths:
+        if being_written(path):
+            skipped.append(path)
+            continue
+        request = read_request(path)
+        layout.check(request)
+        yield request

@@ -1,0 +1,188 @@
+"""`hookdump import vllm` (issue 58, part 1): the hidden states vLLM's connectors write, one
+file per request, made a dump. No engine runs here: the files are written by a writer that
+follows the connector byte for byte (`save_file` of `hidden_states` `[tokens, layers,
+hidden]`, as the cache-only layer holds them, and `token_ids` `[tokens]`, under
+`<request id>.safetensors`), from transformers' own `output_hidden_states` of a tiny GPT-2.
+The import's every row equals that, and equals what `hookdump run` of the same tokens
+through the same model captures at `blocks.N.hook_resid_pre`; a file that is not what the
+engine writes is one line naming it, exit 2; a file the engine is still writing (its
+`.lock` held) is left for a later import."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import assert_usage_error, invoke
+from safetensors.torch import save_file
+
+import hookdump
+
+transformers = pytest.importorskip("transformers")
+
+LAYER_IDS = [1, 3]
+PROMPTS = [[5, 9, 2, 7, 7, 1], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=4, n_embd=16, n_head=2, vocab_size=32, n_positions=32)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _hidden(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """[tokens, layers, hidden]: transformers' hidden_states[N] for each N of LAYER_IDS (the
+    residual stream entering block N), as the connector stores them."""
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    return torch.stack([out.hidden_states[n][0] for n in LAYER_IDS], dim=1).contiguous()
+
+
+def _engine_files(model: torch.nn.Module, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, ids in enumerate(PROMPTS):
+        path = folder / f"cmpl-{index:04x}-0.safetensors"
+        save_file({"hidden_states": _hidden(model, ids), "token_ids": torch.tensor(ids)}, path)
+        paths.append(path)
+    return paths
+
+
+def _import(source: Path, out: Path, *more: str) -> object:
+    layer_ids = ",".join(map(str, LAYER_IDS))
+    return invoke("import", "vllm", str(source), "--out", str(out), "--layer-ids", layer_ids,
+                  "--quiet", *more)  # fmt: skip
+
+
+def test_an_import_holds_every_row_the_model_computes(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    _engine_files(gpt2, tmp_path / "engine")
+    result = _import(tmp_path / "engine", tmp_path / "imported")
+    assert result.exit_code == 0, result.stderr
+    imported = hookdump.load(tmp_path / "imported")
+    keys = [f"blocks.{n}.hook_resid_pre" for n in LAYER_IDS]
+    assert [k for k in imported if not k.startswith("__")] == keys
+    assert imported.complete and imported.num_samples == sum(map(len, PROMPTS))
+    assert imported.sample_ids == [f"cmpl-{i:04x}-0" for i in range(len(PROMPTS))]
+    assert imported["__token_ids__"].tolist() == [t for ids in PROMPTS for t in ids]
+    assert imported["__position__"].tolist() == [p for ids in PROMPTS for p in range(len(ids))]
+    expected = torch.cat([_hidden(gpt2, ids) for ids in PROMPTS])  # transformers' own rows
+    for index, key in enumerate(keys):
+        torch.testing.assert_close(imported[key], expected[:, index], rtol=0, atol=0)
+    # and `hookdump run` of the same tokens through the model names the same values so
+    batches = [{"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids))}
+               for ids in PROMPTS]  # fmt: skip
+    hookdump.dump(gpt2, batches, tmp_path / "run", layers=keys, per_token=True)
+    compared = invoke("diff", str(tmp_path / "run"), str(tmp_path / "imported"), "--atol", "1e-5")
+    assert compared.exit_code == 0, compared.stdout + compared.stderr
+
+
+def test_a_file_whose_rows_are_not_its_tokens_is_one_line(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """sglang #26163: fewer hidden-state rows than tokens, silently misattributed there."""
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    save_file({"hidden_states": _hidden(gpt2, PROMPTS[2])[:-1],
+               "token_ids": torch.tensor(PROMPTS[2])}, paths[2])  # fmt: skip
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "imported"), paths[2].name)
+    assert "8 rows of hidden states for 9 tokens" in line
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("nan", "token 1's hidden state in layer 1 is not finite"),
+        ("width", "holds rows 8 wide where the files before it hold 16"),
+        ("cut", "is not a whole safetensors file"),
+        ("keys", "holds hidden, not hidden_states and token_ids"),
+    ],
+)
+def test_a_damaged_file_is_one_line_naming_it(
+    gpt2: torch.nn.Module, tmp_path: Path, damage: str, said: str
+) -> None:
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    hidden, ids = _hidden(gpt2, PROMPTS[1]), torch.tensor(PROMPTS[1])
+    if damage == "nan":
+        hidden[1, 1, 0] = float("nan")
+    if damage == "width":
+        hidden = hidden[..., :8].contiguous()
+    tensors = (
+        {"hidden": hidden} if damage == "keys" else {"hidden_states": hidden, "token_ids": ids}
+    )
+    save_file(tensors, paths[1])
+    if damage == "cut":
+        paths[1].write_bytes(paths[1].read_bytes()[:-10])
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "imported"), said)
+    assert paths[1].name in line
+    assert (
+        not (tmp_path / "imported" / "manifest.json").exists()
+        or not hookdump.load(tmp_path / "imported").complete
+    )
+
+
+def test_a_file_the_engine_is_writing_is_left_for_a_later_import(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """The connector holds an exclusive flock on `<file>.lock` until the file is whole."""
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    fd = os.open(str(paths[1]) + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        result = _import(tmp_path / "engine", tmp_path / "imported")
+    finally:
+        os.close(fd)
+    assert result.exit_code == 0, result.stderr
+    assert "1 files the engine is still writing were left for a later import" in result.stderr
+    assert paths[1].name in result.stderr
+    imported = hookdump.load(tmp_path / "imported")
+    assert imported.sample_ids == ["cmpl-0000-0", "cmpl-0002-0"]
+
+
+def test_the_online_connectors_zstd_files_are_read(gpt2: torch.nn.Module, tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    paths = _engine_files(gpt2, tmp_path / "engine" / "base")  # the online connector's folder
+    for path in paths:
+        Path(str(path) + ".zst").write_bytes(zstandard.ZstdCompressor(level=3).compress(
+            path.read_bytes()))  # fmt: skip
+        path.unlink()
+    result = _import(tmp_path / "engine", tmp_path / "imported")
+    assert result.exit_code == 0, result.stderr
+    imported = hookdump.load(tmp_path / "imported")
+    expected = torch.cat([_hidden(gpt2, ids) for ids in PROMPTS])
+    torch.testing.assert_close(imported["blocks.3.hook_resid_pre"], expected[:, 1], rtol=0, atol=0)
+
+
+def test_the_layers_must_be_named_and_counted(gpt2: torch.nn.Module, tmp_path: Path) -> None:
+    _engine_files(gpt2, tmp_path / "engine")
+    engine, out = str(tmp_path / "engine"), str(tmp_path / "d")
+    assert_usage_error(invoke("import", "vllm", engine, "--out", out), "--layer-ids 1,2,3,4")
+    assert_usage_error(
+        invoke("import", "vllm", engine, "--out", out, "--layer-ids", "1,2,3"),
+        "holds 2 layers, and --layer-ids names 3",
+    )
+    assert_usage_error(
+        invoke("import", "vllm", engine, "--out", out, "--layer-ids", "1,x"),
+        "'x' is not a layer's number",
+    )
+    assert_usage_error(
+        invoke("import", "sglang", engine, "--out", out, "--layer-ids", "1,3"),
+        "cannot import 'sglang': the kinds are vllm",
+    )
+    assert_usage_error(
+        invoke("import", "vllm", str(tmp_path / "nothing"), "--out", out, "--layer-ids", "1"),
+        "does not exist",
+    )
+
+
+def test_what_an_import_prints(gpt2: torch.nn.Module, tmp_path: Path) -> None:
+    _engine_files(gpt2, tmp_path / "engine")
+    out = tmp_path / "imported"
+    result = invoke("import", "vllm", str(tmp_path / "engine"), "--out", str(out),
+                    "--layer-ids", "1,3")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"imported 3 requests (17 token rows, 2 layers) into {out}\n"
