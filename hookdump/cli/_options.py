@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -113,6 +114,23 @@ KeysOpt = Annotated[
 ]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print a machine-readable result on stdout, nothing else.")
+]
+OverwriteOpt = Annotated[
+    bool, typer.Option("--overwrite", help="Replace an existing dump in --out.")
+]
+ShardSizeOpt = Annotated[
+    str,
+    typer.Option("--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."),
+]
+SpoolOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--spool",
+        metavar="DIR",
+        help="With --out URL: where shards are finished before they go up (at most 4 shards "
+        "at a time; default: the system's temporary folder).",
+        show_default=False,
+    ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.")]
 

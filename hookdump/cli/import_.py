@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 
 from hookdump.cli import _output
-from hookdump.cli._options import QuietOpt, StorageOpt, storage_options
+from hookdump.cli._options import (
+    OverwriteOpt,
+    QuietOpt,
+    ShardSizeOpt,
+    SpoolOpt,
+    StorageOpt,
+    storage_options,
+)
 from hookdump.errors import printable
 
 
@@ -51,24 +58,9 @@ def import_(
             show_default=False,
         ),
     ] = "",
-    shard_size: Annotated[
-        str,
-        typer.Option(
-            "--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."
-        ),
-    ] = "1GiB",
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an existing dump in --out.")
-    ] = False,
-    spool: Annotated[
-        Path | None,
-        typer.Option(
-            "--spool",
-            metavar="DIR",
-            help="With --out URL: where shards are finished before they go up.",
-            show_default=False,
-        ),
-    ] = None,
+    shard_size: ShardSizeOpt = "1GiB",
+    overwrite: OverwriteOpt = False,
+    spool: SpoolOpt = None,
     storage_option: StorageOpt = None,
     quiet: QuietOpt = False,
 ) -> None:

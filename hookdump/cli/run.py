@@ -23,8 +23,11 @@ from hookdump.cli._options import (
     ModelArg,
     ModelArgsOpt,
     NoStrictOpt,
+    OverwriteOpt,
     QuietOpt,
     SeedOpt,
+    ShardSizeOpt,
+    SpoolOpt,
     StorageOpt,
     TrainOpt,
     TypesOpt,
@@ -64,20 +67,9 @@ def run(
             show_default=False,
         ),
     ] = None,
-    spool: Annotated[
-        Path | None,
-        typer.Option(
-            "--spool",
-            metavar="DIR",
-            help="With --out URL: where shards are finished before they go up (at most 4 "
-            "shards at a time; default: the system's temporary folder).",
-            show_default=False,
-        ),
-    ] = None,
+    spool: SpoolOpt = None,
     storage_option: StorageOpt = None,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an existing dump in --out.")
-    ] = False,
+    overwrite: OverwriteOpt = False,
     resume: Annotated[
         bool,
         typer.Option(
@@ -329,12 +321,7 @@ def run(
             show_default=False,
         ),
     ] = None,
-    shard_size: Annotated[
-        str,
-        typer.Option(
-            "--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."
-        ),
-    ] = "1GiB",
+    shard_size: ShardSizeOpt = "1GiB",
     checksum: Annotated[
         str,
         typer.Option(
