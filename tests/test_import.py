@@ -186,3 +186,21 @@ def test_what_an_import_prints(gpt2: torch.nn.Module, tmp_path: Path) -> None:
                     "--layer-ids", "1,3")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert result.stdout == f"imported 3 requests (17 token rows, 2 layers) into {out}\n"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_finite_values_are_told_from_nan_and_infinity_in_every_float(dtype: torch.dtype) -> None:
+    """The compiled exponent-bit test against torch.isfinite, on the extremes of each dtype:
+    the first NaN or infinity found where it is."""
+    from hookdump.inputs.finite import first_nonfinite
+
+    info = torch.finfo(dtype)
+    finite = torch.tensor(
+        [0.0, -0.0, info.max, info.min, info.tiny, info.tiny / 4, 1.0], dtype=dtype
+    )
+    assert first_nonfinite(finite) == -1
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        values = finite.clone()
+        values[3] = values[5] = bad
+        assert first_nonfinite(values) == 3 and not bool(torch.isfinite(values).all())
+        assert first_nonfinite(values.reshape(1, 7).t()) == 3  # not contiguous

@@ -72,6 +72,7 @@ class TokenRows:
     key_width: int | None = None
     skipped: dict[str, dict[str, str]] = field(default_factory=dict)
     _select: torch.Tensor | None = None  # [B, T] booleans of the current batch
+    _every: bool = False  # every position of the current batch is a row
     _kept_modules: set[str] = field(default_factory=set)
     _seen_modules: set[str] = field(default_factory=set)
 
@@ -83,7 +84,7 @@ class TokenRows:
         select = mask & self._in_positions(order, mask)
         if self.special_ids:
             select &= ~torch.isin(ids, torch.tensor(self.special_ids, device=ids.device))
-        self._select = select
+        self._select, self._every = select, bool(select.all())
         samples = select.nonzero(as_tuple=True)[0]
         keys = {
             TOKEN_IDS: ids[select].cpu(),
@@ -117,9 +118,13 @@ class TokenRows:
             )
             return
         self._kept_modules.add(info.module)
+        width = self.key_width if info.kind in ("pattern", "scores") else None
+        if self._every and width is None:  # the rows are the value itself, [B * T, ...]
+            self.receiver.keep(key, tensor.flatten(0, 1), info, fresh)
+            return
         rows = tensor[select.to(tensor.device)]
-        if info.kind in ("pattern", "scores") and self.key_width is not None:
-            rows = _of_one_width(rows, info.kind, self.key_width)
+        if width is not None:
+            rows = _of_one_width(rows, info.kind, width)
         self.receiver.keep(key, rows, info, fresh=True)
 
     def check_modules(self) -> None:

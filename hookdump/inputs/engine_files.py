@@ -24,8 +24,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
+from safetensors.torch import load_file
 
 from hookdump.errors import HookdumpError, printable
+from hookdump.inputs.finite import first_nonfinite
 
 SUFFIXES = (".safetensors", ".safetensors.zst")
 MAX_FILE_BYTES = 64 << 30  # one request's file, decompressed: refused beyond
@@ -113,9 +115,13 @@ def read_request(path: Path) -> Request:
     `[tokens, layers, hidden]` of floats and `token_ids` `[tokens]` of integers, as many rows
     as tokens, every value finite."""
     where = printable(str(path))
-    raw = _raw(path)
     try:
-        tensors = load_safetensors(raw)
+        if path.name.endswith(".zst"):
+            tensors = load_safetensors(_decompressed(path))
+        else:  # mapped: each tensor copied once, from the page cache
+            tensors = load_file(path)
+    except OSError as exc:
+        raise BadEngineFile(f"cannot read {where}: {exc.strerror or exc}") from None
     except (SafetensorError, ValueError) as exc:
         raise BadEngineFile(f"{where} is not a whole safetensors file ({exc})") from None
     if "hidden_states" not in tensors or "token_ids" not in tensors:
@@ -136,9 +142,12 @@ def read_request(path: Path) -> Request:
             f"{where} holds {len(hidden)} rows of hidden states for {len(ids)} tokens: "
             "every token has one row"
         )
-    bad = ~torch.isfinite(hidden)
-    if bool(bad.any()):
-        token, layer = (int(i) for i in bad.nonzero()[0][:2])
+    at = first_nonfinite(hidden)
+    if at >= 0:
+        token, layer = (
+            at // (hidden.shape[1] * hidden.shape[2]),
+            at // hidden.shape[2] % hidden.shape[1],
+        )
         raise BadEngineFile(
             f"{where}: token {token}'s hidden state in layer {layer} is not finite (NaN or "
             "infinity)"
@@ -147,24 +156,20 @@ def read_request(path: Path) -> Request:
     return Request(request_id, path, ids.to(torch.int64), hidden)
 
 
-def _raw(path: Path) -> bytes:
-    """The file's bytes, decompressed where it is `.zst` (never more than MAX_FILE_BYTES)."""
+def _decompressed(path: Path) -> bytes:
+    """A `.zst` file's bytes, decompressed (never more than MAX_FILE_BYTES)."""
     where = printable(str(path))
     try:
+        import zstandard
+    except ImportError:
+        raise HookdumpError(
+            f"{where} is zstd-compressed: pip install 'hookdump[zstd]' to read it"
+        ) from None
+    try:
         with path.open("rb") as file:
-            if not path.name.endswith(".zst"):
-                return _whole(file.read, where)
-            try:
-                import zstandard
-            except ImportError:
-                raise HookdumpError(
-                    f"{where} is zstd-compressed: pip install 'hookdump[zstd]' to read it"
-                ) from None
             reader = zstandard.ZstdDecompressor().stream_reader(file)
             with contextlib.closing(reader):
                 return _whole(reader.read, where)
-    except OSError as exc:
-        raise BadEngineFile(f"cannot read {where}: {exc.strerror or exc}") from None
     except Exception as exc:  # zstandard's ZstdError: not a whole frame
         if type(exc).__name__ == "ZstdError":
             raise BadEngineFile(f"{where} is not a whole zstd frame ({exc})") from None
