@@ -96,7 +96,7 @@ def test_a_file_whose_rows_are_not_its_tokens_is_one_line(
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
-        ("nan", "token 1's hidden state in layer 1 is not finite"),
+        ("nan", "token 1's hidden state in the file's layer 1 (counted from 0) is not finite"),
         ("width", "holds rows 8 wide where the files before it hold 16"),
         ("cut", "is not a whole safetensors file"),
         ("keys", "holds hidden, not hidden_states and token_ids"),

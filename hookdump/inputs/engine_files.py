@@ -116,6 +116,8 @@ def read_request(path: Path) -> Request:
     as tokens, every value finite."""
     where = printable(str(path))
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise BadEngineFile(f"{where} holds more than {MAX_FILE_BYTES:,} bytes; refused")
         if path.name.endswith(".zst"):
             tensors = load_safetensors(_decompressed(path))
         else:  # mapped: each tensor copied once, from the page cache
@@ -149,8 +151,8 @@ def read_request(path: Path) -> Request:
             at // hidden.shape[2] % hidden.shape[1],
         )
         raise BadEngineFile(
-            f"{where}: token {token}'s hidden state in layer {layer} is not finite (NaN or "
-            "infinity)"
+            f"{where}: token {token}'s hidden state in the file's layer {layer} (counted from "
+            "0) is not finite (NaN or infinity)"
         )
     request_id = path.name.removesuffix(".zst").removesuffix(".safetensors")
     return Request(request_id, path, ids.to(torch.int64), hidden)
