@@ -16,7 +16,7 @@ from hookdump.cli._options import (
     StorageOpt,
     storage_options,
 )
-from hookdump.errors import printable
+from hookdump.errors import HookdumpError, opt, printable
 
 
 def import_(
@@ -93,8 +93,6 @@ def import_(
 
 def _numbers(text: str) -> list[int]:
     """`--layer-ids 1,2,3` as numbers (one that is not: an error naming it)."""
-    from hookdump.errors import HookdumpError, opt
-
     found = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         if not part.isdigit():

@@ -33,11 +33,6 @@ def _libc_preadv() -> Callable[..., int] | None:
 _PREADV = _libc_preadv()
 
 
-def scattered_reads() -> bool:
-    """Whether rows can be read straight into their places here."""
-    return _PREADV is not None
-
-
 def preadv_into(fd: int, vectors: np.ndarray, offset: int) -> int:
     """Read the file's bytes from `offset` on into `vectors` ([n, 2] uint64: address,
     length), IOV_MAX at a time; the bytes read (fewer only where the file ends)."""

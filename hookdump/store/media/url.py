@@ -9,7 +9,7 @@ anywhere else a lock cannot be taken safely, and writing is refused (`refuse_wea
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,7 @@ class UrlMedium(Medium):
             with remote.failing(f"read {remote.url / name}", passing=(FileNotFoundError,)):
                 if limit is not None:  # its size asked first: never a download to refuse
                     found = remote.fs.info(remote.object(name), refresh=True)
-                    if found.get("type", "file") != "file":
-                        raise InvalidDump(f"{remote.url / name} is not a file; refused")
-                    size = int(found.get("size") or 0)
+                    size = _file_size(found, remote.url / name)
                     if size > limit:
                         raise too_large(remote.url / name, size, limit)
                 return bytes(remote.fs.cat_file(remote.object(name), start=0, end=most))
@@ -167,9 +165,7 @@ class RemoteBlob:
     def __init__(self, remote: Remote, name: str) -> None:
         self.remote, self.name = remote, name
         info = remote.info(name)
-        if info.get("type", "file") != "file":
-            raise InvalidDump(f"{remote.url / name} is not a file; refused")
-        self.size = int(info.get("size") or 0)
+        self.size = _file_size(info, remote.url / name)
         self.identity: tuple[object, ...] = (self.size, version_of(info))
         self._head = b""  # the object's first bytes, read once: a shard's header is there
         self._asked: dict[tuple[int, int], Future[bytes]] = {}  # (offset, nbytes): in flight
@@ -205,6 +201,13 @@ class RemoteBlob:
 
     def close(self) -> None:
         self._asked.clear()  # what is in flight ends on its own; nobody takes it
+
+
+def _file_size(found: Mapping[str, Any], where: UrlPath) -> int:
+    """An object's size, as its listing gives it; refused where it is no file (a prefix)."""
+    if found.get("type", "file") != "file":
+        raise InvalidDump(f"{where} is not a file; refused")
+    return int(found.get("size") or 0)
 
 
 # what servers that keep no list of multipart uploads answer a listing with: rclone's `serve

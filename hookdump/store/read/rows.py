@@ -86,8 +86,12 @@ class ShardRows:
         blob = self._blob(shard)
         try:
             layout = self._layout(shard, blob)
-            for key in self.keys:
-                span = self._span(layout, shard, key, lo, hi)
+            spans = {key: self._span(layout, shard, key, lo, hi) for key in self.keys}
+            if not blob.vectored:  # every key's bytes asked for at once (an object: requests)
+                for span in spans.values():
+                    if span:
+                        blob.will_need(span.start, len(span))
+            for key, span in spans.items():
                 if not span:
                     continue
                 if blob.vectored:
