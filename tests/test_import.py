@@ -100,6 +100,11 @@ def test_a_file_whose_rows_are_not_its_tokens_is_one_line(
         ("width", "holds rows 8 wide where the files before it hold 16"),
         ("cut", "is not a whole safetensors file"),
         ("keys", "holds hidden, not hidden_states and token_ids"),
+        ("flat", "hidden_states is float32 [2, 16], not floats [tokens, layers, hidden]"),
+        ("float_ids", "token_ids is float32 [2], not integers [tokens]"),
+        ("dtype", "holds float16 where the files before it hold float32"),
+        ("noise", "is not a whole safetensors file"),
+        ("huge_header", "is not a whole safetensors file"),
     ],
 )
 def test_a_damaged_file_is_one_line_naming_it(
@@ -111,12 +116,22 @@ def test_a_damaged_file_is_one_line_naming_it(
         hidden[1, 1, 0] = float("nan")
     if damage == "width":
         hidden = hidden[..., :8].contiguous()
+    if damage == "flat":
+        hidden = hidden[:, 0].contiguous()
+    if damage == "float_ids":
+        ids = ids.float()
+    if damage == "dtype":
+        hidden = hidden.half()
     tensors = (
         {"hidden": hidden} if damage == "keys" else {"hidden_states": hidden, "token_ids": ids}
     )
     save_file(tensors, paths[1])
     if damage == "cut":
         paths[1].write_bytes(paths[1].read_bytes()[:-10])
+    if damage == "noise":
+        paths[1].write_bytes(os.urandom(4096))
+    if damage == "huge_header":  # a header length of 2**60 bytes, and nothing behind it
+        paths[1].write_bytes((1 << 60).to_bytes(8, "little") + b"{}")
     line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "imported"), said)
     assert paths[1].name in line
     assert (
@@ -204,3 +219,17 @@ def test_finite_values_are_told_from_nan_and_infinity_in_every_float(dtype: torc
         values[3] = values[5] = bad
         assert first_nonfinite(values) == 3 and not bool(torch.isfinite(values).all())
         assert first_nonfinite(values.reshape(1, 7).t()) == 3  # not contiguous
+
+
+def test_a_source_without_request_files_or_with_one_too_large_is_one_line(
+    gpt2: torch.nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not a request")
+    assert_usage_error(_import(tmp_path / "empty", tmp_path / "d"), "holds no request file")
+    from hookdump.inputs import engine_files
+
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    monkeypatch.setattr(engine_files, "MAX_FILE_BYTES", paths[0].stat().st_size - 1)
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "d"), "bytes; refused")
+    assert paths[0].name in line
