@@ -58,6 +58,16 @@ def _import(source: Path, out: Path, *more: str) -> object:
                   "--quiet", *more)  # fmt: skip
 
 
+def _import_while_written(path: Path, source: Path, out: Path) -> object:
+    """An import while another process holds `path`'s `.lock`, as the connector does."""
+    fd = os.open(str(path) + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _import(source, out)
+    finally:
+        os.close(fd)
+
+
 def test_an_import_holds_every_row_the_model_computes(
     gpt2: torch.nn.Module, tmp_path: Path
 ) -> None:
@@ -145,12 +155,7 @@ def test_a_file_the_engine_is_writing_is_left_for_a_later_import(
 ) -> None:
     """The connector holds an exclusive flock on `<file>.lock` until the file is whole."""
     paths = _engine_files(gpt2, tmp_path / "engine")
-    fd = os.open(str(paths[1]) + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        result = _import(tmp_path / "engine", tmp_path / "imported")
-    finally:
-        os.close(fd)
+    result = _import_while_written(paths[1], tmp_path / "engine", tmp_path / "imported")
     assert result.exit_code == 0, result.stderr
     assert "1 files the engine is still writing were left for a later import" in result.stderr
     assert paths[1].name in result.stderr
@@ -233,3 +238,127 @@ def test_a_source_without_request_files_or_with_one_too_large_is_one_line(
     monkeypatch.setattr(engine_files, "MAX_FILE_BYTES", paths[0].stat().st_size - 1)
     line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "d"), "bytes; refused")
     assert paths[0].name in line
+
+
+def test_skip_bad_imports_the_rest_and_lists_what_it_left_out(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """The bad files are the first and the last: one before any row, one after the last."""
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    hidden = _hidden(gpt2, PROMPTS[2])
+    hidden[3, 0, 5] = float("inf")
+    save_file({"hidden_states": hidden, "token_ids": torch.tensor(PROMPTS[2])}, paths[2])
+    paths[0].write_bytes(paths[0].read_bytes()[:-10])
+    result = _import(tmp_path / "engine", tmp_path / "imported", "--skip-bad")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"skipped {paths[0]}: is not a whole safetensors file "
+        f"({result.stderr.split('(', 1)[1].split(')', 1)[0]})",
+        f"skipped {paths[2]}: token 3's hidden state in the file's layer 0 (counted from 0) is "
+        "not finite (NaN or infinity)",
+    ]
+    imported = hookdump.load(tmp_path / "imported")
+    assert imported.complete and imported.sample_ids == ["cmpl-0001-0"]
+    assert [s["path"] for s in imported.manifest["skipped_inputs"]] == [
+        str(paths[0]),
+        str(paths[2]),
+    ]
+    torch.testing.assert_close(
+        imported["blocks.1.hook_resid_pre"], _hidden(gpt2, PROMPTS[1])[:, 0], rtol=0, atol=0
+    )
+    # without it, the first bad file is the one line
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "again"), paths[0].name)
+    assert "is not a whole safetensors file" in line
+
+
+def test_the_manifest_names_the_engine_and_every_file_with_its_size(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    paths = _engine_files(gpt2, tmp_path / "engine" / "base")
+    assert _import(tmp_path / "engine", tmp_path / "imported").exit_code == 0
+    about = hookdump.load(tmp_path / "imported").manifest["input"]
+    assert about["engine"] == {"name": "vllm", "version": None}
+    assert about["source"] == str(tmp_path / "engine")
+    assert about["layer_ids"] == LAYER_IDS
+    assert about["files"] == [
+        {"id": p.name.removesuffix(".safetensors"), "path": f"base/{p.name}",
+         "bytes": p.stat().st_size}
+        for p in paths
+    ]  # fmt: skip
+
+
+def test_resume_adds_the_files_written_since_without_reading_the_others_again(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """The engine was writing the second file at the first import, and wrote a fourth
+    after it; the files already imported are damaged since, so reading one again fails."""
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    first = _import_while_written(paths[1], tmp_path / "engine", tmp_path / "imported")
+    assert first.exit_code == 0, first.stderr
+    assert hookdump.load(tmp_path / "imported").sample_ids == ["cmpl-0000-0", "cmpl-0002-0"]
+    sizes = {p.name: p.stat().st_size for p in paths}
+    for done in (paths[0], paths[2]):
+        done.write_bytes(b"damaged after its rows were imported")
+    later = [20, 21, 22]
+    save_file({"hidden_states": _hidden(gpt2, later), "token_ids": torch.tensor(later)},
+              tmp_path / "engine" / "cmpl-0003-0.safetensors")  # fmt: skip
+    result = _import(tmp_path / "engine", tmp_path / "imported", "--resume")
+    assert result.exit_code == 0, result.stderr
+    imported = hookdump.load(tmp_path / "imported")
+    order = [PROMPTS[0], PROMPTS[2], PROMPTS[1], later]
+    assert imported.complete
+    assert imported.sample_ids == ["cmpl-0000-0", "cmpl-0002-0", "cmpl-0001-0", "cmpl-0003-0"]
+    assert imported["__token_ids__"].tolist() == [t for ids in order for t in ids]
+    expected = torch.cat([_hidden(gpt2, ids) for ids in order])
+    torch.testing.assert_close(imported["blocks.3.hook_resid_pre"], expected[:, 1], rtol=0, atol=0)
+    files = imported.manifest["input"]["files"]
+    assert [f["id"] for f in files] == imported.sample_ids
+    assert [f["bytes"] for f in files[:3]] == [
+        sizes[p.name] for p in (paths[0], paths[2], paths[1])
+    ]
+    checked = invoke("inspect", str(tmp_path / "imported"), "--check")
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    # nothing new: the dump is as it was
+    again = _import(tmp_path / "engine", tmp_path / "imported", "--resume")
+    assert again.exit_code == 0, again.stderr
+    assert hookdump.load(tmp_path / "imported").sample_ids == imported.sample_ids
+
+
+def test_the_dump_may_not_lie_among_the_engines_files(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    _engine_files(gpt2, tmp_path / "engine")
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "engine" / "dump"))
+    assert "overlap; write the dump outside the engine's folder" in line
+    assert not (tmp_path / "engine" / "dump").exists()
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path))
+    assert "overlap" in line
+
+
+def test_two_files_of_one_request_are_one_line(gpt2: torch.nn.Module, tmp_path: Path) -> None:
+    paths = _engine_files(gpt2, tmp_path / "engine" / "base")
+    (tmp_path / "engine" / "lora").mkdir()
+    (tmp_path / "engine" / "lora" / paths[1].name).write_bytes(paths[1].read_bytes())
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "d"))
+    assert "are both request 'cmpl-0001-0'" in line
+
+
+def test_resume_goes_on_after_an_import_that_stopped_at_a_bad_file(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """Small shards: the first files' rows are committed before the bad one stops the import;
+    once the file is whole, `--resume` keeps them and imports the rest."""
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    whole = paths[2].read_bytes()
+    paths[2].write_bytes(whole[:-10])
+    stopped = _import(tmp_path / "engine", tmp_path / "imported", "--shard-size", "1KB")
+    assert_usage_error(stopped, paths[2].name)
+    before = hookdump.load(tmp_path / "imported")
+    assert not before.complete and before.sample_ids == ["cmpl-0000-0", "cmpl-0001-0"]
+    paths[2].write_bytes(whole)
+    result = _import(tmp_path / "engine", tmp_path / "imported", "--shard-size", "1KB", "--resume")
+    assert result.exit_code == 0, result.stderr
+    imported = hookdump.load(tmp_path / "imported")
+    assert imported.complete and imported.sample_ids == [f"cmpl-{i:04x}-0" for i in range(3)]
+    expected = torch.cat([_hidden(gpt2, ids) for ids in PROMPTS])
+    torch.testing.assert_close(imported["blocks.1.hook_resid_pre"], expected[:, 0], rtol=0, atol=0)

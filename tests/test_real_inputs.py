@@ -103,6 +103,15 @@ def test_an_undecodable_image_is_named_or_skipped(image_tree: Path, tmp_path: Pa
     assert manifest["num_samples"] == 4
     assert str(bad) not in manifest["sample_ids"]
     assert [s["path"] for s in manifest["skipped_inputs"]] == [str(bad)]
+    # one after the last image that decodes: listed too, though no batch follows it
+    last = image_tree / "zz-broken.png"
+    last.write_bytes(b"\x89PNG no more")
+    out = tmp_path / "skipped-last"
+    result = invoke("run", *ARGS, "--input", str(image_tree), "--skip-bad-inputs", "-b", "1",
+                    "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["path"] for s in manifest["skipped_inputs"]] == [str(bad), str(last)]
 
 
 def test_many_images_stream_through_workers(tmp_path: Path) -> None:

@@ -58,6 +58,22 @@ def import_(
             show_default=False,
         ),
     ] = "",
+    skip_bad: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad",
+            help="Import the other files when one is bad, and list it (in the manifest's "
+            "skipped_inputs, and here).",
+        ),
+    ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Go on with an import that stopped, adding the files that appeared since "
+            "(give the same options).",
+        ),
+    ] = False,
     shard_size: ShardSizeOpt = "1GiB",
     overwrite: OverwriteOpt = False,
     spool: SpoolOpt = None,
@@ -67,18 +83,28 @@ def import_(
     """Import a serving engine's hidden states into a dump, checked row by row."""
     from hookdump.engine.importing import Writing, import_engine
 
-    writing = Writing(shard_size, overwrite, storage_options(storage_option), spool)
+    writing = Writing(shard_size, overwrite, storage_options(storage_option), spool, resume)
     imported = import_engine(
-        kind, source, out, layer_ids=_numbers(layer_ids), writing=writing, progress=not quiet
+        kind,
+        source,
+        out,
+        layer_ids=_numbers(layer_ids),
+        writing=writing,
+        skip_bad=skip_bad,
+        progress=not quiet,
     )
     dump = imported.dump
+    for entry in imported.skipped:
+        _output.stderr().print(
+            f"skipped {printable(entry['path'])}: {printable(entry['error'])}",
+            soft_wrap=True,
+        )
     if imported.waiting:
         first = printable(str(imported.waiting[0]))
         _output.stderr().print(
             f"warning: {len(imported.waiting):,} files the engine is still writing were left "
             f"for a later import (the first: {first})",
-            markup=False,
-            highlight=False,
+            soft_wrap=True,
         )
     if not quiet:
         sequences = dump.manifest.samples_fed
@@ -86,8 +112,7 @@ def import_(
         _output.stdout().print(
             f"imported {sequences:,} requests ({dump.num_samples:,} token rows, "
             f"{len(layers)} layers) into {dump.path}",
-            markup=False,
-            highlight=False,
+            soft_wrap=True,
         )
 
 

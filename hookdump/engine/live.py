@@ -191,16 +191,30 @@ def dump(
     special = _special_ids(tokenizer, skip_special_tokens)
     # generation pads and stops with the tokenizer's tokens, else the model's config's
     ends = Ends.of(tokenizer) if options.generate and tokenizer is not None else Ends()
+    given = PythonData(data, forward, ids, options.tokens is not None, special, ends=ends)
+    return dump_given(options, live, given, device=device, train=train, progress=progress)
+
+
+def dump_given(
+    options: RunOptions,
+    live: nn.Module | None,
+    given: PythonData,
+    *,
+    device: torch.device | str | None = None,
+    train: bool | None = None,
+    progress: bool = False,
+) -> Dump:
+    """The run of `options` over `given` (through `live`, on `device` and in `train` mode
+    where asked, put back after), read back as a `Dump`."""
     with _as_asked(live, device, train) as (where, mode):
         chosen = dataclasses.replace(options.model, device=where, train=mode)
         options = dataclasses.replace(options, model=chosen)
-        given = PythonData(data, forward, ids, options.tokens is not None, special, ends=ends)
         shown = Progress(progress, _stderr_console() if progress else None)
         with shown as on_batch:
             run(options, on_batch, model=live, data=given, on_notice=shown.notice)
     written = options.dump.out  # the dump's URL, or its folder
     assert written is not None  # `out` is required
-    return Dump(written, storage_options=storage_options)
+    return Dump(written, storage_options=dict(options.dump.storage_options) or None)
 
 
 def run_options(

@@ -104,6 +104,8 @@ class BatchLoop:
                     self.fed.skipped.extend(batch.skipped)
                     if on_batch:
                         on_batch(self.sequences, feed.total, self.sink.bytes_done)
+            # inputs skipped after the last batch: no batch carries them
+            self.fed.skipped.extend(feed.source_skipped[len(self.fed.skipped) :])
             if rows == 0 and nothing is not None:
                 raise nothing()
             self.sink.close()

@@ -191,7 +191,10 @@ def previous_dump(
             f"{opt('resume', True)} needs {opt('out')}: the folder of the interrupted dump"
         )
     looked = _Looked(place)
-    manifest = _one_process(looked) if ranks is None else _this_rank(looked, ranks)
+    if ranks is None:
+        manifest = _one_process(looked, options.dump.grows)
+    else:
+        manifest = _this_rank(looked, ranks)
     if manifest is None:  # nothing there: it starts anew (a rank, beside the others' parts)
         return Manifest.empty() if ranks is not None and place.exists() else None
     _check_recipe(options, manifest, looked.label)  # whatever it holds: it must be this run's
@@ -219,13 +222,14 @@ def _check_recipe(options: RunOptions, manifest: Manifest, out: str) -> None:
             )
 
 
-def _one_process(place: _Looked) -> Manifest | None:
-    """The manifest a one-process run left (None: none, the run starts anew)."""
+def _one_process(place: _Looked, grows: bool) -> Manifest | None:
+    """The manifest a one-process run left (None: none, the run starts anew); `grows`: a
+    complete one is carried on too."""
     out = place.label
     if place.has(MANIFEST):
         manifest = place.manifest(MANIFEST)
         if manifest.complete:
-            if _intact(place.place, manifest):
+            if not grows and _intact(place.place, manifest):
                 raise HookdumpError(f"{RESUME}: {out} is already complete; nothing to do")
             # damaged since: carried on from its first shard that differs, as a killed run's
             return manifest.reopened()

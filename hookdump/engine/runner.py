@@ -353,6 +353,7 @@ def _run(
     static = manifest_fields(
         options, loaded=loaded, feed=feed, form=form, sources=made_from, processes=processes
     )
+    static["input"] = _input_now(static, data)
     destination.start(
         shard_bytes=options.dump.shard_bytes, fields=static, checksum=options.dump.checksum
     )
@@ -384,13 +385,21 @@ def _run(
     whole = destination.gather(_part(cap, sink, feed, destination, rows, loop))
     if whole.rows == 0 and options.dump.part is None:
         raise nothing()
-    manifest = destination.finish(whole, {"wall_time_s": round(time.perf_counter() - started, 3)})
+    wall = round(time.perf_counter() - started, 3)
+    manifest = destination.finish(whole, {"wall_time_s": wall, "input": _input_now(static, data)})
     timings = {
         "load": loaded_at - started,
         "loop": looped_at - loaded_at,
         "finish": time.perf_counter() - looped_at,
     }
     return _result(options, loaded, whole, manifest, timings, destination, feed, sink)
+
+
+def _input_now(static: dict[str, Any], data: PythonData | None) -> Any:
+    """The manifest's `input` as it stands: with what a Python caller's data says of where
+    its batches come from (an import's files, as they are read)."""
+    about = data.about if data is not None else None
+    return static["input"] if about is None else {**static["input"], **about()}
 
 
 def _loop(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,10 @@ CHUNK_BYTES = 64 << 20
 
 class BadEngineFile(HookdumpError):
     """A file that is not what the engine writes, named with what is wrong."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}{problem}")
+        self.problem = problem.removeprefix(":").strip()  # without the file's name
 
 
 @dataclass(frozen=True)
@@ -65,16 +69,17 @@ class Layout:
         where = printable(str(request.path))
         if layers != self.layers:
             raise BadEngineFile(
-                f"{where} holds {layers} layers where the files before it hold {self.layers}"
+                where, f" holds {layers} layers where the files before it hold {self.layers}"
             )
         if width != self.width:
             raise BadEngineFile(
-                f"{where} holds rows {width} wide where the files before it hold {self.width}"
+                where, f" holds rows {width} wide where the files before it hold {self.width}"
             )
         if request.hidden.dtype != self.dtype:
             raise BadEngineFile(
-                f"{where} holds {_name(request.hidden.dtype)} where the files before it hold "
-                f"{_name(self.dtype)}"
+                where,
+                f" holds {_name(request.hidden.dtype)} where the files before it hold "
+                f"{_name(self.dtype)}",
             )
 
 
@@ -90,7 +95,21 @@ def request_files(source: Path) -> list[Path]:
         for path in source.rglob("*")
         if path.name.endswith(SUFFIXES) and not path.name.startswith(".") and path.is_file()
     ]
-    return sorted(found, key=lambda p: p.relative_to(source).as_posix())
+    found.sort(key=lambda p: p.relative_to(source).as_posix())
+    seen: dict[str, Path] = {}
+    for path in found:  # the request id names a sample: two files may not share one
+        other = seen.setdefault(request_id(path), path)
+        if other is not path:
+            raise HookdumpError(
+                f"{printable(str(other))} and {printable(str(path))} are both request "
+                f"{printable(request_id(path))!r}; import their folders one at a time"
+            )
+    return found
+
+
+def request_id(path: Path) -> str:
+    """The request a file holds: its name, less the suffix."""
+    return path.name.removesuffix(".zst").removesuffix(".safetensors")
 
 
 def being_written(path: Path) -> bool:
@@ -117,32 +136,34 @@ def read_request(path: Path) -> Request:
     where = printable(str(path))
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
-            raise BadEngineFile(f"{where} holds more than {MAX_FILE_BYTES:,} bytes; refused")
+            raise BadEngineFile(where, f" holds more than {MAX_FILE_BYTES:,} bytes; refused")
         if path.name.endswith(".zst"):
             tensors = load_safetensors(_decompressed(path))
         else:  # mapped: each tensor copied once, from the page cache
             tensors = load_file(path)
     except OSError as exc:
-        raise BadEngineFile(f"cannot read {where}: {exc.strerror or exc}") from None
+        raise BadEngineFile(where, f" cannot be read: {exc.strerror or exc}") from None
     except (SafetensorError, ValueError) as exc:
-        raise BadEngineFile(f"{where} is not a whole safetensors file ({exc})") from None
+        raise BadEngineFile(where, f" is not a whole safetensors file ({exc})") from None
     if "hidden_states" not in tensors or "token_ids" not in tensors:
         keys = ", ".join(sorted(tensors)) or "nothing"
-        raise BadEngineFile(f"{where} holds {keys}, not hidden_states and token_ids")
+        raise BadEngineFile(where, f" holds {keys}, not hidden_states and token_ids")
     hidden, ids = tensors["hidden_states"], tensors["token_ids"]
     if hidden.dim() != 3 or not hidden.is_floating_point():
         raise BadEngineFile(
-            f"{where}: hidden_states is {_name(hidden.dtype)} {list(hidden.shape)}, not floats "
-            "[tokens, layers, hidden]"
+            where,
+            f": hidden_states is {_name(hidden.dtype)} {list(hidden.shape)}, not floats "
+            "[tokens, layers, hidden]",
         )
     if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise BadEngineFile(
-            f"{where}: token_ids is {_name(ids.dtype)} {list(ids.shape)}, not integers [tokens]"
+            where, f": token_ids is {_name(ids.dtype)} {list(ids.shape)}, not integers [tokens]"
         )
     if len(hidden) != len(ids):
         raise BadEngineFile(
-            f"{where} holds {len(hidden)} rows of hidden states for {len(ids)} tokens: "
-            "every token has one row"
+            where,
+            f" holds {len(hidden)} rows of hidden states for {len(ids)} tokens: "
+            "every token has one row",
         )
     at = first_nonfinite(hidden)
     if at >= 0:
@@ -151,11 +172,11 @@ def read_request(path: Path) -> Request:
             at // hidden.shape[2] % hidden.shape[1],
         )
         raise BadEngineFile(
-            f"{where}: token {token}'s hidden state in the file's layer {layer} (counted from "
-            "0) is not finite (NaN or infinity)"
+            where,
+            f": token {token}'s hidden state in the file's layer {layer} (counted from "
+            "0) is not finite (NaN or infinity)",
         )
-    request_id = path.name.removesuffix(".zst").removesuffix(".safetensors")
-    return Request(request_id, path, ids.to(torch.int64), hidden)
+    return Request(request_id(path), path, ids.to(torch.int64), hidden)
 
 
 def _decompressed(path: Path) -> bytes:
@@ -174,7 +195,7 @@ def _decompressed(path: Path) -> bytes:
                 return _whole(reader.read, where)
     except Exception as exc:  # zstandard's ZstdError: not a whole frame
         if type(exc).__name__ == "ZstdError":
-            raise BadEngineFile(f"{where} is not a whole zstd frame ({exc})") from None
+            raise BadEngineFile(where, f" is not a whole zstd frame ({exc})") from None
         raise
 
 
@@ -185,23 +206,10 @@ def _whole(read: Callable[[int], bytes], where: str) -> bytes:
     while chunk := read(CHUNK_BYTES):
         size += len(chunk)
         if size > MAX_FILE_BYTES:
-            raise BadEngineFile(f"{where} holds more than {MAX_FILE_BYTES:,} bytes; refused")
+            raise BadEngineFile(where, f" holds more than {MAX_FILE_BYTES:,} bytes; refused")
         chunks.append(chunk)
     return b"".join(chunks)
 
 
 def _name(dtype: torch.dtype | None) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def requests(paths: list[Path], skipped: list[Path]) -> Iterator[Request]:
-    """Each file's request, checked and alike in layout, in order; a file the engine is
-    still writing is left (added to `skipped`) for a later import."""
-    layout = Layout()
-    for path in paths:
-        if being_written(path):
-            skipped.append(path)
-            continue
-        request = read_request(path)
-        layout.check(request)
-        yield request

@@ -25,11 +25,23 @@ from hookdump.inputs.samples import Batch, Ends, Feed, left_padded_positions
 
 
 @dataclass(frozen=True)
+class Resumable:
+    """Batches that start after the samples a resumed dump holds without reading those again
+    (`after(done_ids)`; a fresh dump: `after([])`), that leave bad inputs out (each appended
+    to `skipped` as `{"path", "error"}` before the next batch is yielded) and that say where
+    they came from (`about()`: merged into the manifest's `input` whenever it is written)."""
+
+    after: Callable[[Sequence[Any]], Iterable[Any]]
+    about: Callable[[], dict[str, Any]]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class PythonData:
     """What `hookdump.dump` was given to feed the model.
 
     Args:
-        data: an iterable of batches, or one `Tensor` (one batch).
+        data: an iterable of batches, or one `Tensor` (one batch), or a `Resumable`.
         forward: `forward(model, batch)` runs the model on a batch (default: as above).
         ids: a callable `batch -> list of ids` (one per row), or an iterable of ids (default:
             the row numbers).
@@ -46,10 +58,17 @@ class PythonData:
     position_ids: bool = False  # the model's forward takes position_ids (set by the feed)
     ends: Ends = field(default_factory=lambda: Ends())  # generation: the tokenizer's, if given
 
+    @property
+    def about(self) -> Callable[[], dict[str, Any]] | None:
+        """What the manifest's `input` says of the data beyond its kind: a `Resumable`'s."""
+        return self.data.about if isinstance(self.data, Resumable) else None
+
 
 def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[Any]) -> Feed:
     """`given` as a feed of at most `num_samples` samples, going on after the `done_ids`
     already dumped (resuming: the same data in the same order; ids given are checked)."""
+    if isinstance(given.data, Resumable):
+        return _resumable_feed(given, given.data, num_samples, done_ids)
     data = [given.data] if isinstance(given.data, torch.Tensor) else given.data
     if isinstance(data, Mapping) or not isinstance(data, Iterable):
         raise HookdumpError(
@@ -72,17 +91,40 @@ def python_feed(given: PythonData, num_samples: int | None, done_ids: Sequence[A
     )
 
 
+def _resumable_feed(
+    given: PythonData, data: Resumable, num_samples: int | None, done_ids: Sequence[Any]
+) -> Feed:
+    feed_ids = SampleIds(done_ids)
+
+    def batches(_: int) -> Iterator[Batch]:
+        after = data.after(done_ids)
+        return _batches(after, given, num_samples, done_ids, feed_ids, first=len(done_ids))
+
+    return Feed(
+        "python",
+        num_samples,
+        feed_ids,
+        batches,
+        source_skipped=data.skipped,
+        special_ids=list(given.special_ids),
+        estimate=lambda: num_samples,
+        ends=given.ends,
+    )
+
+
 def _batches(
     data: Iterable[Any],
     given: PythonData,
     stop: int | None,
     done_ids: Sequence[Any],
     feed_ids: SampleIds,
+    first: int = 0,
 ) -> Iterator[Batch]:
     """The batches of `data` up to row `stop`, after the `done_ids` (their ids appended to
-    `feed_ids` as they go)."""
+    `feed_ids` as they go); `first`: the row `data` starts at (a `Resumable`'s: after the
+    done ones)."""
     ids = _Ids(given.ids)
-    row = 0
+    row = first
     for item in data:
         if stop is not None and row >= stop:
             return

@@ -39,6 +39,8 @@ class DumpOptions:
             temporary folder).
         overwrite: replace a dump already in `out`.
         resume: finish an interrupted dump in `out`.
+        grows: with `resume`, a complete dump is carried on too (its source grew since: an
+            import of files an engine is still writing).
         shard_bytes: about how many bytes go into one shard file.
         save_dtype: the dtype written for floating tensors (None: as captured).
         part: this run writes one part of a dump that another process locked, checked and
@@ -59,6 +61,7 @@ class DumpOptions:
     part: Part | None = None
     max_disk: int | None = None
     checksum: Algorithm = DEFAULT
+    grows: bool = False
 
     @property
     def folder(self) -> Path | None:
