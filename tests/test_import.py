@@ -191,7 +191,7 @@ def test_the_layers_must_be_named_and_counted(gpt2: torch.nn.Module, tmp_path: P
     )
     assert_usage_error(
         invoke("import", "sglang", engine, "--out", out, "--layer-ids", "1,3"),
-        "cannot import 'sglang': the kinds are vllm",
+        "cannot import 'sglang': the kinds are vllm, trtllm",
     )
     assert_usage_error(
         invoke("import", "vllm", str(tmp_path / "nothing"), "--out", out, "--layer-ids", "1"),
@@ -231,7 +231,8 @@ def test_a_source_without_request_files_or_with_one_too_large_is_one_line(
 ) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("not a request")
-    assert_usage_error(_import(tmp_path / "empty", tmp_path / "d"), "holds no request file")
+    said = "holds no vllm file (*.safetensors, *.safetensors.zst)"
+    assert_usage_error(_import(tmp_path / "empty", tmp_path / "d"), said)
     from hookdump.inputs import engine_files
 
     paths = _engine_files(gpt2, tmp_path / "engine")

@@ -25,7 +25,8 @@ def import_(
         typer.Argument(
             metavar="KIND",
             help="The engine that wrote the files: vllm (its hidden-states connectors' "
-            "<request>.safetensors, or .safetensors.zst: the zstd extra).",
+            "<request>.safetensors, or .safetensors.zst: the zstd extra) or trtllm (the "
+            "SaveHiddenStates mode's <prefix>_<n>.pt).",
             show_default=False,
         ),
     ],
@@ -52,9 +53,11 @@ def import_(
         typer.Option(
             "--layer-ids",
             metavar="N,N,...",
-            help="The model's layers the files hold, in their order (vLLM's "
-            "eagle_aux_hidden_state_layer_ids): layer N's rows become the key "
-            "blocks.N.hook_resid_pre, the residual stream entering decoder layer N.",
+            help="The model's layers the files hold, in their order. vLLM's "
+            "eagle_aux_hidden_state_layer_ids: layer N becomes blocks.N.hook_resid_pre, the "
+            "residual stream entering decoder layer N. TensorRT-LLM's layers_to_capture, "
+            "sorted, -1 last: blocks.N.hook_resid_post, leaving it, and -1 (the final "
+            "norm's output) ln_final.hook_normalized.",
             show_default=False,
         ),
     ] = "",
@@ -120,7 +123,7 @@ def _numbers(text: str) -> list[int]:
     """`--layer-ids 1,2,3` as numbers (one that is not: an error naming it)."""
     found = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        if not part.isdigit():
+        if not part.removeprefix("-").isdigit():
             raise HookdumpError(
                 f"{opt('layer_ids')} {printable(part)!r} is not a layer's number; "
                 "give them as 1,2,3"

@@ -1,16 +1,18 @@
-"""`hookdump import`: the hidden states a serving engine wrote, one file per request
-(`inputs.engine_files`), made a dump as `run` writes one. The files are replayed as a model:
+"""`hookdump import`: the hidden states a serving engine wrote (`inputs.engine_files`,
+`inputs.trtllm_files`), made a dump as `run` writes one. The files are replayed as a model:
 its forward hands each layer's rows to a module named for the standard name they are
-(`blocks.N.hook_resid_pre`: the residual stream entering decoder layer N), and the one
-engine (hooks, token rows with `__sample__`, `__position__` and `__token_ids__`, shards,
-statistics, checksums, a folder or a URL) writes them as it writes any model's, so that the
-import and `hookdump run` of the same tokens through the model compare key by key."""
+(vLLM's layer N: `blocks.N.hook_resid_pre`, the residual stream entering decoder layer N;
+TensorRT-LLM's: `blocks.N.hook_resid_post`, leaving it, and -1, the final norm's output,
+`ln_final.hook_normalized`), and the one engine (hooks, token rows with `__sample__`,
+`__position__` and `__token_ids__`, shards, statistics, checksums, a folder or a URL)
+writes them as it writes any model's, so that the import and `hookdump run` of the same
+tokens through the model compare key by key."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,29 +20,46 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookdump.engine.options import RunOptions
 from hookdump.errors import HookdumpError, opt, printable
 from hookdump.inputs.engine_files import Request, request_files
 from hookdump.inputs.python import PythonData, Resumable
-from hookdump.inputs.requests import Before, RequestFeed, refuse_overlap
+from hookdump.inputs.requests import FORMATS, Before, RequestFeed, refuse_overlap
 from hookdump.store.location import destination_of
 from hookdump.store.read.dump import Dump
 
-KINDS = ("vllm",)  # the engines whose files are read
+
+def _vllm_key(layer: int) -> str:
+    return f"blocks.{layer}.hook_resid_pre"
 
 
-class _Block(nn.Module):
-    def __init__(self) -> None:
+def _trtllm_key(layer: int) -> str:
+    return "ln_final.hook_normalized" if layer == -1 else f"blocks.{layer}.hook_resid_post"
+
+
+# each engine's layer ids as standard names, and the least id it may name
+KEYS: dict[str, tuple[Callable[[int], str], int]] = {
+    "vllm": (_vllm_key, 0),
+    "trtllm": (_trtllm_key, -1),
+}
+KINDS = tuple(KEYS)
+
+
+class HiddenStates(nn.Module):
+    """An engine's hidden states as a model: `hidden_states` `[batch, tokens, layers,
+    hidden]`, layer i handed to the module named `keys[i]` (an identity)."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
         super().__init__()
-        self.hook_resid_pre = nn.Identity()
-
-
-class VllmHiddenStates(nn.Module):
-    """vLLM's hidden states as a model: `hidden_states` `[batch, tokens, layers, hidden]`,
-    layer i of the file handed to `blocks.<layer_ids[i]>.hook_resid_pre`."""
-
-    def __init__(self, layer_ids: Sequence[int]) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleDict({str(n): _Block() for n in layer_ids})
+        self.keys = list(keys)
+        for key in self.keys:
+            parent: nn.Module = self
+            *path, last = key.split(".")
+            for part in path:
+                if not hasattr(parent, part):
+                    parent.add_module(part, nn.Module())
+                parent = parent.get_submodule(part)
+            parent.add_module(last, nn.Identity())
 
     def forward(
         self,
@@ -49,8 +68,8 @@ class VllmHiddenStates(nn.Module):
         hidden_states: torch.Tensor,
         request_id: str = "",
     ) -> torch.Tensor:
-        for index, block in enumerate(self.blocks.values()):
-            block.get_submodule("hook_resid_pre")(hidden_states[:, :, index])
+        for index, key in enumerate(self.keys):
+            self.get_submodule(key)(hidden_states[:, :, index])
         return hidden_states
 
 
@@ -92,25 +111,44 @@ def import_engine(
     bad file is left out and listed in the manifest's `skipped_inputs`, not an error)."""
     if kind not in KINDS:
         raise HookdumpError(f"cannot import {kind!r}: the kinds are {', '.join(KINDS)}")
-    ids = _checked_ids(layer_ids)
+    key, least = KEYS[kind]
+    ids = _checked_ids(layer_ids, least)
     how = writing or Writing()
     where = destination_of(out)
     refuse_overlap(Path(source), where if isinstance(where, Path) else None)
-    paths = request_files(Path(source))
+    form = FORMATS[kind]
+    paths = request_files(Path(source), form.suffixes)
     if not paths:
         raise HookdumpError(
-            f"{printable(str(source))} holds no request file (*.safetensors, *.safetensors.zst)"
+            f"{printable(str(source))} holds no {kind} file "
+            f"({', '.join('*' + s for s in form.suffixes)})"
         )
     before = Before.of(_previous(out, how) if how.resume else None)
-    feed = RequestFeed(Path(source), paths, skip_bad=skip_bad, before=before)
-    from hookdump.engine.live import dump_given, run_options
+    feed = RequestFeed(Path(source), paths, form, layers=len(ids), skip_bad=skip_bad, before=before)
+    model = HiddenStates([key(n) for n in ids])
+    options = _options(model, out, how)
+    about = {"engine": {"name": kind, "version": None}, "layer_ids": ids}
+    data = Resumable(
+        lambda done: _batches(feed.after(done), len(ids)),
+        lambda: {**feed.about(), **about},
+        feed.skipped,
+    )
+    given = PythonData(data, ids=lambda batch: [batch["request_id"]], per_token=True)
+    from hookdump.engine.live import dump_given
 
-    model = VllmHiddenStates(ids)
+    written = dump_given(options, model, given, progress=progress)
+    return Imported(written, feed.waiting, feed.skipped)
+
+
+def _options(model: HiddenStates, out: str | os.PathLike[str], how: Writing) -> RunOptions:
+    """The run that writes the dump: every layer, a row per token."""
+    from hookdump.engine.live import run_options
+
     options = run_options(
         model,
         model,
         out,
-        layers=[f"blocks.{n}.hook_resid_pre" for n in ids],
+        layers=model.keys,
         per_token=True,
         shard_size=how.shard_size,
         overwrite=how.overwrite,
@@ -119,16 +157,7 @@ def import_engine(
         spool=how.spool,
     )
     # resuming goes on with a complete import too: the engine may have written more since
-    options = dataclasses.replace(options, dump=dataclasses.replace(options.dump, grows=True))
-    about = {"engine": {"name": kind, "version": None}, "layer_ids": ids}
-    data = Resumable(
-        lambda done: _batches(feed.after(done), len(ids)),
-        lambda: {**feed.about(), **about},
-        feed.skipped,
-    )
-    given = PythonData(data, ids=lambda batch: [batch["request_id"]], per_token=True)
-    written = dump_given(options, model, given, progress=progress)
-    return Imported(written, feed.waiting, feed.skipped)
+    return dataclasses.replace(options, dump=dataclasses.replace(options.dump, grows=True))
 
 
 def _previous(out: str | os.PathLike[str], how: Writing) -> Any:
@@ -140,16 +169,17 @@ def _previous(out: str | os.PathLike[str], how: Writing) -> Any:
         return None
 
 
-def _checked_ids(layer_ids: Sequence[int]) -> list[int]:
+def _checked_ids(layer_ids: Sequence[int], least: int) -> list[int]:
     ids = list(layer_ids)
     if not ids:
         raise HookdumpError(
             f"say which layers the files hold: {opt('layer_ids')} 1,2,3,4 (the engine's "
-            "eagle_aux_hidden_state_layer_ids, in their order)"
+            "capture layers, in their order)"
         )
-    if any(n < 0 for n in ids) or len(set(ids)) != len(ids):
+    if any(n < least for n in ids) or len(set(ids)) != len(ids):
         raise HookdumpError(
-            f"{opt('layer_ids')} {','.join(map(str, ids))}: each a layer's number, 0 or more, once"
+            f"{opt('layer_ids')} {','.join(map(str, ids))}: each a layer's number, "
+            f"{least} or more, once"
         )
     return ids
 

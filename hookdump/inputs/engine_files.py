@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from hookdump.errors import HookdumpError, printable
 from hookdump.inputs.finite import first_nonfinite
 
 SUFFIXES = (".safetensors", ".safetensors.zst")
+_DIGITS = re.compile(r"(\d+)")
 MAX_FILE_BYTES = 64 << 30  # one request's file, decompressed: refused beyond
 CHUNK_BYTES = 64 << 20
 
@@ -83,9 +85,9 @@ class Layout:
             )
 
 
-def request_files(source: Path) -> list[Path]:
-    """The request files under `source` (a folder, searched down; or one file), in the
-    order of their paths."""
+def request_files(source: Path, suffixes: tuple[str, ...] = SUFFIXES) -> list[Path]:
+    """The files named `*<suffix>` under `source` (a folder, searched down; or one file),
+    in the natural order of their paths (`data_2.pt` before `data_10.pt`)."""
     if source.is_file():
         return [source]
     if not source.is_dir():
@@ -93,18 +95,14 @@ def request_files(source: Path) -> list[Path]:
     found = [
         path
         for path in source.rglob("*")
-        if path.name.endswith(SUFFIXES) and not path.name.startswith(".") and path.is_file()
+        if path.name.endswith(suffixes) and not path.name.startswith(".") and path.is_file()
     ]
-    found.sort(key=lambda p: p.relative_to(source).as_posix())
-    seen: dict[str, Path] = {}
-    for path in found:  # the request id names a sample: two files may not share one
-        other = seen.setdefault(request_id(path), path)
-        if other is not path:
-            raise HookdumpError(
-                f"{printable(str(other))} and {printable(str(path))} are both request "
-                f"{printable(request_id(path))!r}; import their folders one at a time"
-            )
-    return found
+    return sorted(found, key=lambda p: _natural(p.relative_to(source).as_posix()))
+
+
+def _natural(text: str) -> list[str | int]:
+    """`text` with its runs of digits as numbers (a run falls at every odd place)."""
+    return [int(part) if index % 2 else part for index, part in enumerate(_DIGITS.split(text))]
 
 
 def request_id(path: Path) -> str:
@@ -155,10 +153,23 @@ def read_request(path: Path) -> Request:
             f": hidden_states is {_name(hidden.dtype)} {list(hidden.shape)}, not floats "
             "[tokens, layers, hidden]",
         )
-    if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
-        raise BadEngineFile(
-            where, f": token_ids is {_name(ids.dtype)} {list(ids.shape)}, not integers [tokens]"
-        )
+    return checked_request(request_id(path), path, where, ids, hidden)
+
+
+def checked_request(
+    rid: str, path: Path, where: str, ids: object, hidden: torch.Tensor, ids_name: str = "token_ids"
+) -> Request:
+    """Request `rid` of the file `path` (`where`, in messages): its token ids `ids`
+    `[tokens]` of integers (the file's `ids_name`) and as many rows of `hidden`
+    `[tokens, layers, hidden]`, every value finite."""
+    if (
+        not isinstance(ids, torch.Tensor)
+        or ids.dim() != 1
+        or ids.is_floating_point()
+        or ids.dtype == torch.bool
+    ):
+        what = f"{_name(ids.dtype)} {list(ids.shape)}" if isinstance(ids, torch.Tensor) else "not"
+        raise BadEngineFile(where, f": {ids_name} is {what}, not integers [tokens]")
     if len(hidden) != len(ids):
         raise BadEngineFile(
             where,
@@ -176,7 +187,7 @@ def read_request(path: Path) -> Request:
             f": token {token}'s hidden state in the file's layer {layer} (counted from "
             "0) is not finite (NaN or infinity)",
         )
-    return Request(request_id(path), path, ids.to(torch.int64), hidden)
+    return Request(rid, path, ids.to(torch.int64), hidden)
 
 
 def _decompressed(path: Path) -> bytes:

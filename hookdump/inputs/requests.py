@@ -7,20 +7,35 @@ manifest's `input`."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hookdump.errors import HookdumpError, opt, printable
-from hookdump.inputs.engine_files import (
-    BadEngineFile,
-    Layout,
-    Request,
-    being_written,
-    read_request,
-    request_id,
-)
+from hookdump.inputs import engine_files, trtllm_files
+from hookdump.inputs.engine_files import BadEngineFile, Layout, Request, being_written
+
+
+@dataclass(frozen=True)
+class Format:
+    """How an engine's files are found and read: their `suffixes`; `read(path, layers)`,
+    the requests a file holds; `named(path)`, the one request a file's name says it holds
+    (None: read it to know)."""
+
+    suffixes: tuple[str, ...]
+    read: Callable[[Path, int], list[Request]]
+    named: Callable[[Path], str] | None = None
+
+
+FORMATS = {
+    "vllm": Format(
+        engine_files.SUFFIXES,
+        lambda path, _: [engine_files.read_request(path)],
+        engine_files.request_id,
+    ),
+    "trtllm": Format(trtllm_files.SUFFIXES, trtllm_files.read_requests),
+}
 
 
 @dataclass(frozen=True)
@@ -56,41 +71,57 @@ class Before:
 
 
 class RequestFeed:
-    """The requests of the files `paths` under `source`, read as the import goes."""
+    """The requests of the files `paths` under `source`, read as the import goes, each
+    `layers` deep."""
 
     def __init__(
-        self, source: Path, paths: Sequence[Path], *, skip_bad: bool, before: Before
-    ) -> None:
-        self.source, self.paths = source, list(paths)
+        self, source: Path, paths: Sequence[Path], how: Format, *, layers: int, skip_bad: bool,
+        before: Before,
+    ) -> None:  # fmt: skip
+        self.source, self.paths, self.how, self.layers = source, list(paths), how, layers
         self.skip_bad, self.before = skip_bad, before
         self.waiting: list[Path] = []  # being written: left for a later import
         self.skipped: list[dict[str, str]] = []  # {"path", "error"}, as they are met
         # {"id", "path", "bytes"} of every row's file (until `after` is asked: as before)
         self.files: list[dict[str, Any]] = list(before.files.values())
+        if how.named is not None:
+            _one_file_each(self.paths, how.named)
 
     def after(self, done_ids: Sequence[Any]) -> Iterator[Request]:
         """Every request not among `done_ids` (those a resumed dump holds) nor left out by
         the import before, checked and alike in layout, in the order of their paths."""
         done = {str(i) for i in done_ids}
-        by_id = {request_id(path): path for path in self.paths}
+        named = self.how.named
+        by_id = {named(path): path for path in self.paths} if named is not None else {}
         self.files = [self._entry(str(i), by_id.get(str(i))) for i in done_ids]
+        seen: dict[str, Path] = {}
         layout = Layout()
         for path in self.paths:
-            if request_id(path) in done or os.path.abspath(path) in self.before.skipped:
+            if named is not None and named(path) in done:
+                continue  # never read again
+            if os.path.abspath(path) in self.before.skipped:
                 continue
             if being_written(path):
                 self.waiting.append(path)
                 continue
-            try:
-                request = read_request(path)
+            for request in self._read(path, layout):
+                if request.id not in done:
+                    _once(seen, request)
+                    self.files.append(self._entry(request.id, path))
+                    yield request
+
+    def _read(self, path: Path, layout: Layout) -> list[Request]:
+        """The requests of `path`, checked and alike in layout (none: skipped as bad)."""
+        try:
+            requests = self.how.read(path, self.layers)
+            for request in requests:
                 layout.check(request)
-            except BadEngineFile as exc:
-                if not self.skip_bad:
-                    raise
-                self.skipped.append({"path": os.path.abspath(path), "error": exc.problem})
-                continue
-            self.files.append(self._entry(request.id, path))
-            yield request
+        except BadEngineFile as exc:
+            if not self.skip_bad:
+                raise
+            self.skipped.append({"path": os.path.abspath(path), "error": exc.problem})
+            return []
+        return requests
 
     def about(self) -> dict[str, Any]:
         """The manifest's account of the source: its folder and every request's file."""
@@ -104,6 +135,29 @@ class RequestFeed:
             return {"id": rid, "path": None, "bytes": None}
         where = path.relative_to(self.source) if path != self.source else Path(path.name)
         return {"id": rid, "path": where.as_posix(), "bytes": path.stat().st_size}
+
+
+def _one_file_each(paths: Sequence[Path], named: Callable[[Path], str]) -> None:
+    """Files named for their request: two of one request (in two folders) are refused."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        other = seen.setdefault(named(path), path)
+        if other is not path:
+            raise HookdumpError(
+                f"{printable(str(other))} and {printable(str(path))} are both request "
+                f"{printable(named(path))!r}; import their folders one at a time"
+            )
+
+
+def _once(seen: dict[str, Path], request: Request) -> None:
+    """A request id names a sample: two requests may not share one."""
+    if request.id in seen:
+        raise HookdumpError(
+            f"request {printable(request.id)!r} appears twice: in "
+            f"{printable(str(seen[request.id]))} and in {printable(str(request.path))}; "
+            "import such files one at a time"
+        )
+    seen[request.id] = request.path
 
 
 def refuse_overlap(source: Path, out: Path | None) -> None:
