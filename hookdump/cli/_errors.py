@@ -72,6 +72,7 @@ _FLAGS = {
     "shard_bytes": "--shard-size",
     "path": "PATH",
     "key": "KEY",
+    "key_map": "--key",
 }
 _NEGATED = {"strict": "--no-strict", "early_stop": "--no-early-stop", "bos": "--no-bos"}
 

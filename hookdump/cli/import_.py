@@ -26,7 +26,8 @@ def import_(
             metavar="KIND",
             help="The engine that wrote the files: vllm (its hidden-states connectors' "
             "<request>.safetensors, or .safetensors.zst: the zstd extra) or trtllm (the "
-            "SaveHiddenStates mode's <prefix>_<n>.pt).",
+            "SaveHiddenStates mode's <prefix>_<n>.pt) or files (a folder of per-sample "
+            "<id>.safetensors: --key).",
             show_default=False,
         ),
     ],
@@ -61,6 +62,26 @@ def import_(
             show_default=False,
         ),
     ] = "",
+    key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--key",
+            metavar="NAME=KEY",
+            help="files: the dump's key NAME from each file's tensor KEY (repeatable); "
+            "__token_ids__=KEY: the file's token ids, which make its rows token rows.",
+            show_default=False,
+        ),
+    ] = None,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens",
+            metavar="FILE",
+            help="files: each sample's token ids, one JSON line a sample: {\"id\": <the file's "
+            'name>, "token_ids": [...]}.',
+            show_default=False,
+        ),
+    ] = None,
     skip_bad: Annotated[
         bool,
         typer.Option(
@@ -84,14 +105,15 @@ def import_(
     quiet: QuietOpt = False,
 ) -> None:
     """Import a serving engine's hidden states into a dump, checked row by row."""
-    from hookdump.engine.importing import Writing, import_engine
+    from hookdump.engine.importing import Held, Writing, import_engine
 
     writing = Writing(shard_size, overwrite, storage_options(storage_option), spool, resume)
+    held = Held(_numbers(layer_ids), key or [], tokens)
     imported = import_engine(
         kind,
         source,
         out,
-        layer_ids=_numbers(layer_ids),
+        held,
         writing=writing,
         skip_bad=skip_bad,
         progress=not quiet,
@@ -110,11 +132,11 @@ def import_(
             soft_wrap=True,
         )
     if not quiet:
-        sequences = dump.manifest.samples_fed
-        layers = [key for key in dump if not key.startswith("__")]
+        keys = len([key for key in dump if not key.startswith("__")])
+        unit, what = ("samples", "keys") if kind == "files" else ("requests", "layers")
+        rows = f"{dump.num_samples:,} token rows, " if dump.manifest.token_rows else ""
         _output.stdout().print(
-            f"imported {sequences:,} requests ({dump.num_samples:,} token rows, "
-            f"{len(layers)} layers) into {dump.path}",
+            f"imported {dump.manifest.samples_fed:,} {unit} ({rows}{keys} {what}) into {dump.path}",
             soft_wrap=True,
         )
 

@@ -22,9 +22,18 @@ from torch import nn
 
 from hookdump.engine.options import RunOptions
 from hookdump.errors import HookdumpError, opt, printable
-from hookdump.inputs.engine_files import Request, request_files
+from hookdump.inputs.engine_files import request_files
 from hookdump.inputs.python import PythonData, Resumable
-from hookdump.inputs.requests import FORMATS, Before, RequestFeed, refuse_overlap
+from hookdump.inputs.requests import (
+    Before,
+    Format,
+    Item,
+    RequestFeed,
+    engine_format,
+    files_format,
+    refuse_overlap,
+)
+from hookdump.inputs.sample_files import Keys, read_tokens
 from hookdump.store.location import destination_of
 from hookdump.store.read.dump import Dump
 
@@ -42,34 +51,40 @@ KEYS: dict[str, tuple[Callable[[int], str], int]] = {
     "vllm": (_vllm_key, 0),
     "trtllm": (_trtllm_key, -1),
 }
-KINDS = tuple(KEYS)
+KINDS = (*KEYS, "files")
 
 
 class HiddenStates(nn.Module):
-    """An engine's hidden states as a model: `hidden_states` `[batch, tokens, layers,
-    hidden]`, layer i handed to the module named `keys[i]` (an identity)."""
+    """An engine's hidden states as a model: `hidden_states`, a list of `[batch, tokens,
+    ...]` (or a sample's `[batch, ...]`), value i handed to the module named `names[i]`
+    (an identity)."""
 
-    def __init__(self, keys: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str]) -> None:
         super().__init__()
-        self.keys = list(keys)
-        for key in self.keys:
+        self.names = list(names)
+        for name in self.names:
             parent: nn.Module = self
-            *path, last = key.split(".")
-            for part in path:
-                if not hasattr(parent, part):
-                    parent.add_module(part, nn.Module())
-                parent = parent.get_submodule(part)
-            parent.add_module(last, nn.Identity())
+            *path, last = name.split(".")
+            try:
+                for part in path:
+                    if part not in parent._modules:
+                        parent.add_module(part, nn.Module())
+                    parent = parent.get_submodule(part)
+                parent.add_module(last, nn.Identity())
+            except (KeyError, AttributeError):
+                raise HookdumpError(
+                    f"{name!r} cannot be a key here (a part of it is taken); name it otherwise"
+                ) from None
 
     def forward(
         self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        hidden_states: torch.Tensor,
+        hidden_states: list[torch.Tensor],
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         request_id: str = "",
-    ) -> torch.Tensor:
-        for index, key in enumerate(self.keys):
-            self.get_submodule(key)(hidden_states[:, :, index])
+    ) -> list[torch.Tensor]:
+        for name, value in zip(self.names, hidden_states, strict=True):
+            self.get_submodule(name)(value)
         return hidden_states
 
 
@@ -95,28 +110,42 @@ class Imported:
     skipped: list[dict[str, str]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Held:
+    """What the files hold. `layer_ids` (vllm, trtllm): the model's layers, in their order
+    (vLLM's `eagle_aux_hidden_state_layer_ids`, TensorRT-LLM's `layers_to_capture`).
+    `key_map` (files): `NAME=KEY` pairs, the dump's key NAME from each file's tensor KEY
+    (`__token_ids__=KEY`: its token ids); `tokens` (files): a JSON-lines file of each
+    sample's token ids."""
+
+    layer_ids: Sequence[int] = ()
+    key_map: Sequence[str] = ()
+    tokens: str | os.PathLike[str] | None = None
+
+
 def import_engine(
     kind: str,
     source: str | os.PathLike[str],
     out: str | os.PathLike[str],
+    held: Held,
     *,
-    layer_ids: Sequence[int],
     writing: Writing | None = None,
     skip_bad: bool = False,
     progress: bool = False,
 ) -> Imported:
-    """Import the request files of engine `kind` under `source` into a dump at `out`
-    (`layer_ids`: the model's layers the files hold, in their order: vLLM's
-    `eagle_aux_hidden_state_layer_ids`; `writing`: how the dump is written; `skip_bad`: a
-    bad file is left out and listed in the manifest's `skipped_inputs`, not an error)."""
+    """Import the files of engine `kind` under `source`, holding `held`, into a dump at
+    `out` (`writing`: how the dump is written; `skip_bad`: a bad file is left out and
+    listed in the manifest's `skipped_inputs`, not an error)."""
     if kind not in KINDS:
         raise HookdumpError(f"cannot import {kind!r}: the kinds are {', '.join(KINDS)}")
-    key, least = KEYS[kind]
-    ids = _checked_ids(layer_ids, least)
     how = writing or Writing()
     where = destination_of(out)
-    refuse_overlap(Path(source), where if isinstance(where, Path) else None)
-    form = FORMATS[kind]
+    folder = where if isinstance(where, Path) else None
+    refuse_overlap(Path(source), folder)
+    tokens = None if held.tokens is None else Path(held.tokens)
+    if tokens is not None:
+        refuse_overlap(tokens, folder)
+    form, names, told = _reading(kind, held.layer_ids, held.key_map, tokens)
     paths = request_files(Path(source), form.suffixes)
     if not paths:
         raise HookdumpError(
@@ -124,32 +153,63 @@ def import_engine(
             f"({', '.join('*' + s for s in form.suffixes)})"
         )
     before = Before.of(_previous(out, how) if how.resume else None)
-    feed = RequestFeed(Path(source), paths, form, layers=len(ids), skip_bad=skip_bad, before=before)
-    model = HiddenStates([key(n) for n in ids])
-    options = _options(model, out, how)
-    about = {"engine": {"name": kind, "version": None}, "layer_ids": ids}
+    feed = RequestFeed(Path(source), paths, form, skip_bad=skip_bad, before=before)
+    model = HiddenStates(names)
+    options = _options(model, out, how, per_token=form.token_rows)
+    about = {"engine": {"name": kind, "version": None}, **told}
     data = Resumable(
-        lambda done: _batches(feed.after(done), len(ids)),
-        lambda: {**feed.about(), **about},
-        feed.skipped,
+        lambda done: _batches(feed.after(done)), lambda: {**feed.about(), **about}, feed.skipped
     )
-    given = PythonData(data, ids=lambda batch: [batch["request_id"]], per_token=True)
+    given = PythonData(data, ids=lambda batch: [batch["request_id"]], per_token=form.token_rows)
     from hookdump.engine.live import dump_given
 
     written = dump_given(options, model, given, progress=progress)
     return Imported(written, feed.waiting, feed.skipped)
 
 
-def _options(model: HiddenStates, out: str | os.PathLike[str], how: Writing) -> RunOptions:
-    """The run that writes the dump: every layer, a row per token."""
+def _reading(
+    kind: str, layer_ids: Sequence[int], keys: Sequence[str], tokens: Path | None
+) -> tuple[Format, list[str], dict[str, Any]]:
+    """How `kind`'s files are read, the dump's keys, and what the manifest says of them."""
+    if kind == "files":
+        if layer_ids:
+            raise HookdumpError(
+                f"{opt('layer_ids')} is for vllm and trtllm; name the files' tensors with "
+                f"{opt('key_map')} NAME=KEY"
+            )
+        mapped = Keys.parse(list(keys))
+        if tokens is not None and mapped.token_ids is not None:
+            raise HookdumpError(
+                f"give the token ids once: {opt('tokens')} or {opt('key_map')} __token_ids__=KEY"
+            )
+        form = files_format(mapped, None if tokens is None else read_tokens(tokens))
+        return (
+            form,
+            list(mapped.names),
+            {"keys": dict(zip(mapped.names, mapped.tensors, strict=True))},
+        )
+    if keys or tokens is not None:
+        raise HookdumpError(
+            f"{opt('key_map')} and {opt('tokens')} are for files: {kind}'s files name their "
+            f"tensors and hold their token ids (name their layers with {opt('layer_ids')})"
+        )
+    key, least = KEYS[kind]
+    ids = _checked_ids(layer_ids, least)
+    return engine_format(kind, len(ids)), [key(n) for n in ids], {"layer_ids": ids}
+
+
+def _options(
+    model: HiddenStates, out: str | os.PathLike[str], how: Writing, *, per_token: bool
+) -> RunOptions:
+    """The run that writes the dump: every key, a row per token (or per sample)."""
     from hookdump.engine.live import run_options
 
     options = run_options(
         model,
         model,
         out,
-        layers=model.keys,
-        per_token=True,
+        layers=model.names,
+        per_token=per_token,
         shard_size=how.shard_size,
         overwrite=how.overwrite,
         resume=how.resume,
@@ -184,18 +244,14 @@ def _checked_ids(layer_ids: Sequence[int], least: int) -> list[int]:
     return ids
 
 
-def _batches(found: Iterable[Request], layers: int) -> Iterator[dict[str, Any]]:
-    """One batch per request: its tokens, all real, and its hidden states."""
-    for request in found:
-        if request.hidden.shape[1] != layers:
-            raise HookdumpError(
-                f"{printable(str(request.path))} holds {request.hidden.shape[1]} layers, and "
-                f"{opt('layer_ids')} names {layers}: give the ids of every layer it holds"
-            )
-        ids = request.token_ids[None]
-        yield {
-            "input_ids": ids,
-            "attention_mask": torch.ones_like(ids),
-            "hidden_states": request.hidden[None],
-            "request_id": request.id,
+def _batches(found: Iterable[Item]) -> Iterator[dict[str, Any]]:
+    """One batch per item: its values and, for token rows, its tokens, all real."""
+    for item in found:
+        batch: dict[str, Any] = {
+            "hidden_states": [value[None] for value in item.values()],
+            "request_id": item.id,
         }
+        if item.token_ids is not None:
+            ids = item.token_ids[None]
+            batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+        yield batch

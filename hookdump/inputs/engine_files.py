@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
-from hookdump.errors import HookdumpError, printable
+from hookdump.errors import HookdumpError, opt, printable
 from hookdump.inputs.finite import first_nonfinite
 
 SUFFIXES = (".safetensors", ".safetensors.zst")
@@ -53,6 +53,10 @@ class Request:
     path: Path
     token_ids: torch.Tensor
     hidden: torch.Tensor
+
+    def values(self) -> list[torch.Tensor]:
+        """Each layer's rows, `[tokens, hidden]`."""
+        return list(self.hidden.unbind(1))
 
 
 @dataclass
@@ -127,7 +131,7 @@ def being_written(path: Path) -> bool:
     return False
 
 
-def read_request(path: Path) -> Request:
+def read_request(path: Path, layers: int) -> Request:
     """One request's file, decompressed if it is `.zst`, checked: `hidden_states`
     `[tokens, layers, hidden]` of floats and `token_ids` `[tokens]` of integers, as many rows
     as tokens, every value finite."""
@@ -152,6 +156,11 @@ def read_request(path: Path) -> Request:
             where,
             f": hidden_states is {_name(hidden.dtype)} {list(hidden.shape)}, not floats "
             "[tokens, layers, hidden]",
+        )
+    if hidden.shape[1] != layers:
+        raise HookdumpError(
+            f"{where} holds {hidden.shape[1]} layers, and {opt('layer_ids')} names {layers}: "
+            "give the ids of every layer it holds"
         )
     return checked_request(request_id(path), path, where, ids, hidden)
 

@@ -10,32 +10,66 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from hookdump.errors import HookdumpError, opt, printable
-from hookdump.inputs import engine_files, trtllm_files
-from hookdump.inputs.engine_files import BadEngineFile, Layout, Request, being_written
+from hookdump.inputs import engine_files, sample_files, trtllm_files
+from hookdump.inputs.engine_files import BadEngineFile, Layout, being_written
+from hookdump.inputs.sample_files import Keys
+
+
+class Item(Protocol):
+    """One sample an engine's file holds: its id, its file, its token ids (None: a sample's
+    values, not token rows) and its values, each `[tokens, ...]` (or the sample's own)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def token_ids(self) -> torch.Tensor | None: ...
+
+    def values(self) -> list[torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
 class Format:
-    """How an engine's files are found and read: their `suffixes`; `read(path, layers)`,
-    the requests a file holds; `named(path)`, the one request a file's name says it holds
-    (None: read it to know)."""
+    """How an engine's files are found and read: their `suffixes`; `read(path)`, the items
+    a file holds, each checked; `alike()`, a fresh check that each item is laid out as the
+    first; `named(path)`, the one item a file's name says it holds (None: read it to know)."""
 
     suffixes: tuple[str, ...]
-    read: Callable[[Path, int], list[Request]]
+    read: Callable[[Path], Sequence[Item]]
+    alike: Callable[[], Callable[[Any], None]] = lambda: Layout().check
     named: Callable[[Path], str] | None = None
+    token_rows: bool = True  # the items' rows are tokens (else: one row an item)
 
 
-FORMATS = {
-    "vllm": Format(
-        engine_files.SUFFIXES,
-        lambda path, _: [engine_files.read_request(path)],
+def engine_format(kind: str, layers: int) -> Format:
+    """The format of an engine's files (`vllm`, `trtllm`) of `layers` layers each."""
+    if kind == "vllm":
+        return Format(
+            engine_files.SUFFIXES,
+            lambda path: [engine_files.read_request(path, layers)],
+            named=engine_files.request_id,
+        )
+    return Format(trtllm_files.SUFFIXES, lambda path: trtllm_files.read_requests(path, layers))
+
+
+def files_format(keys: Keys, tokens: Mapping[str, torch.Tensor] | None) -> Format:
+    """The format of a folder of per-sample safetensors: `keys` of each, and the samples'
+    token ids in `tokens` (else in the files, if `keys` names them; else none)."""
+    return Format(
+        sample_files.SUFFIXES,
+        lambda path: [sample_files.read_sample(path, keys, tokens)],
+        lambda: sample_files.SampleLayout(keys.names).check,
         engine_files.request_id,
-    ),
-    "trtllm": Format(trtllm_files.SUFFIXES, trtllm_files.read_requests),
-}
+        token_rows=tokens is not None or keys.token_ids is not None,
+    )
 
 
 @dataclass(frozen=True)
@@ -71,14 +105,12 @@ class Before:
 
 
 class RequestFeed:
-    """The requests of the files `paths` under `source`, read as the import goes, each
-    `layers` deep."""
+    """The items of the files `paths` under `source`, read as the import goes."""
 
     def __init__(
-        self, source: Path, paths: Sequence[Path], how: Format, *, layers: int, skip_bad: bool,
-        before: Before,
-    ) -> None:  # fmt: skip
-        self.source, self.paths, self.how, self.layers = source, list(paths), how, layers
+        self, source: Path, paths: Sequence[Path], how: Format, *, skip_bad: bool, before: Before
+    ) -> None:
+        self.source, self.paths, self.how = source, list(paths), how
         self.skip_bad, self.before = skip_bad, before
         self.waiting: list[Path] = []  # being written: left for a later import
         self.skipped: list[dict[str, str]] = []  # {"path", "error"}, as they are met
@@ -87,7 +119,7 @@ class RequestFeed:
         if how.named is not None:
             _one_file_each(self.paths, how.named)
 
-    def after(self, done_ids: Sequence[Any]) -> Iterator[Request]:
+    def after(self, done_ids: Sequence[Any]) -> Iterator[Item]:
         """Every request not among `done_ids` (those a resumed dump holds) nor left out by
         the import before, checked and alike in layout, in the order of their paths."""
         done = {str(i) for i in done_ids}
@@ -95,7 +127,7 @@ class RequestFeed:
         by_id = {named(path): path for path in self.paths} if named is not None else {}
         self.files = [self._entry(str(i), by_id.get(str(i))) for i in done_ids]
         seen: dict[str, Path] = {}
-        layout = Layout()
+        alike = self.how.alike()
         for path in self.paths:
             if named is not None and named(path) in done:
                 continue  # never read again
@@ -104,24 +136,24 @@ class RequestFeed:
             if being_written(path):
                 self.waiting.append(path)
                 continue
-            for request in self._read(path, layout):
+            for request in self._read(path, alike):
                 if request.id not in done:
                     _once(seen, request)
                     self.files.append(self._entry(request.id, path))
                     yield request
 
-    def _read(self, path: Path, layout: Layout) -> list[Request]:
-        """The requests of `path`, checked and alike in layout (none: skipped as bad)."""
+    def _read(self, path: Path, alike: Callable[[Any], None]) -> Sequence[Item]:
+        """The items of `path`, checked and alike in layout (none: skipped as bad)."""
         try:
-            requests = self.how.read(path, self.layers)
-            for request in requests:
-                layout.check(request)
+            items = self.how.read(path)
+            for item in items:
+                alike(item)
         except BadEngineFile as exc:
             if not self.skip_bad:
                 raise
             self.skipped.append({"path": os.path.abspath(path), "error": exc.problem})
             return []
-        return requests
+        return items
 
     def about(self) -> dict[str, Any]:
         """The manifest's account of the source: its folder and every request's file."""
@@ -149,7 +181,7 @@ def _one_file_each(paths: Sequence[Path], named: Callable[[Path], str]) -> None:
             )
 
 
-def _once(seen: dict[str, Path], request: Request) -> None:
+def _once(seen: dict[str, Path], request: Item) -> None:
     """A request id names a sample: two requests may not share one."""
     if request.id in seen:
         raise HookdumpError(
