@@ -18,7 +18,7 @@ CaptureKind = Literal["output", "input", "grad", "ops", "routing", AttentionKind
 TensorKind = Literal[
     "output", "input", "grad_output", "grad_input", "op", "tokens", AttentionKind, RoutingKind
 ]
-ExportTarget = Literal["hf", "saelens", "npy"]
+ExportTarget = Literal["hf", "saelens", "npy", "routing"]
 # what a manifest records of each shard: its CRC32C (the default), or its SHA-256
 ChecksumKind = Literal["crc32c", "sha256"]
 DiffStatus = Literal["match", "differ", "only in A", "only in B", "shape", "dtype"]

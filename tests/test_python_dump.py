@@ -255,7 +255,7 @@ def test_one_python_vocabulary_at_the_top_level() -> None:
 
     assert hints["reduce"] == Reduction and typing.get_args(Reduction) == REDUCTIONS
     assert typing.get_type_hints(hookdump.export)["to"] == ExportTarget
-    assert EXPORT_TARGETS == ("hf", "saelens", "npy")
+    assert EXPORT_TARGETS == ("hf", "saelens", "npy", "routing")
     assert list(inspect.signature(hookdump.export).parameters)[:3] == ["dump", "out", "to"]
     assert (
         inspect.signature(hookdump.export).parameters["to"].kind is inspect.Parameter.KEYWORD_ONLY

@@ -19,7 +19,7 @@ from hookdump.format.values import format_bytes
 if TYPE_CHECKING:
     from hookdump.engine.options import RunResult
     from hookdump.store.stats import KeySummary, TensorStats
-    from hookdump.tools.diff import DiffResult, KeyDiff
+    from hookdump.tools.diff import Agreement, DiffResult, KeyDiff
     from hookdump.tools.inspect import Inspection
     from hookdump.tools.layers import LayerRow
 
@@ -496,6 +496,8 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
         console.print(said, markup=False, highlight=False)
     for problem in result.problems:
         console.print(f"- {problem}", markup=False, highlight=False, style="red")
+    for routing in result.routing:
+        console.print(_agreement(routing), markup=False, highlight=False)
     tolerance = f"atol={result.atol:g}, rtol={result.rtol:g}"
     failures = result.failures
     if failures:
@@ -511,6 +513,19 @@ def print_diff(result: DiffResult, console: Console, show_all: bool = False) -> 
         console.print(f"{_all_match(len(result.keys))} ({tolerance}), but see above", markup=False)
     else:
         console.print(f"{_all_match(len(result.keys))} ({tolerance})", markup=False)
+
+
+def _agreement(routing: Agreement) -> str:
+    """A MoE block's routing in one line: the share of tokens that choose the same experts."""
+    block = routing.key.removesuffix(":topk_ids")
+    said = (
+        f"routing of {block}: {routing.share:.1%} of {counted(routing.tokens, 'token')} choose "
+        "the same experts"
+    )
+    if routing.first >= 0:
+        said += f"; the first that does not: row {routing.first:,}"
+        said += f" ({routing.where})" if routing.where else ""
+    return said
 
 
 def _diff_columns(rows: Sequence[KeyDiff], common: str = "") -> list[_Column]:

@@ -88,6 +88,7 @@ class RoutingTap:
         self._probs = frozenset(probs)
         self._shapes: dict[str, torch.Size] = {}  # block -> its input's shape, this call
         self._handles: list[Any] = []
+        self._checked: set[str] = set()  # blocks whose router was seen to give logits
 
     def __enter__(self) -> RoutingTap:
         try:
@@ -126,6 +127,9 @@ class RoutingTap:
             lead = tuple(shape[:-1]) if shape is not None and len(shape) >= 2 else None
             given = dict(zip(_ROUTER_GIVES, output[:3], strict=True))
             logits = given["router_logits"]
+            if name not in self._checked and isinstance(logits, torch.Tensor):
+                _refuse_probabilities(name, module, logits)
+                self._checked.add(name)
             if name in self._probs and isinstance(logits, torch.Tensor):
                 given["router_probs"] = logits.float().softmax(-1)
             for kind in (*ROUTING_KINDS, "router_probs"):  # logits, ids, weights: the contract's
@@ -135,3 +139,19 @@ class RoutingTap:
                     self._seen(name, kind, rows)
 
         return hook
+
+
+def _refuse_probabilities(name: str, router: nn.Module, logits: torch.Tensor) -> None:
+    """A router that returns probabilities where its logits belong (some transformers
+    releases' routers did): every value non-negative and each token's summing to 1. They
+    are refused, not written as `router_logits`."""
+    if logits.shape[-1] < 2 or not logits.numel() or not logits.is_floating_point():
+        return
+    values = logits.detach().float()
+    if bool((values >= 0).all()) and bool(((values.sum(-1) - 1).abs() <= 1e-3).all()):
+        raise HookdumpError(
+            f"{opt('capture')} routing: the router of {name} ({type(router).__name__}) returns "
+            "probabilities (non-negative, each token's summing to 1) where its logits belong; "
+            "they are not written as router_logits: upgrade transformers, or capture this "
+            "model without routing"
+        )

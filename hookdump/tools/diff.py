@@ -23,10 +23,12 @@ import torch
 
 from hookdump.choices import DiffStatus
 from hookdump.errors import CheckFailed, HookdumpError, did_you_mean, opt
+from hookdump.format.keys import POSITION, SAMPLE
 from hookdump.format.manifest import ShardEntry
 from hookdump.store.location import UrlPath
 from hookdump.store.read.dump import Dump
 from hookdump.store.read.reader import SLICE_BYTES, ShardReader, rows_per_slice
+from hookdump.tools.routing import CHOSEN
 
 
 @dataclass
@@ -78,6 +80,40 @@ class KeyDiff:
 
 
 @dataclass
+class Agreement:
+    """A MoE block's routing in A and B (its `M:topk_ids`): of `tokens` rows compared, how
+    many choose the same experts (as a set: the order of the top-k aside), and the first
+    row that does not (-1: none), with its sample and position in A."""
+
+    key: str
+    tokens: int = 0
+    agree: int = 0
+    first: int = -1
+    where: str = ""  # the first row's sample and position, as A records them
+
+    @property
+    def share(self) -> float:
+        return self.agree / self.tokens if self.tokens else 1.0
+
+    def add(self, ta: torch.Tensor, tb: torch.Tensor, lo: int) -> None:
+        same = (ta.sort(-1).values == tb.sort(-1).values).reshape(len(ta), -1).all(-1)
+        self.tokens += len(same)
+        self.agree += int(same.sum())
+        if self.first < 0 and not bool(same.all()):
+            self.first = lo + int((~same).nonzero()[0])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "tokens": self.tokens,
+            "agree": self.agree,
+            "share": self.share,
+            "first_differing_row": self.first if self.first >= 0 else None,
+            "first_differing_at": self.where or None,
+        }
+
+
+@dataclass
 class DiffResult:
     """Every compared key in forward order, and problems that concern the dumps as a whole."""
 
@@ -88,6 +124,7 @@ class DiffResult:
     keys: list[KeyDiff]
     num_samples: tuple[int, int]
     problems: list[str] = field(default_factory=list)
+    routing: list[Agreement] = field(default_factory=list)  # MoE blocks' chosen experts
 
     @property
     def failures(self) -> list[KeyDiff]:
@@ -109,6 +146,7 @@ class DiffResult:
             "problems": self.problems,
             "first_diverging": first.as_dict() if first else None,
             "keys": [k.as_dict() for k in self.keys],
+            "routing": [r.as_dict() for r in self.routing],
         }
 
 
@@ -143,6 +181,7 @@ def diff_dumps(
             rows_ab = f"{a.rows_of(key)} vs {b.rows_of(key)} rows"
             results[key] = KeyDiff(key, results[key].module, "shape", rows_ab)
     compared = [key for key in order if results[key].status == "match"]
+    routing = {key: Agreement(key) for key in compared if key.endswith(CHOSEN)}
     per_row = max(a.row_bytes(compared), b.row_bytes(compared))
     # a slice a quarter of the readers': comparing makes several temporaries of its size
     step = rows_per_slice(per_row, SLICE_BYTES // 4)
@@ -154,14 +193,15 @@ def diff_dumps(
                 top = min(hi, a.rows_of(key), b.rows_of(key))  # a ragged file's key: its rows
                 if lo >= top:
                     continue
-                ta = a.read_rows(fa, shard_a, key, lo, top)
-                _accumulate(results[key], ta, b.read_rows(fb, shard_b, key, lo, top), atol, rtol)
-                del ta  # before the next key's slice is read
-    for key in compared:
-        if results[key].mismatched:
-            results[key].status = "differ"
-        elif strict_dtype and results[key].dtypes:
-            results[key].status, results[key].detail = "dtype", results[key].dtypes
+                ta, tb = (
+                    a.read_rows(fa, shard_a, key, lo, top),
+                    b.read_rows(fb, shard_b, key, lo, top),
+                )
+                _accumulate(results[key], ta, tb, atol, rtol)
+                if key in routing:
+                    routing[key].add(ta, tb, lo)
+                del ta, tb  # before the next key's slice is read
+    _judge([results[key] for key in compared], strict_dtype)
     return DiffResult(
         a.path,
         b.path,
@@ -170,7 +210,32 @@ def diff_dumps(
         [results[k] for k in order],
         (a.num_samples, b.num_samples),
         _problems(a, b, rows),
+        [_placed(a, agreement) for agreement in routing.values()],
     )
+
+
+def _judge(compared: list[KeyDiff], strict_dtype: bool) -> None:
+    """Each compared key's status, once every row is in."""
+    for item in compared:
+        if item.mismatched:
+            item.status = "differ"
+        elif strict_dtype and item.dtypes:
+            item.status, item.detail = "dtype", item.dtypes
+
+
+def _placed(a: ShardReader, agreement: Agreement) -> Agreement:
+    """`agreement` with its first differing row's sample and position, as A records them."""
+    row = agreement.first
+    if row < 0 or SAMPLE not in a or POSITION not in a:
+        return agreement
+    shard = next(s for s in a.shards if s.start <= row < s.stop)
+    with a.open(shard, [SAMPLE, POSITION]) as file:
+        sample = int(a.read_rows(file, shard, SAMPLE, row, row + 1)[0])
+        position = int(a.read_rows(file, shard, POSITION, row, row + 1)[0])
+    ids = a.manifest.sample_ids
+    name = ids[sample] if ids is not None and 0 <= sample < len(ids) else sample
+    agreement.where = f"sample {name!r}, position {position}"
+    return agreement
 
 
 def _check_shared(

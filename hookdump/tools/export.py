@@ -48,6 +48,7 @@ from hookdump.store.features import stats_file
 from hookdump.store.folder import allocate, inside
 from hookdump.store.read.dump import Dump
 from hookdump.store.write.direct_io import pwrite_all
+from hookdump.tools.routing import routing_keys, write_routing
 
 MARKER = EXPORT_MARKER  # in every export: what `overwrite` may replace
 CHUNK_BYTES = 64 << 20  # rows read and written at a time, at most
@@ -78,6 +79,7 @@ def export(
     to: ExportTarget,
     keys: str | list[str] | None = None,
     hook_name: str | None = None,
+    completion_only: bool = False,
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
 ) -> ExportResult:
@@ -89,11 +91,15 @@ def export(
             into place; a non-empty one only with `overwrite`, and only when it holds an
             earlier export and nothing else.
         to: `hf` (a `datasets.load_from_disk` folder), `saelens` (SAELens' cached
-            activations: packed token dumps only) or `npy` (a `.npy` per key).
-        keys: globs of the keys to write (default: all; `saelens`: one key).
+            activations: packed token dumps only), `npy` (a `.npy` per key) or `routing`
+            (one file: each token's chosen experts, int32 `[tokens, moe_layers, top_k]`
+            per sequence, for routing replay; `out` is the file).
+        keys: globs of the keys to write (default: all; `saelens`: one key; `routing`: the
+            MoE blocks' `M:topk_ids`).
         hook_name: `saelens`: the activations' column, SAELens' `hook_name` (default: the
             key's standard name, `blocks.5.hook_resid_post`, where the manifest records one;
             else the key).
+        completion_only: `routing`: the prompt's tokens are -1, not replayed.
         storage_options: fsspec options for a dump at a URL.
 
     Returns:
@@ -109,18 +115,9 @@ def export(
         raise HookdumpError(
             f"{dump.path} is incomplete; finish it with {opt('resume', True)} before exporting"
         )
-    chosen = _select(dump, [keys] if isinstance(keys, str) else list(keys or ["*"]))
-    if dump.reader.ragged:
-        raise HookdumpError(
-            f"{dump.path}: its tensors have different numbers of rows; export needs rows aligned"
-        )
-    empty = [key for key in chosen if not dump.reader.row_bytes([key])]
-    if empty:  # no value to write, however many rows the dump claims
-        raise HookdumpError(
-            f"{empty[0]!r} has no value in a row (shape "
-            f"{dump.manifest.tensors[empty[0]]['shape']}); "
-            f"nothing to export: choose other keys with {opt('keys')}"
-        )
+    if to == "routing" or completion_only:
+        return _routing(dump, out, to, keys, completion_only, overwrite)
+    chosen = _exportable(dump, [keys] if isinstance(keys, str) else list(keys or ["*"]))
     if to == "saelens" and hook_name is None:
         hook_name = _standard_name(dump, chosen)
     target = Path(out)
@@ -161,6 +158,38 @@ def export(
         shutil.rmtree(temp, ignore_errors=True)
         raise
     return result
+
+
+def _routing(
+    dump: Dump,
+    out: str | os.PathLike[str],
+    to: ExportTarget,
+    keys: str | list[str] | None,
+    completion_only: bool,
+    overwrite: bool,
+) -> ExportResult:
+    if to != "routing":
+        raise HookdumpError(f"{opt('completion_only', True)} is for {opt('to')} routing")
+    chosen = routing_keys(dump, [keys] if isinstance(keys, str) else list(keys or []))
+    count = write_routing(dump, Path(out), chosen, completion_only, overwrite)
+    return ExportResult(Path(out), to, count, chosen)
+
+
+def _exportable(dump: Dump, patterns: list[str]) -> list[str]:
+    """The keys `patterns` choose, each with values in aligned rows."""
+    chosen = _select(dump, patterns)
+    if dump.reader.ragged:
+        raise HookdumpError(
+            f"{dump.path}: its tensors have different numbers of rows; export needs rows aligned"
+        )
+    empty = [key for key in chosen if not dump.reader.row_bytes([key])]
+    if empty:  # no value to write, however many rows the dump claims
+        raise HookdumpError(
+            f"{empty[0]!r} has no value in a row (shape "
+            f"{dump.manifest.tensors[empty[0]]['shape']}); "
+            f"nothing to export: choose other keys with {opt('keys')}"
+        )
+    return chosen
 
 
 def _statistics(
