@@ -1,7 +1,9 @@
 """`hookdump import vllm` against reading its source: the wall time of an import of 256
-request files (512 tokens each, 4 layers of 1024 bfloat16: 4 MiB a file, 1 GiB in all), and
-of `cat` of the same files to /dev/null, each from a dropped page cache; MB/s of source read
-and the ratio (the target: at least 0.8). The import also writes the dump (1 GiB, synced)."""
+request files (512 tokens each, 4 layers of 1024 bfloat16: 4 MiB a file, 1 GiB in all), of
+`cat` of the same files to /dev/null, and of `cp` of them beside the dump (read, written,
+synced: the bytes an import moves), each from a dropped page cache; MB/s of source read and
+the ratios (the target: at least 0.8 of `cat`). The import also writes the dump (1 GiB,
+synced)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,14 @@ def _cat(job: Job) -> None:
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
 
 
+def _cp(job: Job) -> None:
+    harness.drop_from_page_cache(job.source)
+    copy = job.scratch / "copied"
+    shutil.rmtree(copy, ignore_errors=True)
+    subprocess.run(["cp", "-r", str(job.source), str(copy)], check=True)
+    subprocess.run(["sync"], check=True)
+
+
 def _import(job: Job) -> None:
     harness.drop_from_page_cache(job.source)
     out = job.scratch / "imported"
@@ -54,22 +64,41 @@ def _import(job: Job) -> None:
     subprocess.run(["sync"], check=True)
 
 
+def _in_process(job: Job) -> None:
+    """The same import in this process: torch and the engine imported, the compiled
+    loops loaded by an import before (the fresh process pays both)."""
+    from hookdump.engine.importing import Held, import_engine
+
+    harness.drop_from_page_cache(job.source)
+    out = job.scratch / "imported"
+    shutil.rmtree(out, ignore_errors=True)
+    import_engine("vllm", job.source, out, Held(layer_ids=[1, 2, 3, 4]))
+    subprocess.run(["sync"], check=True)
+
+
 def bench_import(job: Job, reps: int) -> dict[str, Any]:
-    seconds: dict[str, list[float]] = {"cat": [], "import": []}
+    steps = (("cat", _cat), ("cp", _cp), ("import", _import), ("in process", _in_process))
+    seconds: dict[str, list[float]] = {name: [] for name, _ in steps}
+    _in_process(job)  # the compiled loops cached and loaded once, as a fresh process finds them
     for _ in range(reps):
-        for name, step in (("cat", _cat), ("import", _import)):
+        for name, step in steps:
             started = time.perf_counter()
             step(job)
             seconds[name].append(time.perf_counter() - started)
-    cat, imported = (statistics.median(seconds[n]) for n in ("cat", "import"))
+    cat, cp, imported, inside = (statistics.median(seconds[n]) for n, _ in steps)
     return {
         "source_mb": round(job.bytes / 1e6),
         "seconds": {n: [round(s, 2) for s in v] for n, v in seconds.items()},
         "mb_per_s": {
             "cat": round(job.bytes / cat / 1e6),
+            "cp": round(job.bytes / cp / 1e6),
             "import": round(job.bytes / imported / 1e6),
+            "in process": round(job.bytes / inside / 1e6),
         },
         "import vs cat": round(cat / imported, 2),
+        "import vs cp": round(cp / imported, 2),
+        "in process vs cat": round(cat / inside, 2),
+        "in process vs cp": round(cp / inside, 2),
     }
 
 

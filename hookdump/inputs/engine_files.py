@@ -114,6 +114,21 @@ def request_id(path: Path) -> str:
     return path.name.removesuffix(".zst").removesuffix(".safetensors")
 
 
+def will_need(path: Path) -> None:
+    """Ask the kernel to read `path` ahead, while the files before it are checked and
+    written (best effort: a file that cannot be opened is met when it is read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def being_written(path: Path) -> bool:
     """Whether the engine is writing `path` now: another process holds the exclusive lock
     on its `.lock` companion (the example connector's)."""

@@ -16,7 +16,7 @@ import torch
 
 from hookdump.errors import HookdumpError, opt, printable
 from hookdump.inputs import engine_files, sample_files, trtllm_files
-from hookdump.inputs.engine_files import BadEngineFile, Layout, being_written
+from hookdump.inputs.engine_files import BadEngineFile, Layout, being_written, will_need
 from hookdump.inputs.sample_files import Keys
 
 
@@ -70,6 +70,9 @@ def files_format(keys: Keys, tokens: Mapping[str, torch.Tensor] | None) -> Forma
         engine_files.request_id,
         token_rows=tokens is not None or keys.token_ids is not None,
     )
+
+
+READ_AHEAD = 4  # files asked of the disk ahead of the one being read
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,9 @@ class RequestFeed:
         self.files = [self._entry(str(i), by_id.get(str(i))) for i in done_ids]
         seen: dict[str, Path] = {}
         alike = self.how.alike()
-        for path in self.paths:
+        for index, path in enumerate(self.paths):
+            for ahead in self.paths[index + 1 : index + 1 + READ_AHEAD][-1:]:
+                will_need(ahead)  # the next files come off the disk while this one is kept
             if named is not None and named(path) in done:
                 continue  # never read again
             if os.path.abspath(path) in self.before.skipped:
