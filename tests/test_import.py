@@ -363,3 +363,64 @@ def test_resume_goes_on_after_an_import_that_stopped_at_a_bad_file(
     assert imported.complete and imported.sample_ids == [f"cmpl-{i:04x}-0" for i in range(3)]
     expected = torch.cat([_hidden(gpt2, ids) for ids in PROMPTS])
     torch.testing.assert_close(imported["blocks.1.hook_resid_pre"], expected[:, 0], rtol=0, atol=0)
+
+
+def test_delete_source_deletes_only_files_whose_rows_the_dump_lists(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """Small shards, the last file bad: the import stops there, and every file it deleted
+    is a request the dump lists (whenever the writer listed it); the bad file is kept. Made
+    whole, `--resume` imports the rest and deletes every file."""
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    whole = paths[2].read_bytes()
+    paths[2].write_bytes(whole[:-10])
+    out = tmp_path / "imported"
+    small = ("--shard-size", "1KB", "--delete-source")
+    assert_usage_error(_import(tmp_path / "engine", out, *small), paths[2].name)
+    listed = hookdump.load(out).sample_ids
+    for path in paths[:2]:
+        assert path.exists() or path.name.removesuffix(".safetensors") in listed
+    assert paths[2].exists()
+    paths[2].write_bytes(whole)
+    result = _import(tmp_path / "engine", out, *small, "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert not any(path.exists() for path in paths)
+    imported = hookdump.load(out)
+    assert imported.complete and imported.sample_ids == [f"cmpl-{i:04x}-0" for i in range(3)]
+    expected = torch.cat([_hidden(gpt2, ids) for ids in PROMPTS])
+    torch.testing.assert_close(imported["blocks.3.hook_resid_pre"], expected[:, 1], rtol=0, atol=0)
+    files = imported.manifest["input"]["files"]
+    assert [f["id"] for f in files] == imported.sample_ids
+    assert files[2] == {"id": "cmpl-0002-0", "path": paths[2].name, "bytes": len(whole)}
+
+
+def test_delete_source_never_deletes_a_path_a_manifest_names_outside_the_source(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """The dump's manifest is untrusted: its files' paths are never what is deleted."""
+    import json
+
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    victim = tmp_path / "victim.safetensors"
+    victim.write_bytes(b"not the engine's")
+    out = tmp_path / "imported"
+    assert _import(tmp_path / "engine", out).exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    for entry in manifest["input"]["files"]:
+        entry["path"] = "../victim.safetensors"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    later = [20, 21, 22]
+    save_file({"hidden_states": _hidden(gpt2, later), "token_ids": torch.tensor(later)},
+              tmp_path / "engine" / "cmpl-0003-0.safetensors")  # fmt: skip
+    result = _import(tmp_path / "engine", out, "--resume", "--delete-source")
+    assert result.exit_code == 0, result.stderr
+    assert victim.read_bytes() == b"not the engine's"
+    assert all(path.exists() for path in paths)  # named otherwise by the manifest: kept
+    assert not (tmp_path / "engine" / "cmpl-0003-0.safetensors").exists()
+
+
+def test_delete_source_needs_a_folder(gpt2: torch.nn.Module, tmp_path: Path) -> None:
+    _engine_files(gpt2, tmp_path / "engine")
+    args = ["import", "vllm", str(tmp_path / "engine"), "--layer-ids", "1,3", "--delete-source"]
+    line = assert_usage_error(invoke(*args, "--out", "s3://bucket/d"))
+    assert "--delete-source deletes a file once the dump's folder lists its rows" in line

@@ -122,6 +122,16 @@ ShardSizeOpt = Annotated[
     str,
     typer.Option("--shard-size", metavar="SIZE", help="Bytes per shard file, e.g. 2GB, 512MiB."),
 ]
+MaxDiskOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-disk",
+        metavar="SIZE",
+        help="Keep at most SIZE of shards under --out: the run waits while a follower "
+        "(hookdump.follow(..., consume=True)) has not consumed them.",
+        show_default=False,
+    ),
+]
 SpoolOpt = Annotated[
     Path | None,
     typer.Option(

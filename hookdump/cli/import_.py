@@ -9,6 +9,7 @@ import typer
 
 from hookdump.cli import _output
 from hookdump.cli._options import (
+    MaxDiskOpt,
     OverwriteOpt,
     QuietOpt,
     ShardSizeOpt,
@@ -98,6 +99,15 @@ def import_(
             "(give the same options).",
         ),
     ] = False,
+    max_disk: MaxDiskOpt = None,
+    delete_source: Annotated[
+        bool,
+        typer.Option(
+            "--delete-source",
+            help="Delete each source file once the dump's manifest lists every row of it "
+            "(a dump larger than the disk, moved across; --out a folder).",
+        ),
+    ] = False,
     shard_size: ShardSizeOpt = "1GiB",
     overwrite: OverwriteOpt = False,
     spool: SpoolOpt = None,
@@ -106,8 +116,17 @@ def import_(
 ) -> None:
     """Import a serving engine's hidden states into a dump, checked row by row."""
     from hookdump.engine.importing import Held, Writing, import_engine
+    from hookdump.engine.options import parse_size
 
-    writing = Writing(shard_size, overwrite, storage_options(storage_option), spool, resume)
+    writing = Writing(
+        shard_size,
+        overwrite,
+        storage_options(storage_option),
+        spool,
+        resume,
+        parse_size(max_disk) if max_disk is not None else None,
+        delete_source,
+    )
     held = Held(_numbers(layer_ids), key or [], tokens)
     imported = import_engine(
         kind,

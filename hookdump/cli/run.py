@@ -20,6 +20,7 @@ from hookdump.cli._options import (
     InputShapeOpt,
     JsonOpt,
     LayersOpt,
+    MaxDiskOpt,
     ModelArg,
     ModelArgsOpt,
     NoStrictOpt,
@@ -331,16 +332,7 @@ def run(
             "or sha256 (a content address, read back).",
         ),
     ] = "crc32c",
-    max_disk: Annotated[
-        str | None,
-        typer.Option(
-            "--max-disk",
-            metavar="SIZE",
-            help="Keep at most SIZE of shards under --out: the run waits while a follower "
-            "(hookdump.follow(..., consume=True)) has not consumed them.",
-            show_default=False,
-        ),
-    ] = None,
+    max_disk: MaxDiskOpt = None,
     train: TrainOpt = False,
     no_early_stop: Annotated[
         bool,

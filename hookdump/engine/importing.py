@@ -22,6 +22,7 @@ from torch import nn
 
 from hookdump.engine.options import RunOptions
 from hookdump.errors import HookdumpError, opt, printable
+from hookdump.format.names import MANIFEST
 from hookdump.inputs.engine_files import request_files
 from hookdump.inputs.python import PythonData, Resumable
 from hookdump.inputs.requests import (
@@ -98,6 +99,8 @@ class Writing:
     storage_options: dict[str, str] | None = None
     spool: str | os.PathLike[str] | None = None
     resume: bool = False
+    max_disk: int | str | None = None  # shard bytes kept under `out` until a follower takes them
+    delete_source: bool = False  # each source file deleted once its rows' shards are listed
 
 
 @dataclass
@@ -153,7 +156,8 @@ def import_engine(
             f"({', '.join('*' + s for s in form.suffixes)})"
         )
     before = Before.of(_previous(out, how) if how.resume else None)
-    feed = RequestFeed(Path(source), paths, form, skip_bad=skip_bad, before=before)
+    listed = _listed(folder, out) if how.delete_source else None
+    feed = RequestFeed(Path(source), paths, form, skip_bad=skip_bad, before=before, listed=listed)
     model = HiddenStates(names)
     options = _options(model, out, how, per_token=form.token_rows)
     about = {"engine": {"name": kind, "version": None}, **told}
@@ -164,6 +168,8 @@ def import_engine(
     from hookdump.engine.live import dump_given
 
     written = dump_given(options, model, given, progress=progress)
+    if how.delete_source:  # the rest: their rows are in the complete dump
+        feed.delete_listed(written.manifest.samples_fed)
     return Imported(written, feed.waiting, feed.skipped)
 
 
@@ -215,9 +221,37 @@ def _options(
         resume=how.resume,
         storage_options=how.storage_options,
         spool=how.spool,
+        max_disk=how.max_disk,
     )
     # resuming goes on with a complete import too: the engine may have written more since
     return dataclasses.replace(options, dump=dataclasses.replace(options.dump, grows=True))
+
+
+def _listed(folder: Path | None, out: str | os.PathLike[str]) -> Callable[[], int]:
+    """How many samples the dump at `folder` lists now, in shards its manifest names (read
+    again only when the manifest changes)."""
+    if folder is None:
+        raise HookdumpError(
+            f"{opt('delete_source', True)} deletes a file once the dump's folder lists its "
+            f"rows; give {opt('out')} a folder, not {printable(str(out))}"
+        )
+    seen: list[Any] = [None, 0]
+
+    def listed() -> int:
+        try:
+            info = os.stat(folder / MANIFEST)
+        except OSError:
+            return int(seen[1])
+        if (info.st_mtime_ns, info.st_size, info.st_ino) != seen[0]:
+            seen[0] = (info.st_mtime_ns, info.st_size, info.st_ino)
+            try:
+                shards = Dump(folder).manifest.shards
+            except HookdumpError:
+                return int(seen[1])
+            seen[1] = shards[-1].samples_fed if shards else 0
+        return int(seen[1])
+
+    return listed
 
 
 def _previous(out: str | os.PathLike[str], how: Writing) -> Any:

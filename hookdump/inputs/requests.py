@@ -111,14 +111,25 @@ class RequestFeed:
     """The items of the files `paths` under `source`, read as the import goes."""
 
     def __init__(
-        self, source: Path, paths: Sequence[Path], how: Format, *, skip_bad: bool, before: Before
+        self,
+        source: Path,
+        paths: Sequence[Path],
+        how: Format,
+        *,
+        skip_bad: bool,
+        before: Before,
+        listed: Callable[[], int] | None = None,
     ) -> None:
+        """`listed`: how many samples the dump lists now, in durable shards: given, each
+        file is deleted once all its samples are (`delete_source`)."""
         self.source, self.paths, self.how = source, list(paths), how
         self.skip_bad, self.before = skip_bad, before
         self.waiting: list[Path] = []  # being written: left for a later import
         self.skipped: list[dict[str, str]] = []  # {"path", "error"}, as they are met
         # {"id", "path", "bytes"} of every row's file (until `after` is asked: as before)
         self.files: list[dict[str, Any]] = list(before.files.values())
+        self.listed = listed
+        self._gone = 0  # the samples whose files were deleted (or kept by a later one)
         if how.named is not None:
             _one_file_each(self.paths, how.named)
 
@@ -146,6 +157,8 @@ class RequestFeed:
                     _once(seen, request)
                     self.files.append(self._entry(request.id, path))
                     yield request
+                    if self.listed is not None:
+                        self.delete_listed(self.listed())
 
     def _read(self, path: Path, alike: Callable[[Any], None]) -> Sequence[Item]:
         """The items of `path`, checked and alike in layout (none: skipped as bad)."""
@@ -160,6 +173,25 @@ class RequestFeed:
             return []
         return items
 
+    def delete_listed(self, listed: int) -> None:
+        """Delete the source files every sample of which is among the first `listed`, in
+        shards the manifest lists (a file of the source as listed, never another path the
+        manifest before named)."""
+        if listed <= self._gone:
+            return
+        known = {self._relative(path): path for path in self.paths}
+        later = {entry.get("path") for entry in self.files[listed:]}
+        for entry in self.files[self._gone : listed]:
+            found = known.get(entry.get("path") or "")
+            if found is not None and entry.get("path") not in later:
+                found.unlink(missing_ok=True)
+        self._gone = listed
+
+    def _relative(self, path: Path) -> str:
+        return (
+            path.relative_to(self.source) if path != self.source else Path(path.name)
+        ).as_posix()
+
     def about(self) -> dict[str, Any]:
         """The manifest's account of the source: its folder and every request's file."""
         return {"source": os.path.abspath(self.source), "files": list(self.files)}
@@ -170,8 +202,7 @@ class RequestFeed:
             return self.before.files[rid]
         if path is None or not path.exists():
             return {"id": rid, "path": None, "bytes": None}
-        where = path.relative_to(self.source) if path != self.source else Path(path.name)
-        return {"id": rid, "path": where.as_posix(), "bytes": path.stat().st_size}
+        return {"id": rid, "path": self._relative(path), "bytes": path.stat().st_size}
 
 
 def _one_file_each(paths: Sequence[Path], named: Callable[[Path], str]) -> None:
