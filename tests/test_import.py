@@ -175,6 +175,14 @@ def test_the_online_connectors_zstd_files_are_read(gpt2: torch.nn.Module, tmp_pa
     imported = hookdump.load(tmp_path / "imported")
     expected = torch.cat([_hidden(gpt2, ids) for ids in PROMPTS])
     torch.testing.assert_close(imported["blocks.3.hook_resid_pre"], expected[:, 1], rtol=0, atol=0)
+    # decoded on threads ahead of the one kept: a bad one is still named, or skipped, in turn
+    cut = Path(str(paths[1]) + ".zst")
+    cut.write_bytes(cut.read_bytes()[:-20])
+    line = assert_usage_error(_import(tmp_path / "engine", tmp_path / "bad"), cut.name)
+    assert "is not a whole zstd frame" in line or "is not a whole safetensors file" in line
+    skipped = _import(tmp_path / "engine", tmp_path / "skipping", "--skip-bad")
+    assert skipped.exit_code == 0, skipped.stderr
+    assert hookdump.load(tmp_path / "skipping").sample_ids == ["cmpl-0000-0", "cmpl-0002-0"]
 
 
 def test_the_layers_must_be_named_and_counted(gpt2: torch.nn.Module, tmp_path: Path) -> None:

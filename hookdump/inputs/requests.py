@@ -7,7 +7,9 @@ manifest's `input`."""
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,7 +74,8 @@ def files_format(keys: Keys, tokens: Mapping[str, torch.Tensor] | None) -> Forma
     )
 
 
-READ_AHEAD = 4  # files asked of the disk ahead of the one being read
+READ_AHEAD = 4  # files read at once, ahead of the one being kept
+READERS = min(4, os.cpu_count() or 1)  # threads that read (decompress, check) them
 
 
 @dataclass(frozen=True)
@@ -142,17 +145,17 @@ class RequestFeed:
         self.files = [self._entry(str(i), by_id.get(str(i))) for i in done_ids]
         seen: dict[str, Path] = {}
         alike = self.how.alike()
-        for index, path in enumerate(self.paths):
-            for ahead in self.paths[index + 1 : index + 1 + READ_AHEAD][-1:]:
-                will_need(ahead)  # the next files come off the disk while this one is kept
-            if named is not None and named(path) in done:
-                continue  # never read again
-            if os.path.abspath(path) in self.before.skipped:
-                continue
-            if being_written(path):
+        wanted = [
+            path
+            for path in self.paths
+            if not (named is not None and named(path) in done)  # never read again
+            and os.path.abspath(path) not in self.before.skipped
+        ]
+        for path, read in _read_ahead(wanted, self.how.read):
+            if read is None:  # the engine is writing it
                 self.waiting.append(path)
                 continue
-            for request in self._read(path, alike):
+            for request in self._checked(path, read, alike):
                 if request.id not in done:
                     _once(seen, request)
                     self.files.append(self._entry(request.id, path))
@@ -160,10 +163,12 @@ class RequestFeed:
                     if self.listed is not None:
                         self.delete_listed(self.listed())
 
-    def _read(self, path: Path, alike: Callable[[Any], None]) -> Sequence[Item]:
-        """The items of `path`, checked and alike in layout (none: skipped as bad)."""
+    def _checked(
+        self, path: Path, read: Future[Sequence[Item]], alike: Callable[[Any], None]
+    ) -> Sequence[Item]:
+        """The items read of `path`, alike in layout (none: skipped as bad)."""
         try:
-            items = self.how.read(path)
+            items = read.result()
             for item in items:
                 alike(item)
         except BadEngineFile as exc:
@@ -203,6 +208,40 @@ class RequestFeed:
         if path is None or not path.exists():
             return {"id": rid, "path": None, "bytes": None}
         return {"id": rid, "path": self._relative(path), "bytes": path.stat().st_size}
+
+
+def _read_ahead(
+    paths: Sequence[Path], read: Callable[[Path], Sequence[Item]]
+) -> Iterator[tuple[Path, Future[Sequence[Item]] | None]]:
+    """Each path with its read (None: the engine is writing it), in order. A compressed
+    file is decompressed and checked on a thread, READ_AHEAD at once, while the one before
+    it is kept; a plain one is read here when its turn comes (threads only contend with the
+    writer's for it: measured), the kernel asked to read it READ_AHEAD files ahead."""
+    pool = ThreadPoolExecutor(READERS, thread_name_prefix="hookdump-read")
+    pending: deque[tuple[Path, Future[Sequence[Item]] | None]] = deque()
+    left = iter(paths)
+    try:
+        while True:
+            while len(pending) < READ_AHEAD and (path := next(left, None)) is not None:
+                # the lock is looked at first: a file being written is never read at all
+                if being_written(path):
+                    pending.append((path, None))
+                elif path.name.endswith(".zst"):
+                    pending.append((path, pool.submit(read, path)))
+                else:
+                    will_need(path)
+                    pending.append((path, Future()))
+            if not pending:
+                return
+            path, future = pending.popleft()
+            if future is not None and not future.done() and not future.running():
+                try:  # a plain file: read now, on this thread
+                    future.set_result(read(path))
+                except Exception as exc:
+                    future.set_exception(exc)
+            yield path, future
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _one_file_each(paths: Sequence[Path], named: Callable[[Path], str]) -> None:
