@@ -190,3 +190,23 @@ def test_resume_adds_the_files_written_since(gpt2: torch.nn.Module, tmp_path: Pa
     assert imported.sample_ids == ["data-1", "data-2", "data-3", "data-4"]
     expected = torch.cat([_states(gpt2, ids, CAPTURED)[2] for ids in PROMPTS])
     torch.testing.assert_close(imported["ln_final.hook_normalized"], expected, rtol=0, atol=0)
+
+
+def test_delete_source_keeps_a_file_until_every_request_of_it_is_listed(
+    gpt2: torch.nn.Module, tmp_path: Path
+) -> None:
+    """Two requests a file: a file goes only once both are in listed shards. The import
+    stops at a bad third file; every file it deleted has both requests listed."""
+    paths = _engine_files(gpt2, tmp_path / "engine")
+    torch.save([{"id": 9, "input_ids": torch.tensor([1, 2])}], tmp_path / "engine" / "data_9.pt")
+    out = tmp_path / "imported"
+    small = ("--shard-size", "1KB", "--delete-source")
+    assert_usage_error(_import(tmp_path / "engine", out, *small), "data_9.pt")
+    listed = set(hookdump.load(out).sample_ids)
+    held = {paths[0]: {"data-1", "data-2"}, paths[1]: {"data-3", "data-4"}}
+    for path, requests in held.items():
+        assert path.exists() or requests <= listed
+    (tmp_path / "engine" / "data_9.pt").unlink()
+    assert _import(tmp_path / "engine", out, *small, "--resume").exit_code == 0
+    assert not any(path.exists() for path in paths)
+    assert hookdump.load(out).sample_ids == ["data-1", "data-2", "data-3", "data-4"]

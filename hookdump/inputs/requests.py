@@ -139,7 +139,8 @@ class RequestFeed:
     def after(self, done_ids: Sequence[Any]) -> Iterator[Item]:
         """Every request not among `done_ids` (those a resumed dump holds) nor left out by
         the import before, checked and alike in layout, in the order of their paths."""
-        done = {str(i) for i in done_ids}
+        done_at = {str(i): index for index, i in enumerate(done_ids)}
+        done = done_at.keys()
         named = self.how.named
         by_id = {named(path): path for path in self.paths} if named is not None else {}
         self.files = [self._entry(str(i), by_id.get(str(i))) for i in done_ids]
@@ -156,12 +157,14 @@ class RequestFeed:
                 self.waiting.append(path)
                 continue
             for request in self._checked(path, read, alike):
-                if request.id not in done:
-                    _once(seen, request)
-                    self.files.append(self._entry(request.id, path))
-                    yield request
-                    if self.listed is not None:
-                        self.delete_listed(self.listed())
+                if request.id in done:  # read again (a file of several): now its file is known
+                    self._found(done_at[request.id], request.id, path)
+                    continue
+                _once(seen, request)
+                self.files.append(self._entry(request.id, path))
+                yield request
+            if self.listed is not None:  # every request of this file is in `files` now
+                self.delete_listed(self.listed())
 
     def _checked(
         self, path: Path, read: Future[Sequence[Item]], alike: Callable[[Any], None]
@@ -191,6 +194,11 @@ class RequestFeed:
             if found is not None and entry.get("path") not in later:
                 found.unlink(missing_ok=True)
         self._gone = listed
+
+    def _found(self, index: int, rid: str, path: Path) -> None:
+        """Done request `rid` (sample `index`) was read again from `path`: its file."""
+        if self.files[index].get("path") is None:
+            self.files[index] = self._entry(rid, path)
 
     def _relative(self, path: Path) -> str:
         return (
