@@ -28,6 +28,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
 from hookdump.errors import HookdumpError, opt, printable
+from hookdump.format.dtypes import dtype_name
 from hookdump.inputs.finite import first_nonfinite
 
 SUFFIXES = (".safetensors", ".safetensors.zst")
@@ -65,7 +66,7 @@ class Layout:
 
     layers: int | None = None
     width: int | None = None
-    dtype: torch.dtype | None = None
+    dtype: torch.dtype = torch.float32  # the first file's, once `layers` is set
 
     def check(self, request: Request) -> None:
         _, layers, width = request.hidden.shape
@@ -84,8 +85,8 @@ class Layout:
         if request.hidden.dtype != self.dtype:
             raise BadEngineFile(
                 where,
-                f" holds {_name(request.hidden.dtype)} where the files before it hold "
-                f"{_name(self.dtype)}",
+                f" holds {dtype_name(request.hidden.dtype)} where the files before it hold "
+                f"{dtype_name(self.dtype)}",
             )
 
 
@@ -151,17 +152,7 @@ def read_request(path: Path, layers: int) -> Request:
     `[tokens, layers, hidden]` of floats and `token_ids` `[tokens]` of integers, as many rows
     as tokens, every value finite."""
     where = printable(str(path))
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise BadEngineFile(where, f" holds more than {MAX_FILE_BYTES:,} bytes; refused")
-        if path.name.endswith(".zst"):
-            tensors = load_safetensors(_decompressed(path))
-        else:  # mapped: each tensor copied once, from the page cache
-            tensors = load_file(path)
-    except OSError as exc:
-        raise BadEngineFile(where, f" cannot be read: {exc.strerror or exc}") from None
-    except (SafetensorError, ValueError) as exc:
-        raise BadEngineFile(where, f" is not a whole safetensors file ({exc})") from None
+    tensors = load_tensors(path, where)
     if "hidden_states" not in tensors or "token_ids" not in tensors:
         keys = ", ".join(sorted(tensors)) or "nothing"
         raise BadEngineFile(where, f" holds {keys}, not hidden_states and token_ids")
@@ -169,7 +160,7 @@ def read_request(path: Path, layers: int) -> Request:
     if hidden.dim() != 3 or not hidden.is_floating_point():
         raise BadEngineFile(
             where,
-            f": hidden_states is {_name(hidden.dtype)} {list(hidden.shape)}, not floats "
+            f": hidden_states is {dtype_name(hidden.dtype)} {list(hidden.shape)}, not floats "
             "[tokens, layers, hidden]",
         )
     if hidden.shape[1] != layers:
@@ -180,20 +171,52 @@ def read_request(path: Path, layers: int) -> Request:
     return checked_request(request_id(path), path, where, ids, hidden)
 
 
-def checked_request(
-    rid: str, path: Path, where: str, ids: object, hidden: torch.Tensor, ids_name: str = "token_ids"
-) -> Request:
-    """Request `rid` of the file `path` (`where`, in messages): its token ids `ids`
-    `[tokens]` of integers (the file's `ids_name`) and as many rows of `hidden`
-    `[tokens, layers, hidden]`, every value finite."""
+def checked_size(path: Path, where: str) -> None:
+    """A file that can be read, and no larger than MAX_FILE_BYTES."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise BadEngineFile(where, f" cannot be read: {exc.strerror or exc}") from None
+    if size > MAX_FILE_BYTES:
+        raise BadEngineFile(where, f" holds more than {MAX_FILE_BYTES:,} bytes; refused")
+
+
+def load_tensors(path: Path, where: str) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, decompressed if it is `.zst`, else mapped (each tensor
+    copied once, from the page cache); a file cut short or not one is one line."""
+    checked_size(path, where)
+    try:
+        if path.name.endswith(".zst"):
+            return load_safetensors(_decompressed(path))
+        return load_file(path)
+    except OSError as exc:
+        raise BadEngineFile(where, f" cannot be read: {exc.strerror or exc}") from None
+    except (SafetensorError, ValueError) as exc:
+        raise BadEngineFile(where, f" is not a whole safetensors file ({exc})") from None
+
+
+def checked_ids(ids: object, where: str, name: str) -> torch.Tensor:
+    """Token ids `ids` (the file's `name`) as `[tokens]` of integers, else one line."""
     if (
         not isinstance(ids, torch.Tensor)
         or ids.dim() != 1
         or ids.is_floating_point()
         or ids.dtype == torch.bool
     ):
-        what = f"{_name(ids.dtype)} {list(ids.shape)}" if isinstance(ids, torch.Tensor) else "not"
-        raise BadEngineFile(where, f": {ids_name} is {what}, not integers [tokens]")
+        what = (
+            f"{dtype_name(ids.dtype)} {list(ids.shape)}" if isinstance(ids, torch.Tensor) else "not"
+        )
+        raise BadEngineFile(where, f": {name} is {what}, not integers [tokens]")
+    return ids
+
+
+def checked_request(
+    rid: str, path: Path, where: str, ids: object, hidden: torch.Tensor, ids_name: str = "token_ids"
+) -> Request:
+    """Request `rid` of the file `path` (`where`, in messages): its token ids `ids`
+    `[tokens]` of integers (the file's `ids_name`) and as many rows of `hidden`
+    `[tokens, layers, hidden]`, every value finite."""
+    ids = checked_ids(ids, where, ids_name)
     if len(hidden) != len(ids):
         raise BadEngineFile(
             where,
@@ -244,7 +267,3 @@ def _whole(read: Callable[[int], bytes], where: str) -> bytes:
             raise BadEngineFile(where, f" holds more than {MAX_FILE_BYTES:,} bytes; refused")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _name(dtype: torch.dtype | None) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -6,6 +6,7 @@ manifest's `input`."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -187,13 +188,18 @@ class RequestFeed:
         manifest before named)."""
         if listed <= self._gone:
             return
-        known = {self._relative(path): path for path in self.paths}
+        known = self._by_relative
         later = {entry.get("path") for entry in self.files[listed:]}
         for entry in self.files[self._gone : listed]:
             found = known.get(entry.get("path") or "")
             if found is not None and entry.get("path") not in later:
                 found.unlink(missing_ok=True)
         self._gone = listed
+
+    @functools.cached_property
+    def _by_relative(self) -> dict[str, Path]:
+        """The source's files by their paths as the manifest records them."""
+        return {self._relative(path): path for path in self.paths}
 
     def _found(self, index: int, rid: str, path: Path) -> None:
         """Done request `rid` (sample `index`) was read again from `path`: its file."""

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from hookdump.errors import HookdumpError, opt, printable
-from hookdump.inputs.engine_files import MAX_FILE_BYTES, BadEngineFile, request_id
+from hookdump.format.dtypes import dtype_name
+from hookdump.inputs.engine_files import BadEngineFile, checked_ids, load_tensors, request_id
 from hookdump.inputs.finite import first_nonfinite
 
 TOKEN_IDS = "__token_ids__"
@@ -116,14 +115,7 @@ def read_sample(path: Path, keys: Keys, tokens: Mapping[str, torch.Tensor] | Non
     """One file's sample, checked: every tensor named, as many rows as tokens where there
     are token ids, every float finite."""
     where, sample = printable(str(path)), request_id(path)
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise BadEngineFile(where, f" holds more than {MAX_FILE_BYTES:,} bytes; refused")
-        held = load_file(path)
-    except OSError as exc:
-        raise BadEngineFile(where, f" cannot be read: {exc.strerror or exc}") from None
-    except (SafetensorError, ValueError) as exc:
-        raise BadEngineFile(where, f" is not a whole safetensors file ({exc})") from None
+    held = load_tensors(path, where)
     wanted = [*keys.tensors, *([keys.token_ids] if keys.token_ids else [])]
     missing = [key for key in wanted if key not in held]
     if missing:
@@ -133,10 +125,11 @@ def read_sample(path: Path, keys: Keys, tokens: Mapping[str, torch.Tensor] | Non
     ids = held[keys.token_ids] if keys.token_ids else _tokens_of(sample, tokens, where)
     values = tuple(held[key] for key in keys.tensors)
     if ids is not None:
+        ids = checked_ids(ids, where, keys.token_ids or "its token ids")
         _rows_are_tokens(where, ids, values, keys)
     for name, value in zip(keys.names, values, strict=True):
-        if value.is_floating_point() and first_nonfinite(value) >= 0:
-            at = first_nonfinite(value)
+        at = first_nonfinite(value) if value.is_floating_point() else -1
+        if at >= 0:
             row = at // max(1, value[0].numel()) if value.dim() else 0
             raise BadEngineFile(where, f": {name}'s row {row} is not finite (NaN or infinity)")
     return Sample(sample, path, None if ids is None else ids.to(torch.int64), values)
@@ -155,10 +148,6 @@ def _tokens_of(
 def _rows_are_tokens(
     where: str, ids: torch.Tensor, values: tuple[torch.Tensor, ...], keys: Keys
 ) -> None:
-    if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
-        raise BadEngineFile(
-            where, f": its token ids are {_name(ids.dtype)} {list(ids.shape)}, not integers"
-        )
     for name, value in zip(keys.names, values, strict=True):
         if value.dim() == 0 or len(value) != len(ids):
             rows = len(value) if value.dim() else 0
@@ -190,12 +179,9 @@ class SampleLayout:
                     else f"; to import rows of any number, give the token ids ({opt('key_map')} "
                     f"{TOKEN_IDS}=KEY or {opt('tokens')} FILE)"
                 )
+                unit = " a row" if rows else ""
                 raise BadEngineFile(
                     printable(str(sample.path)),
-                    f" holds {name} of {_name(now[0])} {list(now[1])}{' a row' if rows else ''} "
-                    f"where the files before it hold {_name(then[0])} {list(then[1])}{hint}",
+                    f" holds {name} of {dtype_name(now[0])} {list(now[1])}{unit} where the "
+                    f"files before it hold {dtype_name(then[0])} {list(then[1])}{hint}",
                 )
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

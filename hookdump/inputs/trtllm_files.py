@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from hookdump.errors import HookdumpError, opt, printable
-from hookdump.inputs.engine_files import MAX_FILE_BYTES, BadEngineFile, Request, checked_request
+from hookdump.format.dtypes import dtype_name
+from hookdump.inputs.engine_files import BadEngineFile, Request, checked_request, checked_size
 
 SUFFIXES = (".pt",)
 
@@ -29,12 +30,7 @@ SUFFIXES = (".pt",)
 def read_requests(path: Path, layers: int) -> list[Request]:
     """The requests of one `.pt` file, each checked: `layers` of the hidden state rows."""
     where = printable(str(path))
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise BadEngineFile(where, f" cannot be read: {exc.strerror or exc}") from None
-    if size > MAX_FILE_BYTES:
-        raise BadEngineFile(where, f" holds more than {MAX_FILE_BYTES:,} bytes; refused")
+    checked_size(path, where)
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # the loader's: RuntimeError, UnpicklingError, OSError (a cut map)
@@ -64,7 +60,7 @@ def _request(entry: dict[str, Any], path: Path, where: str, prefix: str, layers:
     if last.dim() != 2 or not last.is_floating_point() or last.shape[1] == 0:
         raise BadEngineFile(
             at,
-            f": hidden_state is {_name(last.dtype)} {list(last.shape)}, not floats "
+            f": hidden_state is {dtype_name(last.dtype)} {list(last.shape)}, not floats "
             "[tokens, hidden]",
         )
     rows, width = last.shape
@@ -96,10 +92,6 @@ def _side_by_side(aux: Any, last: torch.Tensor, at: str) -> int:
         raise BadEngineFile(
             at,
             f": aux_hidden_states is {shape}, not [{len(last)}, {last.shape[1]} * layers] of "
-            f"{_name(last.dtype)} beside hidden_state",
+            f"{dtype_name(last.dtype)} beside hidden_state",
         )
     return aux.shape[1] // last.shape[1]
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
