@@ -100,7 +100,7 @@ def test_without_token_ids_each_file_is_one_samples_value(tmp_path: Path) -> Non
     result = invoke("import", "files", str(folder), "--out", str(tmp_path / "d"),
                     "--key", "pooled=pooled")  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == f"imported 3 samples (1 keys) into {tmp_path / 'd'}\n"
+    assert result.stdout == f"imported 3 samples (1 key) into {tmp_path / 'd'}\n"
     imported = hookdump.load(tmp_path / "d")
     assert imported.sample_ids == ["img_1", "img_2", "img_10"]
     expected = torch.stack([values["img_1"], values["img_2"], values["img_10"]])

@@ -152,12 +152,18 @@ def import_(
         )
     if not quiet:
         keys = len([key for key in dump if not key.startswith("__")])
-        unit, what = ("samples", "keys") if kind == "files" else ("requests", "layers")
-        rows = f"{dump.num_samples:,} token rows, " if dump.manifest.token_rows else ""
+        unit, what = ("sample", "key") if kind == "files" else ("request", "layer")
+        rows = f"{_many(dump.num_samples, 'token row')}, " if dump.manifest.token_rows else ""
         _output.stdout().print(
-            f"imported {dump.manifest.samples_fed:,} {unit} ({rows}{keys} {what}) into {dump.path}",
+            f"imported {_many(dump.manifest.samples_fed, unit)} ({rows}{_many(keys, what)}) "
+            f"into {dump.path}",
             soft_wrap=True,
         )
+
+
+def _many(count: int, word: str) -> str:
+    """`1 request`, `1,024 requests`."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _numbers(text: str) -> list[int]:
